@@ -1,0 +1,8 @@
+"""EDL: elastic deep-learning scheduling for shared GPU clusters.
+
+Layers (imports point down, checked by import-linter in the test command):
+``cli -> controller | local -> core -> api``. ``core`` is the one planner that the controller,
+the local backend and the simulator all call; it is pure (no I/O, clock or randomness).
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""edlctl, the command-line client."""

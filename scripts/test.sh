@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs everything the tests need into ./.venv, then runs the whole suite:
+# lint (ruff), types (mypy --strict), layering (import-linter) and pytest.
+# This is the README's test command; .ci/run calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# The CPU build of torch first: an open range alone may pull a multi-GB CUDA build.
+python -m pip install -q torch==2.13.0
+python -m pip install -q -e '.[dev,sim,k8s,torch]'
+ruff check .
+ruff format --check .
+lint-imports
+mypy edl_scheduler trainer_runtime simulations
+pytest

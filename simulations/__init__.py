@@ -1,0 +1,2 @@
+"""The trace-driven simulator: replays cluster traces through the same planner as the
+controller."""
