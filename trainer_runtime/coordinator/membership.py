@@ -1,0 +1,210 @@
+"""Membership of a job's workers, and the generations that give them ranks.
+
+Pure: the clock is an argument (`now`, seconds), so every decision here is unit-tested
+without sleeping. The coordinator's server calls these methods under one lock.
+
+What must stay true:
+- A generation's members are ranked oldest first, so its rank 0 is the longest-serving
+  member (the one whose state every new generation broadcasts).
+- Joins are batched: newcomers wait in `pending` until the join window closes (or the planned
+  count has registered), then enter one new generation together.
+- A departure (leave, drain, failure) opens a new generation at once, with any pending
+  newcomers in it.
+- A worker that is neither a member, pending, nor drained is fenced: it must stop.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class WorkerPhase(enum.Enum):
+    """Where one worker stands, as the coordinator sees it.
+
+    ```
+    (register) -> PENDING --join window closes--> MEMBER --drain--> DRAINED --leave--> (gone)
+                     |                              |
+                     +--leave / failure--> (gone) <-+--leave / failure / lease expiry
+    (unknown) = FENCED: a worker the coordinator does not know, or no longer knows
+    ```
+    """
+
+    PENDING = "pending"
+    MEMBER = "member"
+    DRAINED = "drained"
+    FENCED = "fenced"
+
+
+@dataclass(slots=True)
+class Worker:
+    worker_id: str
+    node: str
+    store_address: str
+    seniority: int
+    last_seen: float
+    connected: bool = False
+
+
+@dataclass(slots=True)
+class Membership:
+    join_window_s: float
+    lease_timeout_s: float
+    generation: int = 0
+    ranked: list[str] = field(default_factory=list)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    pending_since: float | None = None
+    drained: set[str] = field(default_factory=set)
+    target: int | None = None
+    departed: bool = False
+    next_seniority: int = 0
+
+    # ----- reading -----
+
+    def phase_of(self, worker_id: str) -> WorkerPhase:
+        if worker_id in self.drained:
+            return WorkerPhase.DRAINED
+        if worker_id in self.ranked:
+            return WorkerPhase.MEMBER
+        if worker_id in self.workers:
+            return WorkerPhase.PENDING
+        return WorkerPhase.FENCED
+
+    def rank_of(self, worker_id: str) -> int:
+        return self.ranked.index(worker_id)
+
+    def members(self) -> list[Worker]:
+        return [self.workers[worker_id] for worker_id in self.ranked]
+
+    def pending(self) -> list[Worker]:
+        return sorted(
+            (w for w in self.workers.values() if w.worker_id not in self.ranked),
+            key=lambda w: w.seniority,
+        )
+
+    def nodes(self) -> int:
+        return len({w.node for w in self.members()})
+
+    # ----- changing -----
+
+    def registering(self, worker_id: str, node: str, store_address: str, now: float) -> None:
+        """A worker asks to join; a known worker re-registering (after a reconnect) keeps
+        its place."""
+        self.drained.discard(worker_id)
+        known = self.workers.get(worker_id)
+        if known is not None:
+            known.node, known.store_address, known.last_seen = node, store_address, now
+            return
+        self.workers[worker_id] = Worker(
+            worker_id, node, store_address, self.next_seniority, last_seen=now
+        )
+        self.next_seniority += 1
+        if self.pending_since is None:
+            self.pending_since = now
+
+    def seeing(self, worker_id: str, now: float, connected: bool | None = None) -> None:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            return
+        worker.last_seen = now
+        if connected is not None:
+            worker.connected = connected
+
+    def draining(self, worker_id: str) -> bool:
+        """Ask a member to leave at its next step boundary; False if it is not a member."""
+        if worker_id not in self.workers:
+            return False
+        self.removing(worker_id)
+        self.drained.add(worker_id)
+        return True
+
+    def removing(self, worker_id: str) -> bool:
+        """Forget a worker (it left or failed); True if it was a member of the generation."""
+        self.drained.discard(worker_id)
+        if self.workers.pop(worker_id, None) is None:
+            return False
+        if worker_id in self.ranked:
+            self.ranked.remove(worker_id)
+            self.departed = True
+            return True
+        if not self.pending():
+            self.pending_since = None
+        return False
+
+    def expiring(self, now: float) -> list[str]:
+        """Remove the workers not heard from within the lease timeout; returns their ids."""
+        expired = [
+            w.worker_id
+            for w in self.workers.values()
+            if not w.connected and now - w.last_seen > self.lease_timeout_s
+        ]
+        for worker_id in expired:
+            self.removing(worker_id)
+        return expired
+
+    def targeting(self, workers: int | None) -> None:
+        self.target = workers
+
+    def opening_due(self, now: float) -> bool:
+        """Whether a new generation must open now."""
+        if self.departed:
+            return True
+        if self.pending_since is None or not self.pending():
+            return False
+        if self.target is not None and len(self.workers) >= self.target:
+            return True
+        return now - self.pending_since >= self.join_window_s
+
+    def opening(self) -> int:
+        """Open a new generation with every known worker, oldest first; returns its number."""
+        self.ranked = [
+            w.worker_id for w in sorted(self.workers.values(), key=lambda w: w.seniority)
+        ]
+        self.generation += 1
+        self.pending_since = None
+        self.departed = False
+        return self.generation
+
+    def restoring_after_restart(self, now: float) -> None:
+        """After a coordinator restart, give every worker a full lease to reconnect."""
+        for worker in self.workers.values():
+            worker.connected = False
+            worker.last_seen = now
+
+    # ----- persistence -----
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "join_window_s": self.join_window_s,
+            "lease_timeout_s": self.lease_timeout_s,
+            "generation": self.generation,
+            "ranked": list(self.ranked),
+            "workers": [
+                [w.worker_id, w.node, w.store_address, w.seniority] for w in self.workers.values()
+            ],
+            "pending": self.pending_since is not None,
+            "drained": sorted(self.drained),
+            "target": self.target,
+            "departed": self.departed,
+            "next_seniority": self.next_seniority,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], now: float) -> Membership:
+        workers = {
+            str(wid): Worker(str(wid), str(node), str(address), int(seniority), last_seen=now)
+            for wid, node, address, seniority in data["workers"]
+        }
+        return cls(
+            join_window_s=float(data["join_window_s"]),
+            lease_timeout_s=float(data["lease_timeout_s"]),
+            generation=int(data["generation"]),
+            ranked=[str(w) for w in data["ranked"]],
+            workers=workers,
+            pending_since=now if data["pending"] else None,
+            drained={str(w) for w in data["drained"]},
+            target=data["target"],
+            departed=bool(data["departed"]),
+            next_seniority=int(data["next_seniority"]),
+        )

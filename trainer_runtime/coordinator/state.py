@@ -1,0 +1,241 @@
+"""The whole state of one job's coordinator, and every decision it makes, with no I/O.
+
+The server (`serving.py`) is a thin executor: it authenticates a call, takes one lock, calls
+one method here, persists `to_json()` when the state changed, and wakes waiting workers.
+Everything that decides (fencing, who is rank 0, whether a commit is exactly-once, when a
+generation opens) lives here or in the ledger and membership it holds, and is unit-tested
+with a fake clock.
+
+What must stay true:
+- A commit from a worker that is not rank 0 of the current generation (group mode), or
+  that does not hold its leases (independent mode), is refused, with the state unchanged.
+- A worker that departs gives back its leases at once.
+- `from_json(to_json())` is the same state, so a restarted coordinator goes on from it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
+from trainer_runtime.coordinator.membership import Membership, WorkerPhase
+from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
+
+SMOOTHING = 0.2
+
+
+class ConsumptionMode(enum.Enum):
+    """How a job's workers consume the ledger; fixed for the job's life (no transitions).
+
+    GROUP: an allreduce group walks step windows; its rank 0 commits them.
+    INDEPENDENT: each worker leases and commits whole shards on its own.
+    """
+
+    GROUP = "group"
+    INDEPENDENT = "independent"
+
+
+class FencedError(PermissionError):
+    """The caller may not do this in the current generation (a stale or foreign worker)."""
+
+
+@dataclass(slots=True)
+class ThroughputRecord:
+    """Smoothed throughput of the job at one size (distinct nodes, workers)."""
+
+    nodes: int
+    workers: int
+    samples_per_s: float = 0.0
+    step_time_s: float = 0.0
+    steps: int = 0
+
+    def recording(self, samples: int, step_time_s: float) -> None:
+        if step_time_s <= 0:
+            return
+        rate = samples / step_time_s
+        if self.steps == 0:
+            self.samples_per_s, self.step_time_s = rate, step_time_s
+        else:
+            self.samples_per_s += SMOOTHING * (rate - self.samples_per_s)
+            self.step_time_s += SMOOTHING * (step_time_s - self.step_time_s)
+        self.steps += 1
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationView:
+    """What one worker learns when it asks for the current generation."""
+
+    phase: WorkerPhase
+    number: int
+    rank: int
+    members: tuple[tuple[str, int, str, str], ...]  # (worker_id, rank, node, store_address)
+    finished: bool
+
+
+@dataclass(slots=True)
+class CoordinatorState:
+    mode: ConsumptionMode
+    ledger: Ledger
+    membership: Membership
+    throughput: dict[tuple[int, int], ThroughputRecord] = field(default_factory=dict)
+    worker_rates: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def starting(
+        cls,
+        plan: DatasetPlan,
+        mode: ConsumptionMode = ConsumptionMode.GROUP,
+        join_window_s: float = 0.2,
+        lease_timeout_s: float = 10.0,
+    ) -> CoordinatorState:
+        return cls(
+            mode=mode,
+            ledger=Ledger.starting(plan),
+            membership=Membership(join_window_s=join_window_s, lease_timeout_s=lease_timeout_s),
+        )
+
+    # ----- membership -----
+
+    def registering(self, worker_id: str, node: str, store_address: str, now: float) -> None:
+        if self.ledger.finished:
+            raise FencedError("the job is finished")
+        self.membership.registering(worker_id, node, store_address, now)
+
+    def departing(self, worker_id: str) -> None:
+        """A worker left, failed or expired: forget it and take back its leases."""
+        self.membership.removing(worker_id)
+        self.ledger.releasing_leases(worker_id)
+        self.worker_rates.pop(worker_id, None)
+
+    def draining(self, worker_id: str) -> bool:
+        return self.membership.draining(worker_id)
+
+    def ticking(self, now: float) -> bool:
+        """Expire silent workers and open a generation when one is due; True if it changed."""
+        changed = False
+        for worker_id in self.membership.expiring(now):
+            self.ledger.releasing_leases(worker_id)
+            self.worker_rates.pop(worker_id, None)
+            changed = True
+        if self.membership.opening_due(now):
+            self.membership.opening()
+            changed = True
+        return changed
+
+    def viewing_generation(self, worker_id: str) -> GenerationView:
+        phase = self.membership.phase_of(worker_id)
+        members = tuple(
+            (w.worker_id, rank, w.node, w.store_address)
+            for rank, w in enumerate(self.membership.members())
+        )
+        rank = self.membership.rank_of(worker_id) if phase is WorkerPhase.MEMBER else -1
+        return GenerationView(
+            phase, self.membership.generation, rank, members, self.ledger.finished
+        )
+
+    # ----- group mode -----
+
+    def checking_rank0(self, worker_id: str, generation: int) -> None:
+        if self.mode is not ConsumptionMode.GROUP:
+            raise FencedError("this job's workers lease shards; step windows are refused")
+        if generation != self.membership.generation:
+            raise FencedError(
+                f"generation {generation} is stale; the current one is {self.membership.generation}"
+            )
+        if not self.membership.ranked or self.membership.ranked[0] != worker_id:
+            raise FencedError(f"{worker_id} is not rank 0 of generation {generation}")
+
+    def reconciling(
+        self, worker_id: str, generation: int, step: int, windows: list[StepWindow]
+    ) -> None:
+        """Make the ledger match the state rank 0 broadcast: take back committed steps its
+        state lacks, then commit the steps its state has and the ledger lacks."""
+        self.checking_rank0(worker_id, generation)
+        trial = self.ledger.copying()
+        trial.reverting_to(step)
+        missing = [w for w in windows if w.step > trial.committed_step]
+        trial.committing_windows(missing)
+        if trial.committed_step != step:
+            raise LedgerError(
+                f"rank 0 is at step {step} but the ledger reached {trial.committed_step}"
+            )
+        self.ledger.adopting(trial)
+
+    def committing_windows(
+        self, worker_id: str, generation: int, windows: list[StepWindow], step_time_s: float
+    ) -> None:
+        self.checking_rank0(worker_id, generation)
+        fresh = [w for w in windows if w.step > self.ledger.committed_step]
+        self.ledger.committing_windows(fresh)
+        if fresh:
+            self.recording_throughput(counting(fresh[-1].ranges), step_time_s)
+
+    # ----- independent mode -----
+
+    def checking_holder(self, worker_id: str) -> None:
+        if self.mode is not ConsumptionMode.INDEPENDENT:
+            raise FencedError("this job is an allreduce group; single shard leases are refused")
+        if self.membership.phase_of(worker_id) not in (WorkerPhase.MEMBER, WorkerPhase.DRAINED):
+            raise FencedError(f"{worker_id} is not a member of the job")
+
+    def leasing_shard(self, worker_id: str, generation: int) -> ShardLease | None:
+        self.checking_holder(worker_id)
+        if self.membership.phase_of(worker_id) is WorkerPhase.DRAINED:
+            return None
+        if generation != self.membership.generation:
+            raise FencedError(f"generation {generation} is stale")
+        return self.ledger.leasing_shard(worker_id)
+
+    def committing_leases(self, worker_id: str, lease_ids: list[int], step_time_s: float) -> None:
+        self.checking_holder(worker_id)
+        samples = self.ledger.committing_leases(worker_id, lease_ids)
+        if step_time_s > 0:
+            self.worker_rates[worker_id] = samples / step_time_s
+        members = [w.worker_id for w in self.membership.members()]
+        total = sum(self.worker_rates.get(w, 0.0) for w in members)
+        self.recording_throughput(total * step_time_s, step_time_s)
+
+    # ----- throughput -----
+
+    def recording_throughput(self, samples: float, step_time_s: float) -> None:
+        key = (self.membership.nodes(), len(self.membership.ranked))
+        record = self.throughput.setdefault(key, ThroughputRecord(*key))
+        record.recording(round(samples), step_time_s)
+
+    # ----- persistence -----
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "format": 1,
+                "mode": self.mode.value,
+                "ledger": self.ledger.to_dict(),
+                "membership": self.membership.to_dict(),
+                "throughput": [
+                    [r.nodes, r.workers, r.samples_per_s, r.step_time_s, r.steps]
+                    for r in self.throughput.values()
+                ],
+            },
+            sort_keys=True,
+        )
+
+    @classmethod
+    def from_json(cls, text: str, now: float) -> CoordinatorState:
+        data: dict[str, Any] = json.loads(text)
+        if data.get("format") != 1:
+            raise ValueError(f"unknown coordinator state format {data.get('format')!r}")
+        throughput = {
+            (int(n), int(w)): ThroughputRecord(int(n), int(w), float(rate), float(t), int(s))
+            for n, w, rate, t, s in data["throughput"]
+        }
+        membership = Membership.from_dict(data["membership"], now)
+        membership.restoring_after_restart(now)
+        return cls(
+            mode=ConsumptionMode(data["mode"]),
+            ledger=Ledger.from_dict(data["ledger"]),
+            membership=membership,
+            throughput=throughput,
+        )
