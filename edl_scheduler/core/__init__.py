@@ -1,0 +1,78 @@
+"""The planner: ``plan(snapshot, policy, now) -> Plan``, pure and deterministic.
+
+The controller, the local backend and the simulator all call this one function. Nothing in
+this package imports Kubernetes, a clock, randomness, sockets or file I/O (import-linter
+checks it); the clock and any seed are arguments.
+"""
+
+from edl_scheduler.core.applying import apply_plan
+from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
+from edl_scheduler.core.planning import PlanningError, plan
+from edl_scheduler.core.policy import (
+    PRESETS,
+    Admission,
+    Growth,
+    Invariant,
+    Ordering,
+    Policy,
+    Preemption,
+    preset,
+)
+from edl_scheduler.core.resources import Resources
+from edl_scheduler.core.snapshot import (
+    Constraints,
+    Job,
+    Node,
+    NodeSelectorTerm,
+    Replica,
+    Requirement,
+    Reservation,
+    Role,
+    RoleSpec,
+    SelectorOp,
+    Snapshot,
+    Taint,
+    TaintEffect,
+    ThroughputSample,
+    Toleration,
+    TolerationOp,
+)
+from edl_scheduler.core.validating import SnapshotError
+
+__all__ = [
+    "HOLD_REASONS",
+    "PRESETS",
+    "Action",
+    "Admission",
+    "Constraints",
+    "Growth",
+    "Invariant",
+    "Job",
+    "JobDecision",
+    "Node",
+    "NodeSelectorTerm",
+    "Ordering",
+    "Plan",
+    "PlanningError",
+    "Policy",
+    "Preemption",
+    "Reason",
+    "Replica",
+    "Requirement",
+    "Reservation",
+    "Resources",
+    "Role",
+    "RoleChange",
+    "RoleSpec",
+    "SelectorOp",
+    "Snapshot",
+    "SnapshotError",
+    "Taint",
+    "TaintEffect",
+    "ThroughputSample",
+    "Toleration",
+    "TolerationOp",
+    "apply_plan",
+    "plan",
+    "preset",
+]

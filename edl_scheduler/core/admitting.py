@@ -1,0 +1,278 @@
+"""Admission: start waiting jobs as whole gangs, taking workers from others where allowed.
+
+Invariant 2 (gang) lives here: a job starts, or a job below its minimum is restored, only
+when its whole gang (``minReplicas`` workers and its parameter servers' minimum) is placed
+in one statement. Invariant 4 (priority first) lives in ``_may_shrink`` and
+``_may_suspend``: a waiting job may take every worker above the minimum of each
+preemptible job ranked below it, regardless of cool-downs, and whole lower jobs where the
+policy allows suspension. Victims are taken one replica (or one whole job) at a time,
+lowest priority first, then the most fulfilled; once the gang fits, victims that turn out
+not to be needed are given back, so a plan names exactly enough of them.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from edl_scheduler.core.placing import gang_fits, place_gang
+from edl_scheduler.core.plan import Reason
+from edl_scheduler.core.policy import Admission, Preemption
+from edl_scheduler.core.session import JobState, Session, Statement
+from edl_scheduler.core.snapshot import Replica, Role
+from edl_scheduler.core.stability import may_shrink_voluntarily
+
+
+class _Fenwick:
+    """Prefix sums over ranks: GPUs that could be taken from the job at each rank."""
+
+    def __init__(self, size: int) -> None:
+        self._tree = [0] * (size + 1)
+        self._values = [0] * size
+
+    def set(self, index: int, value: int) -> None:
+        delta = value - self._values[index]
+        self._values[index] = value
+        i = index + 1
+        while i < len(self._tree):
+            self._tree[i] += delta
+            i += i & -i
+
+    def prefix(self, end: int) -> int:
+        total, i = 0, end
+        while i > 0:
+            total += self._tree[i]
+            i -= i & -i
+        return total
+
+    def range(self, start: int, end: int) -> int:
+        return self.prefix(end) - self.prefix(start)
+
+
+@dataclass(slots=True)
+class _Victim:
+    js: JobState
+    replicas: tuple[Replica, ...]
+    whole: bool
+
+
+def needs_of(js: JobState) -> dict[Role, int]:
+    """What a job lacks to run at its minimum: its whole gang when waiting."""
+    needs = {Role.WORKER: max(0, js.lo - js.size())}
+    ps = js.job.pserver
+    if ps is not None and js.size() + needs[Role.WORKER] > 0:
+        needs[Role.PSERVER] = max(0, ps.min_replicas - js.size(Role.PSERVER))
+    return needs
+
+
+def _gpus(js: JobState, needs: dict[Role, int]) -> int:
+    return sum(js.resources(role).gpu * n for role, n in needs.items() if n)
+
+
+def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
+    """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
+    for every preemptible job ranked below; an equal-priority job ranked above gives up its
+    borrowed workers only when the policy lets equals reclaim and it is past its cool-down."""
+    if victim is js or not victim.job.preemptible or victim.started:
+        return False
+    if victim.rank > js.rank:
+        return True
+    return (
+        session.policy.reclaim_equal_priority
+        and victim.priority == js.priority
+        and may_shrink_voluntarily(session, victim)
+    )
+
+
+def _may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
+    if victim is js or not victim.job.preemptible or victim.started or not victim.running:
+        return False
+    if session.policy.use_priority:
+        return victim.priority < js.priority
+    return victim.rank > js.rank
+
+
+class Admitter:
+    """Runs the admission action over the session's jobs in rank order."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        policy = session.policy
+        self.shrink_ok = policy.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND)
+        self.suspend_ok = policy.preemption in (
+            Preemption.SUSPEND,
+            Preemption.SHRINK_THEN_SUSPEND,
+        )
+        n = len(session.jobs)
+        self.shrinkable = _Fenwick(n)
+        self.suspendable = _Fenwick(n)
+        self.level_start: dict[int, int] = {}
+        self.level_end: dict[int, int] = {}
+        for js in session.jobs:
+            self.level_start.setdefault(js.priority, js.rank)
+            self.level_end[js.priority] = js.rank + 1
+            self._update_pools(js)
+
+    def _update_pools(self, js: JobState) -> None:
+        gpu = js.resources(Role.WORKER).gpu
+        movable = js.job.preemptible and not js.started
+        self.shrinkable.set(js.rank, max(0, js.size() - js.lo) * gpu if movable else 0)
+        self.suspendable.set(js.rank, js.size() * gpu if movable else 0)
+
+    def _pool(self, js: JobState) -> int:
+        """An upper bound of the GPUs that preemption could free for ``js`` (quick reject)."""
+        n = len(self.s.jobs)
+        total = 0
+        if self.shrink_ok:
+            start = self.level_start[js.priority] if self.s.policy.reclaim_equal_priority else 0
+            total += self.shrinkable.range(start if start < js.rank else js.rank + 1, n)
+        if self.suspend_ok:
+            start = self.level_end[js.priority] if self.s.policy.use_priority else js.rank + 1
+            total += self.suspendable.range(start, n)
+        return total
+
+    def run(self) -> None:
+        blocked_by: JobState | None = None
+        ahead = 0
+        for js in self.s.jobs:
+            if js.job.suspended:
+                js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
+                continue
+            needs = needs_of(js)
+            if not any(needs.values()):
+                continue
+            if blocked_by is not None:
+                js.reason = Reason.WAITING_IN_LINE
+                js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
+                continue
+            if self._too_large(js, needs):
+                continue
+            if self._admit(js, needs):
+                continue
+            free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+            what = "to restore its minimum" if js.was_running else "for its gang"
+            js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.WAITING_FOR_CAPACITY
+            js.message = (
+                f"waiting: needs {_gpus(js, needs)} GPUs {what} ({js.lo} workers), "
+                f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
+            )
+            ahead += 1
+            if self.s.policy.admission is Admission.HEAD_OF_LINE:
+                blocked_by = js
+
+    def _too_large(self, js: JobState, needs: dict[Role, int]) -> bool:
+        capacity = sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes)
+        if _gpus(js, needs) <= capacity and js.classes:
+            return False
+        js.reason = Reason.TOO_LARGE
+        js.message = (
+            f"cannot start: needs {_gpus(js, needs)} GPUs, the nodes it may run on "
+            f"have {capacity} in all"
+        )
+        return True
+
+    def _admit(self, js: JobState, needs: dict[Role, int]) -> bool:
+        stmt = self.s.statement()
+        if place_gang(self.s, stmt, js, needs):
+            stmt.commit()
+            self._started(js, [])
+            return True
+        stmt.discard()
+        if not (self.shrink_ok or self.suspend_ok):
+            return False
+        free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+        if free + self._pool(js) < _gpus(js, needs):
+            return False
+        return self._preempt(js, needs)
+
+    def _candidates(self, js: JobState) -> Iterator[_Victim]:
+        """Victim units in the order they are taken: single workers above the minimum
+        (lowest priority, then most fulfilled first), then whole jobs (lowest first)."""
+        cluster, classes = self.s.cluster, js.classes
+
+        def useful(replica: Replica) -> bool:
+            return cluster.node_class[cluster.index[replica.node]] in classes
+
+        if self.shrink_ok:
+            heap: list[tuple[int, float, int, JobState]] = []
+            for v in self.s.jobs:
+                if v.size() > v.lo and _may_shrink(self.s, js, v):
+                    heapq.heappush(heap, (v.priority, -v.fulfillment(), -v.rank, v))
+            while heap:
+                _, _, _, v = heapq.heappop(heap)
+                gone = set(map(id, v.removed[Role.WORKER]))
+                spare = [r for r in v.live[Role.WORKER] if id(r) not in gone and useful(r)]
+                if not spare or v.size() <= v.lo:
+                    continue
+                yield _Victim(v, (spare[-1],), whole=False)
+                if v.size() > v.lo:
+                    heapq.heappush(heap, (v.priority, -v.fulfillment(), -v.rank, v))
+        if self.suspend_ok:
+            whole = [v for v in self.s.jobs if _may_suspend(self.s, js, v)]
+            for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
+                gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
+                rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
+                if any(useful(r) for r in rest):
+                    yield _Victim(v, tuple(rest), whole=True)
+
+    def _preempt(self, js: JobState, needs: dict[Role, int]) -> bool:
+        stmt = self.s.statement()
+        taken: list[_Victim] = []
+        target = _gpus(js, needs)
+        fits = False
+        for victim in self._candidates(js):
+            self._take(stmt, victim)
+            taken.append(victim)
+            free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+            if free >= target and gang_fits(self.s, js, needs):
+                fits = True
+                break
+        if not fits:
+            stmt.discard()
+            return False
+        # Give back every victim the gang turns out not to need, latest taken first.
+        kept: list[_Victim] = []
+        for victim in reversed(taken):
+            for replica in victim.replicas:
+                stmt.restore(victim.js, replica)
+            if gang_fits(self.s, js, needs):
+                continue
+            self._take(stmt, victim)
+            kept.append(victim)
+        if not place_gang(self.s, stmt, js, needs):  # pragma: no cover - fits was checked
+            stmt.discard()
+            return False
+        stmt.commit()
+        self._started(js, kept)
+        return True
+
+    def _take(self, stmt: Statement, victim: _Victim) -> None:
+        for replica in victim.replicas:
+            stmt.remove(victim.js, replica)
+
+    def _started(self, js: JobState, victims: list[_Victim]) -> None:
+        names = sorted({v.js.name for v in victims})
+        for name in names:
+            v = self.s.by_name[name]
+            whole = v.size() == 0
+            v.suspended = whole
+            v.reason = Reason.SUSPENDED_TO_ADMIT if whole else Reason.SHRUNK_TO_ADMIT
+            v.for_job = js.name
+            v.message = (
+                f"{'suspended' if whole else 'shrunk'} to admit {js.name} "
+                f"(priority {js.job.priority}, ranked {js.rank + 1})"
+            )
+            self._update_pools(v)
+        js.started = True
+        js.for_job = js.name if victims else None
+        js.reason = Reason.STARTED if not js.was_running else Reason.GREW
+        via = f" after taking workers from {', '.join(names)}" if names else ""
+        verb = "started" if not js.was_running else "restored to its minimum"
+        js.message = f"{verb} with {js.size()} workers{via}"
+        self._update_pools(js)
+
+
+def admit(session: Session) -> None:
+    """The admission action: every waiting job, in rank order, starts or says why not."""
+    Admitter(session).run()

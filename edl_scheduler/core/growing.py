@@ -1,0 +1,142 @@
+"""Growth: share idle GPUs among running jobs below their maximum (invariant 5).
+
+Jobs are served by priority level first; inside a level the policy chooses by marginal
+throughput gain (the job's fitted model, or the prior where it measured nothing; ties go to
+the least fulfilled) or by fulfillment alone. One worker is handed out at a time and the
+winner is scored again, so GPUs spread the way the scaling curves say they pay.
+
+A job may be held back, and its decision says why (``plan.HOLD_REASONS``): its cool-down,
+a gain over the horizon smaller than the resize pause (``stability``), the policy's load
+threshold, or, for a job that cannot be preempted, a higher-ranked job still waiting (GPUs
+it took could not be given back). A grown job's whole increment is checked against the
+pause once; a job that fails is reverted and its GPUs offered to the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from edl_scheduler.core.placing import place
+from edl_scheduler.core.plan import Reason
+from edl_scheduler.core.policy import Growth
+from edl_scheduler.core.session import JobState, Session, Statement
+from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
+from edl_scheduler.core.throughput import fit
+
+_WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
+
+
+def _node_count(js: JobState, session: Session) -> int:
+    return len(set(js.nodes(Role.WORKER, session.cluster)))
+
+
+def _score(js: JobState, session: Session) -> tuple[float, ...]:
+    fulfilled = js.fulfillment()
+    if session.policy.growth is Growth.FULFILLMENT:
+        return (-js.priority, fulfilled, js.rank)
+    model = fit(js.job.throughput)
+    nodes, workers = max(1, _node_count(js, session)), js.size()
+    gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
+    return (-js.priority, -round(gain, 9), fulfilled, js.rank)
+
+
+class Grower:
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.statements: dict[str, Statement] = {}
+        self.start: dict[str, tuple[int, int]] = {}
+
+    def candidates(self) -> list[JobState]:
+        s = self.s
+        first_waiting = min((js.rank for js in s.jobs if js.reason in _WAITING), default=None)
+        found = []
+        for js in s.jobs:
+            if js.suspended or js.job.suspended or not js.running or js.size() < js.lo:
+                continue
+            if js.removed[Role.WORKER]:
+                continue  # shrunk this cycle to admit another job: never grown back at once
+            if js.size() >= js.hi:
+                continue
+            until = None if js.started else cooling_until(s, js)
+            if until is not None:
+                js.reason = Reason.COOLING_DOWN
+                js.message = f"below maximum, cooling down until t={until:g}"
+                continue
+            if not js.job.preemptible and first_waiting is not None and first_waiting < js.rank:
+                js.reason = Reason.HELD_FOR_WAITING
+                js.message = "below maximum, held: a higher-ranked job is waiting"
+                continue
+            found.append(js)
+        return found
+
+    def _hand_out(self, jobs: list[JobState]) -> None:
+        s, policy = self.s, self.s.policy
+        heap = [(_score(js, s), i, js) for i, js in enumerate(jobs)]
+        heapq.heapify(heap)
+        limit = policy.max_load * s.cluster.capacity_gpu
+        while heap:
+            _, i, js = heapq.heappop(heap)
+            gpu = js.resources(Role.WORKER).gpu
+            if policy.max_load < 1.0 and gpu and s.allocated_gpus() + gpu > limit + 1e-9:
+                js.reason = Reason.LOAD_THRESHOLD
+                js.message = f"below maximum, held: cluster load at {policy.max_load:.0%}"
+                continue
+            if js.name not in self.start:
+                self.start[js.name] = (_node_count(js, s), js.size())
+            stmt = self.statements.setdefault(js.name, s.statement())
+            if not place(s, stmt, js, Role.WORKER, 1):
+                continue
+            if js.size() < js.hi:
+                heapq.heappush(heap, (_score(js, s), i, js))
+
+    def run(self) -> None:
+        s = self.s
+        if not s.policy.elastic or s.policy.growth is Growth.NONE:
+            return
+        jobs = self.candidates()
+        while True:
+            self._hand_out(jobs)
+            reverted = [js for js in jobs if self._revert_if_unpaid(js)]
+            if not reverted:
+                break
+            jobs = [js for js in jobs if js not in reverted]
+        for js in jobs:
+            self._grow_pservers(js)
+
+    def _revert_if_unpaid(self, js: JobState) -> bool:
+        """Undo a running job's growth whose gain does not pay for its pause."""
+        if js.started or js.name not in self.start:
+            return False
+        nodes0, workers0 = self.start[js.name]
+        if js.size() == workers0:
+            return False
+        gain = resize_gain(js, (nodes0, _node_count(js, self.s)), (workers0, js.size()))
+        if worth_the_pause(self.s, gain):
+            return False
+        self.statements.pop(js.name).discard()
+        del self.start[js.name]
+        pause = self.s.policy.resize_pause_s
+        js.reason = Reason.GAIN_BELOW_PAUSE
+        js.message = (
+            f"below maximum, held: predicted gain {gain:.1%} over "
+            f"{self.s.policy.gain_horizon_s:g}s does not pay the {pause:g}s pause"
+        )
+        return True
+
+    def _grow_pservers(self, js: JobState) -> None:
+        """Parameter servers follow the workers: ceil(workers * psMax / workerMax)."""
+        ps = js.job.pserver
+        if ps is None or js.name not in self.statements:
+            return
+        want = -(-js.size() * ps.max_replicas // max(1, js.job.worker.max_replicas))
+        want = max(ps.min_replicas, min(ps.max_replicas, want))
+        more = want - js.size(Role.PSERVER)
+        stmt = self.statements[js.name]
+        for _ in range(max(0, more)):
+            if not place(self.s, stmt, js, Role.PSERVER, 1):
+                break
+
+
+def grow(session: Session) -> None:
+    Grower(session).run()

@@ -1,0 +1,38 @@
+"""How a policy ranks jobs: the order of admission, and "higher-ranked" in invariant 4.
+
+Rank 0 is the first to be served. With priorities, every job of a higher priority ranks
+above every job of a lower one; within a level the policy's ordering decides; the job name
+breaks the last tie so that ranking is total and deterministic.
+"""
+
+from __future__ import annotations
+
+from edl_scheduler.core.policy import Ordering, Policy
+from edl_scheduler.core.snapshot import Job
+
+
+def effective_priority(job: Job, policy: Policy) -> int:
+    return job.priority if policy.use_priority else 0
+
+
+def las_queue(job: Job, policy: Policy, now: float) -> int:
+    """The discretized 2D-LAS queue of a job: how many thresholds its attained GPU-time
+    has passed, or 0 when it has starved past the policy's starvation limit."""
+    limit = policy.starvation_limit_s
+    if limit is not None and not job.replicas and now - job.submit_time >= limit:
+        return 0
+    return sum(1 for t in policy.queue_thresholds_gpu_s if job.attained_gpu_seconds >= t)
+
+
+def rank_key(job: Job, policy: Policy, now: float) -> tuple[float, ...]:
+    prio = -float(effective_priority(job, policy))
+    if policy.ordering is Ordering.LEAST_ATTAINED:
+        return (prio, job.attained_gpu_seconds, job.submit_time)
+    if policy.ordering is Ordering.LAS_QUEUES:
+        return (prio, float(las_queue(job, policy, now)), job.submit_time)
+    return (prio, job.submit_time)
+
+
+def ranked(jobs: tuple[Job, ...], policy: Policy, now: float) -> list[Job]:
+    """Jobs in the order the policy serves them (first = highest ranked)."""
+    return sorted(jobs, key=lambda j: (*rank_key(j, policy, now), j.name))

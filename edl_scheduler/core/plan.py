@@ -1,0 +1,138 @@
+"""The planner's output: for each job and role, a target, where new replicas go, which named
+replicas leave (in order), and one line a person can read.
+
+A Plan describes moves from the snapshot it was computed on; ``applying.apply_plan`` turns
+snapshot + plan into the next snapshot (the simulator's and the tests' model of a driver).
+A plan is *empty* when it moves nothing: idempotence (invariant 6) says that planning again
+at the same instant on the applied state yields an empty plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from edl_scheduler.core.snapshot import Reservation, Role
+
+
+class Action(Enum):
+    """What happens to a job in this plan.
+
+    ::
+
+        WAIT ──START──> KEEP ──GROW/SHRINK──> KEEP
+          ^               │
+          └───SUSPEND─────┘   (whole-job preemption; only where the policy allows it)
+    """
+
+    WAIT = "wait"
+    START = "start"
+    KEEP = "keep"
+    GROW = "grow"
+    SHRINK = "shrink"
+    SUSPEND = "suspend"
+
+
+class Reason(Enum):
+    """Why a job is where the plan puts it; each decision carries one, with a message."""
+
+    STARTED = "Started"
+    GREW = "Grew"
+    SHRUNK_TO_ADMIT = "ShrunkToAdmit"
+    SUSPENDED_TO_ADMIT = "SuspendedToAdmit"
+    AT_MAXIMUM = "AtMaximum"
+    STEADY = "Steady"
+    NO_ROOM = "NoRoom"
+    COOLING_DOWN = "CoolingDown"
+    GAIN_BELOW_PAUSE = "GainBelowPause"
+    HELD_FOR_WAITING = "HeldForWaitingJob"
+    LOAD_THRESHOLD = "LoadThreshold"
+    RIGID = "Rigid"
+    WAITING_FOR_CAPACITY = "WaitingForCapacity"
+    WAITING_IN_LINE = "WaitingInLine"
+    TOO_LARGE = "TooLarge"
+    USER_SUSPENDED = "UserSuspended"
+    BELOW_MINIMUM = "BelowMinimum"
+
+
+#: Reasons that explain why a running job below its maximum was not grown although some GPU
+#: it could use is idle: the exceptions invariant 5 allows, each said in the plan.
+HOLD_REASONS = frozenset(
+    {
+        Reason.COOLING_DOWN,
+        Reason.GAIN_BELOW_PAUSE,
+        Reason.HELD_FOR_WAITING,
+        Reason.LOAD_THRESHOLD,
+        Reason.RIGID,
+        Reason.BELOW_MINIMUM,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    """One role of one job: ``current`` live replicas become ``target``.
+
+    ``add_nodes`` names the node of each new replica (a node may repeat); ``remove`` names
+    the replicas to drain, in the order they should leave. ``target == current +
+    len(add_nodes) - len(remove)`` always holds.
+    """
+
+    role: Role
+    current: int
+    target: int
+    add_nodes: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.add_nodes or self.remove)
+
+
+@dataclass(frozen=True, slots=True)
+class JobDecision:
+    job: str
+    action: Action
+    reason: Reason
+    message: str
+    workers: RoleChange
+    pservers: RoleChange | None = None
+    #: For SHRINK and SUSPEND decisions made to admit another job: that job's name.
+    for_job: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return self.workers.changed or (self.pservers is not None and self.pservers.changed)
+
+    def role(self, role: Role) -> RoleChange | None:
+        return self.workers if role is Role.WORKER else self.pservers
+
+    def __str__(self) -> str:
+        size = f"{self.workers.current}->{self.workers.target}"
+        return f"{self.job}: {self.action.value} {size} [{self.reason.value}] {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    now: float
+    decisions: tuple[JobDecision, ...]
+    reservations: tuple[Reservation, ...] = ()
+
+    @property
+    def changes(self) -> tuple[JobDecision, ...]:
+        return tuple(d for d in self.decisions if d.changed)
+
+    @property
+    def is_empty(self) -> bool:
+        return not any(d.changed for d in self.decisions)
+
+    def decision(self, job: str) -> JobDecision:
+        for d in self.decisions:
+            if d.job == job:
+                return d
+        raise KeyError(job)
+
+    def describe(self) -> str:
+        """A readable table: one line per job, changes first."""
+        ordered = sorted(self.decisions, key=lambda d: (not d.changed, d.job))
+        return "\n".join(str(d) for d in ordered)

@@ -1,0 +1,139 @@
+"""``plan(snapshot, policy, now) -> Plan``: the one planner that every driver calls.
+
+The cycle, in order:
+
+1. Validate the snapshot (``validating``): an inconsistent picture raises a typed error
+   naming the job or node, and nothing is planned on it.
+2. Open a session: capacity left on every node after other pods and every live replica;
+   reservations from the last plan that still hold; jobs ranked by the policy.
+3. Admit (``admitting``): in rank order, every waiting job starts as a whole gang, taking
+   workers (or whole jobs) from lower-ranked ones where the policy allows; or it says why
+   it waits.
+4. Grow (``growing``): idle GPUs go to running jobs below their maximum, unless a
+   stability rule holds a job back.
+5. Write the plan: per job and role the target, the node of each new replica, the named
+   replicas to remove, the reason; and the reservations that keep freed GPUs for the job
+   they were freed for.
+6. Guard: no node that receives a replica may end over-committed (a bug if it happens).
+
+Pure: no clock (``now`` is an argument), no randomness, no I/O.
+"""
+
+from __future__ import annotations
+
+from edl_scheduler.core.admitting import admit
+from edl_scheduler.core.growing import grow
+from edl_scheduler.core.plan import Action, JobDecision, Plan, Reason, RoleChange
+from edl_scheduler.core.policy import Policy
+from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
+from edl_scheduler.core.throughput import fit
+from edl_scheduler.core.validating import validate
+
+
+class PlanningError(RuntimeError):
+    """The planner broke one of its own guarantees: always a bug, never bad input."""
+
+
+def _role_change(js: JobState, role: Role, session: Session) -> RoleChange:
+    names = session.cluster.names
+    return RoleChange(
+        role=role,
+        current=len(js.live[role]),
+        target=js.size(role),
+        add_nodes=tuple(names[n] for n in js.added[role]),
+        remove=tuple(r.name for r in js.removed[role]),
+    )
+
+
+def _action(js: JobState) -> Action:
+    before, after = len(js.live[Role.WORKER]), js.size()
+    if js.suspended:
+        return Action.SUSPEND
+    if after > 0 and before == 0:
+        return Action.START
+    if after > before:
+        return Action.GROW
+    if after < before:
+        return Action.SHRINK
+    return Action.KEEP if after > 0 else Action.WAIT
+
+
+def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, str]:
+    """The reason and one-line message of a job nobody has explained yet."""
+    before, after = len(js.live[Role.WORKER]), js.size()
+    if action is Action.START:
+        grown = f", then grown to {after} into idle GPUs" if after > js.lo else ""
+        return Reason.STARTED, js.message + grown
+    if action is Action.GROW and js.reason is None:
+        model = fit(js.job.throughput)
+        nodes = len(set(js.nodes(Role.WORKER, session.cluster)))
+        return Reason.GREW, (
+            f"grew {before}->{after} into idle GPUs "
+            f"(predicted speed-up {model.speedup(1, before):.2f}x -> "
+            f"{model.speedup(nodes, after):.2f}x)"
+        )
+    if js.reason is not None:
+        return js.reason, js.message
+    if after >= js.hi:
+        if not session.policy.elastic:
+            return Reason.RIGID, f"running {after} workers, its requested size (rigid policy)"
+        return Reason.AT_MAXIMUM, f"running {after} workers, at its maximum"
+    return Reason.NO_ROOM, (
+        f"running {after} workers, below its maximum {js.hi}: no node it may use has room"
+    )
+
+
+def _reservations(session: Session) -> tuple[Reservation, ...]:
+    out: list[Reservation] = []
+    names = session.cluster.names
+    expires = session.now + session.policy.reservation_timeout_s
+    for js in session.jobs:
+        if js.for_job != js.name:
+            continue
+        for role in Role:
+            counts: dict[int, int] = {}
+            for node in js.added[role]:
+                counts[node] = counts.get(node, 0) + 1
+            for node, count in sorted(counts.items()):
+                out.append(Reservation(js.name, names[node], role, count, expires))
+    for node, holds in sorted(session.cluster.holds.items()):
+        for h in holds:
+            js = session.by_name[h.job]
+            if h.count > 0 and not js.running and not js.suspended:
+                out.append(Reservation(h.job, names[node], h.role, h.count, h.expires_at))
+    return tuple(out)
+
+
+def _guard(session: Session) -> None:
+    c = session.cluster
+    touched = {n for js in session.jobs for role in Role for n in js.added[role]}
+    for n in touched:
+        if c.gpu[n] < 0 or c.cpu[n] < 0 or c.mem[n] < 0:
+            raise PlanningError(f"plan over-commits node {c.names[n]}")
+
+
+def plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
+    """Decide every job's size and placement for this cycle. Deterministic and pure."""
+    validate(snapshot)  # 1
+    session = Session(snapshot, policy, now)  # 2
+    admit(session)  # 3
+    grow(session)  # 4
+    decisions = []  # 5
+    for js in session.jobs:
+        action = _action(js)
+        reason, message = _explain(js, action, session)
+        pservers = _role_change(js, Role.PSERVER, session) if js.job.pserver else None
+        decisions.append(
+            JobDecision(
+                job=js.name,
+                action=action,
+                reason=reason,
+                message=message,
+                workers=_role_change(js, Role.WORKER, session),
+                pservers=pservers,
+                for_job=js.for_job if js.for_job != js.name else None,
+            )
+        )
+    _guard(session)  # 6
+    return Plan(now=now, decisions=tuple(decisions), reservations=_reservations(session))

@@ -1,0 +1,193 @@
+"""Policies: configurations of the one planner, never separate planners.
+
+EDL's own policy and the baselines the simulator compares against (rigid FIFO gang
+scheduling, Tiresias' discretized 2D-LAS, Paddle EDL's original autoscaler) are all values of
+``Policy``, so a comparison runs the same placement, fit and bookkeeping code on every side.
+
+Each policy declares which invariants of DESIGN.md section 3 it promises; the property tests
+check each policy on exactly those.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum, IntEnum
+
+
+class Invariant(IntEnum):
+    """The numbered invariants of DESIGN.md section 3."""
+
+    NO_OVERCOMMIT = 1
+    GANG = 2
+    MIN_KEPT = 3
+    PRIORITY_FIRST = 4
+    WORK_CONSERVING = 5
+    IDEMPOTENT = 6
+    STABLE = 7
+
+
+class Ordering(Enum):
+    """How jobs are ranked within a priority level (or overall, without priorities).
+
+    FIFO: by submit time. LEAST_ATTAINED: least attained GPU-time first (job durations are
+    unknown; favouring jobs that had little service shortens average JCT). LAS_QUEUES:
+    Tiresias' discretized 2D-LAS, queues by attained GPU-time thresholds, FIFO inside.
+    """
+
+    FIFO = "fifo"
+    LEAST_ATTAINED = "least-attained"
+    LAS_QUEUES = "las-queues"
+
+
+class Admission(Enum):
+    """HEAD_OF_LINE: a waiting job blocks every job ranked below it (strict FIFO).
+    BACKFILL: jobs ranked below a waiting job may start where they fit."""
+
+    HEAD_OF_LINE = "head-of-line"
+    BACKFILL = "backfill"
+
+
+class Preemption(Enum):
+    """What may be taken from running jobs to admit a waiting one.
+
+    SHRINK: workers above the victims' minimum. SHRINK_THEN_SUSPEND: then whole
+    lower-priority jobs. SUSPEND: whole jobs only (rigid, preemptive baselines)."""
+
+    NONE = "none"
+    SHRINK = "shrink"
+    SHRINK_THEN_SUSPEND = "shrink-then-suspend"
+    SUSPEND = "suspend"
+
+
+class Growth(Enum):
+    """How idle GPUs are shared among running jobs below their maximum.
+
+    MARGINAL_GAIN: the largest predicted speed-up from the job's throughput model (a prior
+    model where the job has measured nothing), ties by fulfillment. FULFILLMENT: the least
+    fulfilled first, EDL's (cur-min)/(max-min)."""
+
+    NONE = "none"
+    FULFILLMENT = "fulfillment"
+    MARGINAL_GAIN = "marginal-gain"
+
+
+ALL_INVARIANTS = frozenset(Invariant)
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One scheduling policy. Times are seconds.
+
+    ``cooldown_s``: least time between two resizes of a job. ``min_run_s``: least time a job
+    runs before it may be shrunk (unless invariant 4 demands it). ``reservation_timeout_s``:
+    how long GPUs freed for a job stay held for it. ``resize_pause_s``: what one resize costs
+    a job; a resize is made only when its expected gain over ``gain_horizon_s`` exceeds it.
+    ``max_load``: growth stops once this fraction of the cluster's GPUs is allocated.
+    ``queue_thresholds_gpu_s``: LAS queue boundaries in attained GPU-seconds.
+    ``starvation_limit_s``: a LAS job waiting this long returns to the first queue.
+    """
+
+    name: str
+    elastic: bool = True
+    use_priority: bool = True
+    ordering: Ordering = Ordering.FIFO
+    admission: Admission = Admission.BACKFILL
+    preemption: Preemption = Preemption.SHRINK
+    reclaim_equal_priority: bool = True
+    growth: Growth = Growth.MARGINAL_GAIN
+    cooldown_s: float = 300.0
+    min_run_s: float = 300.0
+    reservation_timeout_s: float = 600.0
+    resize_pause_s: float = 10.0
+    gain_horizon_s: float = 600.0
+    max_load: float = 1.0
+    queue_thresholds_gpu_s: tuple[float, ...] = ()
+    starvation_limit_s: float | None = None
+    promises: frozenset[Invariant] = field(default=ALL_INVARIANTS)
+
+    def promised(self, invariant: Invariant) -> bool:
+        return invariant in self.promises
+
+
+_RIGID_PROMISES = frozenset(
+    {Invariant.NO_OVERCOMMIT, Invariant.GANG, Invariant.MIN_KEPT, Invariant.IDEMPOTENT}
+)
+
+PRESETS: dict[str, Policy] = {
+    "edl": Policy(name="edl"),
+    "edl-fulfillment": Policy(
+        name="edl-fulfillment",
+        use_priority=False,
+        growth=Growth.FULFILLMENT,
+        cooldown_s=0.0,
+        min_run_s=0.0,
+        resize_pause_s=0.0,
+        max_load=0.97,
+        promises=frozenset(
+            {
+                Invariant.NO_OVERCOMMIT,
+                Invariant.GANG,
+                Invariant.MIN_KEPT,
+                Invariant.PRIORITY_FIRST,
+                Invariant.WORK_CONSERVING,
+                Invariant.IDEMPOTENT,
+            }
+        ),
+    ),
+    "fifo-gang": Policy(
+        name="fifo-gang",
+        elastic=False,
+        use_priority=False,
+        admission=Admission.HEAD_OF_LINE,
+        preemption=Preemption.NONE,
+        growth=Growth.NONE,
+        promises=_RIGID_PROMISES,
+    ),
+    "fifo-backfill": Policy(
+        name="fifo-backfill",
+        elastic=False,
+        use_priority=False,
+        preemption=Preemption.NONE,
+        growth=Growth.NONE,
+        promises=_RIGID_PROMISES,
+    ),
+    "tiresias": Policy(
+        name="tiresias",
+        elastic=False,
+        use_priority=False,
+        ordering=Ordering.LAS_QUEUES,
+        preemption=Preemption.SUSPEND,
+        growth=Growth.NONE,
+        min_run_s=0.0,
+        queue_thresholds_gpu_s=(3250.0, 7200.0),
+        promises=_RIGID_PROMISES,
+    ),
+    "tiresias-pollux": Policy(
+        name="tiresias-pollux",
+        elastic=False,
+        use_priority=False,
+        ordering=Ordering.LAS_QUEUES,
+        preemption=Preemption.SUSPEND,
+        growth=Growth.NONE,
+        min_run_s=0.0,
+        queue_thresholds_gpu_s=(16 * 3600.0,),
+        promises=_RIGID_PROMISES,
+    ),
+}
+
+
+class UnknownPolicyError(ValueError):
+    """Raised for a policy name that is not a preset."""
+
+
+def preset(name: str) -> Policy:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        known = ", ".join(sorted(PRESETS))
+        raise UnknownPolicyError(f"policy {name!r} is not known: use one of {known}") from None
+
+
+def with_overrides(policy: Policy, **overrides: object) -> Policy:
+    """A copy of ``policy`` with some fields replaced (the config loader's one entry point)."""
+    return replace(policy, **overrides)  # type: ignore[arg-type]

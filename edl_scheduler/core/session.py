@@ -1,0 +1,297 @@
+"""One planning cycle's working state, opened over a snapshot (as a Volcano session is).
+
+``Cluster`` is the only code that takes or gives node capacity, so invariant 1's capacity
+half lives here: ``room`` is the one answer to "how many more replicas of this size fit on
+this node for this job", counting what other pods use, every live replica, and capacity
+held (reserved) for jobs ranked above the asker. Draining replicas are treated as gone: the
+capacity they free is held for the job it was freed for, and drivers create a replica only
+once its node has the room in fact.
+
+``Statement`` records moves so that an action can try them and then commit or discard them.
+Nothing here reads a clock or does I/O; the session dies with the ``plan()`` call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from edl_scheduler.core.matching import allowed_on, node_class
+from edl_scheduler.core.ordering import effective_priority, ranked
+from edl_scheduler.core.plan import Reason
+from edl_scheduler.core.policy import Policy
+from edl_scheduler.core.resources import Resources
+from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, Snapshot
+
+
+@dataclass(slots=True)
+class Hold:
+    """Room for ``count`` more replicas of ``job``'s ``role`` kept on one node."""
+
+    job: str
+    rank: int
+    role: Role
+    count: int
+    per_replica: Resources
+    expires_at: float
+
+
+class Cluster:
+    """Free capacity per node (indexed 0..n-1), bucketed by free GPUs for best-fit search."""
+
+    def __init__(self, nodes: tuple[Node, ...]) -> None:
+        self.names = [n.name for n in nodes]
+        self.index = {n.name: i for i, n in enumerate(nodes)}
+        self.gpu = [n.allocatable.gpu - n.used_by_others.gpu for n in nodes]
+        self.cpu = [n.allocatable.cpu_milli - n.used_by_others.cpu_milli for n in nodes]
+        self.mem = [n.allocatable.memory_bytes - n.used_by_others.memory_bytes for n in nodes]
+        self.capacity_gpu = sum(max(0, g) for g in self.gpu)
+        classes: dict[tuple[object, ...], int] = {}
+        self.node_class: list[int] = []
+        self.class_nodes: list[list[int]] = []
+        self.class_example: list[Node] = []
+        for i, node in enumerate(nodes):
+            key = node_class(node)
+            if key not in classes:
+                classes[key] = len(self.class_nodes)
+                self.class_nodes.append([])
+                self.class_example.append(node)
+            self.node_class.append(classes[key])
+            self.class_nodes[classes[key]].append(i)
+        # Free GPUs -> nodes, per class; dicts keep insertion order, so search is deterministic.
+        self.buckets: list[dict[int, dict[int, None]]] = [{} for _ in self.class_nodes]
+        self.class_free_gpu = [0] * len(self.class_nodes)
+        self.class_capacity_gpu = [0] * len(self.class_nodes)
+        for i, g in enumerate(self.gpu):
+            c = self.node_class[i]
+            self.buckets[c].setdefault(g, {})[i] = None
+            self.class_free_gpu[c] += g
+            self.class_capacity_gpu[c] += max(0, g)
+        self.free_gpu = sum(self.gpu)
+        self.max_gpu = max(self.gpu, default=0)
+        self.holds: dict[int, list[Hold]] = {}
+
+    def _move(self, node: int, new_gpu: int) -> None:
+        c = self.node_class[node]
+        old = self.gpu[node]
+        if old != new_gpu:
+            del self.buckets[c][old][node]
+            self.buckets[c].setdefault(new_gpu, {})[node] = None
+            self.gpu[node] = new_gpu
+            self.class_free_gpu[c] += new_gpu - old
+            self.free_gpu += new_gpu - old
+
+    def take(self, node: int, res: Resources, count: int = 1) -> None:
+        self._move(node, self.gpu[node] - res.gpu * count)
+        self.cpu[node] -= res.cpu_milli * count
+        self.mem[node] -= res.memory_bytes * count
+
+    def give(self, node: int, res: Resources, count: int = 1) -> None:
+        self.take(node, res, -count)
+
+    def held_for_others(self, node: int, job: str, rank: int) -> Resources:
+        """Capacity on ``node`` held for jobs ranked above ``rank`` other than ``job``."""
+        gpu = cpu = mem = 0
+        for h in self.holds.get(node, ()):
+            if h.job != job and h.rank < rank and h.count > 0:
+                gpu += h.per_replica.gpu * h.count
+                cpu += h.per_replica.cpu_milli * h.count
+                mem += h.per_replica.memory_bytes * h.count
+        return Resources(gpu, cpu, mem)
+
+    def room(self, node: int, res: Resources, job: str, rank: int) -> int:
+        """How many more replicas of size ``res`` fit on ``node`` for ``job``."""
+        gpu, cpu, mem = self.gpu[node], self.cpu[node], self.mem[node]
+        if node in self.holds:
+            held = self.held_for_others(node, job, rank)
+            gpu, cpu, mem = gpu - held.gpu, cpu - held.cpu_milli, mem - held.memory_bytes
+        if gpu < 0 or cpu < 0 or mem < 0:
+            return 0
+        best = 1 << 30
+        if res.gpu:
+            best = min(best, gpu // res.gpu)
+        if res.cpu_milli:
+            best = min(best, cpu // res.cpu_milli)
+        if res.memory_bytes:
+            best = min(best, mem // res.memory_bytes)
+        return best
+
+
+@dataclass(slots=True, eq=False)
+class JobState:
+    """A job inside the session: what it had, and what this cycle adds and removes."""
+
+    job: Job
+    rank: int
+    priority: int
+    lo: int
+    hi: int
+    classes: frozenset[int]
+    live: dict[Role, list[Replica]]
+    added: dict[Role, list[int]] = field(default_factory=lambda: {r: [] for r in Role})
+    removed: dict[Role, list[Replica]] = field(default_factory=lambda: {r: [] for r in Role})
+    reason: Reason | None = None
+    message: str = ""
+    for_job: str | None = None
+    suspended: bool = False
+    started: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.job.name
+
+    def size(self, role: Role = Role.WORKER) -> int:
+        return len(self.live[role]) - len(self.removed[role]) + len(self.added[role])
+
+    @property
+    def was_running(self) -> bool:
+        return bool(self.live[Role.WORKER])
+
+    @property
+    def running(self) -> bool:
+        return self.size() > 0
+
+    def resources(self, role: Role) -> Resources:
+        spec = self.job.role_spec(role)
+        assert spec is not None
+        return spec.resources
+
+    def fulfillment(self) -> float:
+        """EDL's (cur - min) / (max - min): 1.0 for a rigid job at its size."""
+        span = self.hi - self.lo
+        return 1.0 if span <= 0 else (self.size() - self.lo) / span
+
+    def nodes(self, role: Role, cluster: Cluster) -> list[int]:
+        gone = {r.name for r in self.removed[role]}
+        used = [cluster.index[r.node] for r in self.live[role] if r.name not in gone]
+        return used + self.added[role]
+
+
+class Statement:
+    """Moves tried by an action; ``discard`` undoes them all, ``commit`` keeps them."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self._cluster = cluster
+        self._undo: list[Callable[[], None]] = []
+
+    def add(self, js: JobState, role: Role, node: int) -> None:
+        res = js.resources(role)
+        self._cluster.take(node, res)
+        js.added[role].append(node)
+        consumed = self._consume_hold(js, role, node)
+
+        def undo() -> None:
+            js.added[role].pop()
+            self._cluster.give(node, res)
+            if consumed is not None:
+                consumed.count += 1
+
+        self._undo.append(undo)
+
+    def _consume_hold(self, js: JobState, role: Role, node: int) -> Hold | None:
+        for h in self._cluster.holds.get(node, ()):
+            if h.job == js.name and h.role is role and h.count > 0:
+                h.count -= 1
+                return h
+        return None
+
+    def remove(self, js: JobState, replica: Replica) -> None:
+        node = self._cluster.index[replica.node]
+        res = js.resources(replica.role)
+        self._cluster.give(node, res)
+        js.removed[replica.role].append(replica)
+
+        def undo() -> None:
+            js.removed[replica.role].remove(replica)
+            self._cluster.take(node, res)
+
+        self._undo.append(undo)
+
+    def restore(self, js: JobState, replica: Replica) -> None:
+        """Take back a removal made earlier in this statement (the replica stays)."""
+        node = self._cluster.index[replica.node]
+        res = js.resources(replica.role)
+        js.removed[replica.role].remove(replica)
+        self._cluster.take(node, res)
+
+        def undo() -> None:
+            self._cluster.give(node, res)
+            js.removed[replica.role].append(replica)
+
+        self._undo.append(undo)
+
+    def hold(self, node: int, hold: Hold) -> None:
+        self._cluster.holds.setdefault(node, []).append(hold)
+        self._undo.append(lambda: self._cluster.holds[node].remove(hold))
+
+    def commit(self) -> None:
+        self._undo.clear()
+
+    def discard(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+
+class Session:
+    """Everything one cycle works on: the cluster, the ranked jobs, the policy and ``now``."""
+
+    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+        self.policy = policy
+        self.now = now
+        self.cluster = Cluster(snapshot.nodes)
+        self._class_cache: dict[Constraints, frozenset[int]] = {}
+        self.jobs: list[JobState] = []
+        for rank, job in enumerate(ranked(snapshot.jobs, policy, now)):
+            lo, hi = (
+                (job.worker.min_replicas, job.worker.max_replicas)
+                if policy.elastic
+                else (job.rigid_size, job.rigid_size)
+            )
+            live = {role: list(job.live(role)) for role in Role}
+            js = JobState(
+                job,
+                rank,
+                effective_priority(job, policy),
+                lo,
+                hi,
+                self.eligible_classes(job.constraints),
+                live,
+            )
+            self.jobs.append(js)
+            for replica in live[Role.WORKER] + live[Role.PSERVER]:
+                self.cluster.take(self.cluster.index[replica.node], js.resources(replica.role))
+        self.by_name = {js.name: js for js in self.jobs}
+        self._load_holds(snapshot)
+
+    def eligible_classes(self, constraints: Constraints) -> frozenset[int]:
+        found = self._class_cache.get(constraints)
+        if found is None:
+            found = frozenset(
+                c
+                for c, example in enumerate(self.cluster.class_example)
+                if allowed_on(constraints, example)
+            )
+            self._class_cache[constraints] = found
+        return found
+
+    def _load_holds(self, snapshot: Snapshot) -> None:
+        """Reservations from the last plan, minus what has expired or is already placed."""
+        for r in snapshot.reservations:
+            js = self.by_name.get(r.job)
+            node = self.cluster.index.get(r.node)
+            if js is None or node is None or r.expires_at <= self.now or js.job.suspended:
+                continue
+            spec = js.job.role_spec(r.role)
+            if spec is None:
+                continue
+            there = sum(1 for rep in js.live[r.role] if rep.node == r.node)
+            left = r.count - there
+            if left > 0:
+                hold = Hold(js.name, js.rank, r.role, left, spec.resources, r.expires_at)
+                self.cluster.holds.setdefault(node, []).append(hold)
+
+    def statement(self) -> Statement:
+        return Statement(self.cluster)
+
+    def allocated_gpus(self) -> int:
+        return self.cluster.capacity_gpu - self.cluster.free_gpu

@@ -1,0 +1,194 @@
+"""The planner's input: what the cluster and its jobs look like at one instant.
+
+A Snapshot is built by a driver (the controller from Kubernetes objects, the local backend
+from its processes, the simulator from its event state) and handed to ``plan()``. It is
+frozen: the planner never changes its input, and the same Snapshot, policy and ``now``
+always give the same Plan.
+
+What must stay true of a valid snapshot is checked in ``validating.py``, once, before any
+decision is made (unknown nodes, duplicate names, negative capacity, more workers than the
+job's maximum).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from edl_scheduler.core.resources import NO_RESOURCES, Resources
+
+
+class Role(Enum):
+    """The two kinds of replica a job has: allreduce or PS workers, and parameter servers."""
+
+    WORKER = "worker"
+    PSERVER = "pserver"
+
+
+class SelectorOp(Enum):
+    """Operators of a required node-affinity match expression (Kubernetes semantics)."""
+
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+class TaintEffect(Enum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+class TolerationOp(Enum):
+    EQUAL = "Equal"
+    EXISTS = "Exists"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: SelectorOp
+    values: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorTerm:
+    """All requirements of one term must hold; a job's terms are ORed (Kubernetes rules)."""
+
+    requirements: tuple[Requirement, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    effect: TaintEffect
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """An empty key with operator Exists tolerates every taint; effect None matches all."""
+
+    key: str = ""
+    operator: TolerationOp = TolerationOp.EQUAL
+    value: str = ""
+    effect: TaintEffect | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Constraints:
+    """Where a job's pods may run: its template's nodeSelector, required node affinity and
+    tolerations. Hashable, so that the planner matches each distinct set once per node class."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required_terms: tuple[NodeSelectorTerm, ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+
+NO_CONSTRAINTS = Constraints()
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node as the planner sees it. ``used_by_others`` is what pods that are not EDL
+    replicas already take; the planner never hands that capacity out."""
+
+    name: str
+    allocatable: Resources
+    used_by_others: Resources = NO_RESOURCES
+    labels: tuple[tuple[str, str], ...] = ()
+    taints: tuple[Taint, ...] = ()
+    schedulable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class RoleSpec:
+    """Bounds and per-replica resources of one role of a job."""
+
+    min_replicas: int
+    max_replicas: int
+    resources: Resources
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """One placed replica. A draining replica has been told to leave; it still occupies its
+    node until it exits, but no longer counts toward its job's size, and the capacity it
+    frees is held by a Reservation for the job it was freed for."""
+
+    name: str
+    role: Role
+    node: str
+    draining: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputSample:
+    """A throughput the job's runtime measured at one size: ``workers`` on ``nodes``."""
+
+    nodes: int
+    workers: int
+    samples_per_second: float
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Capacity held for ``job`` on ``node``: room for ``count`` replicas of ``role``.
+
+    Reservations are made when workers are taken from other jobs to admit ``job``; the plan
+    returns them and the driver hands them back in the next snapshot. Only ``job`` or a job
+    ranked above it may use the capacity, until ``job`` has its replicas there or until
+    ``expires_at`` (no ping-pong between two elastic jobs over freed GPUs)."""
+
+    job: str
+    node: str
+    role: Role
+    count: int
+    expires_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A TrainingJob as the planner sees it.
+
+    ``requested`` is the size rigid policies run the job at (default: ``worker.max_replicas``).
+    ``suspended`` is the user's ``spec.suspend``: such a job gets no replicas.
+    ``start_time`` is when its current run began (None while pending), ``last_resize_time``
+    when its size last changed; both drive the cool-down and minimum-run rules.
+    """
+
+    name: str
+    worker: RoleSpec
+    submit_time: float
+    priority: int = 0
+    preemptible: bool = True
+    pserver: RoleSpec | None = None
+    requested: int | None = None
+    constraints: Constraints = NO_CONSTRAINTS
+    replicas: tuple[Replica, ...] = ()
+    suspended: bool = False
+    start_time: float | None = None
+    last_resize_time: float | None = None
+    attained_gpu_seconds: float = 0.0
+    throughput: tuple[ThroughputSample, ...] = ()
+
+    def role_spec(self, role: Role) -> RoleSpec | None:
+        return self.worker if role is Role.WORKER else self.pserver
+
+    def live(self, role: Role) -> tuple[Replica, ...]:
+        """Replicas of ``role`` that count toward the job's size (placed, not draining)."""
+        return tuple(r for r in self.replicas if r.role is role and not r.draining)
+
+    @property
+    def rigid_size(self) -> int:
+        return self.requested if self.requested is not None else self.worker.max_replicas
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    nodes: tuple[Node, ...]
+    jobs: tuple[Job, ...]
+    reservations: tuple[Reservation, ...] = ()

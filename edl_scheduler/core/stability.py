@@ -1,0 +1,51 @@
+"""Invariant 7, in one place: the anti-thrash rules a policy applies to resizes.
+
+A job is not resized more often than its cool-down allows, not shrunk voluntarily before it
+has run its minimum time, and not grown when the expected gain over the policy's horizon is
+smaller than the pause the resize costs. Invariant 4 overrides all of this: admitting a
+higher-ranked job's gang never asks these functions (see ``admitting._may_shrink``).
+"""
+
+from __future__ import annotations
+
+from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.throughput import fit
+
+
+def _last_change(js: JobState) -> float | None:
+    job = js.job
+    if job.last_resize_time is not None:
+        return job.last_resize_time
+    return job.start_time
+
+
+def cooling_until(session: Session, js: JobState) -> float | None:
+    """When the job's cool-down ends, or None if it may be resized now."""
+    last = _last_change(js)
+    if last is None or not js.was_running:
+        return None
+    end = last + session.policy.cooldown_s
+    return end if end > session.now else None
+
+
+def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
+    """Whether a shrink that invariant 4 does not demand is allowed now."""
+    start = js.job.start_time
+    if start is None or session.now - start < session.policy.min_run_s:
+        return False
+    return cooling_until(session, js) is None
+
+
+def resize_gain(js: JobState, nodes: tuple[int, int], workers: tuple[int, int]) -> float:
+    """Predicted relative speed-up of going from ``workers[0]`` on ``nodes[0]`` nodes to
+    ``workers[1]`` on ``nodes[1]``: 0.25 means 25% faster."""
+    model = fit(js.job.throughput)
+    before = model.throughput(nodes[0], workers[0])
+    after = model.throughput(nodes[1], workers[1])
+    return after / before - 1.0 if before > 0 else float("inf")
+
+
+def worth_the_pause(session: Session, gain: float) -> bool:
+    """A resize pays when the progress it adds over the horizon exceeds the pause."""
+    policy = session.policy
+    return gain * policy.gain_horizon_s > policy.resize_pause_s

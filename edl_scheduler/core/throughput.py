@@ -1,0 +1,82 @@
+"""A small throughput model per job, fitted to what its runtime measured.
+
+Step time is compute plus synchronization, as in Pollux: with ``w`` workers on ``n`` nodes
+and a fixed local batch,
+
+    step(n, w) = compute + sync(n, w),   sync = 0 for w == 1,
+    sync = alpha_local + beta_local * (w - 2)   on one node,
+    sync = alpha_net + beta_net * (w - 2)       across nodes,
+
+and throughput is ``w / step(n, w)`` (in local batches per second, so the unknown batch size
+cancels out of every speed-up). The five parameters are fitted by ridge-regularized least
+squares toward a prior, so one or two measurements give a usable model and sizes never
+tried are predicted from those that were; the prior alone serves jobs that measured nothing.
+Fits are cached by their (hashable, frozen) input, which keeps the planner pure and fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from edl_scheduler.core.snapshot import ThroughputSample
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputModel:
+    compute: float
+    alpha_local: float
+    beta_local: float
+    alpha_net: float
+    beta_net: float
+
+    def step_time(self, nodes: int, workers: int) -> float:
+        if workers <= 1:
+            return self.compute
+        if nodes <= 1:
+            return self.compute + self.alpha_local + self.beta_local * (workers - 2)
+        return self.compute + self.alpha_net + self.beta_net * (workers - 2)
+
+    def throughput(self, nodes: int, workers: int) -> float:
+        if workers <= 0:
+            return 0.0
+        return workers / self.step_time(nodes, workers)
+
+    def speedup(self, nodes: int, workers: int) -> float:
+        """Throughput relative to one worker on one node."""
+        return self.throughput(nodes, workers) / self.throughput(1, 1)
+
+
+#: Parameters relative to compute time: synchronization is cheap on one node and a little
+#: dearer across nodes, so extra workers help with diminishing returns.
+_PRIOR = (1.0, 0.05, 0.005, 0.15, 0.01)
+PRIOR_MODEL = ThroughputModel(*_PRIOR)
+_RIDGE = 0.05
+
+
+def _features(sample: ThroughputSample) -> tuple[float, float, float, float, float]:
+    multi = sample.workers > 1
+    local = 1.0 if multi and sample.nodes <= 1 else 0.0
+    net = 1.0 if multi and sample.nodes > 1 else 0.0
+    extra = float(sample.workers - 2)
+    return (1.0, local, local * extra, net, net * extra)
+
+
+@lru_cache(maxsize=65536)
+def fit(samples: tuple[ThroughputSample, ...]) -> ThroughputModel:
+    """The model that best explains ``samples`` (the prior when there are none)."""
+    usable = [s for s in samples if s.samples_per_second > 0 and s.workers >= 1]
+    if not usable:
+        return PRIOR_MODEL
+    y = np.array([s.workers / s.samples_per_second for s in usable])
+    singles = [v for s, v in zip(usable, y, strict=True) if s.workers == 1]
+    scale = float(min(singles)) if singles else float(y.min())
+    x = np.array([_features(s) for s in usable])
+    prior = np.array(_PRIOR)
+    lhs = x.T @ x + _RIDGE * np.eye(len(prior))
+    rhs = x.T @ (y / scale) + _RIDGE * prior
+    theta = np.clip(np.linalg.solve(lhs, rhs), 0.0, None) * scale
+    compute = max(float(theta[0]), 1e-9 * scale)
+    return ThroughputModel(compute, *(float(v) for v in theta[1:]))

@@ -1,0 +1,110 @@
+"""What must hold of a snapshot before the planner decides anything.
+
+An inconsistent snapshot is a driver bug or a race (a worker reported on a node that has
+gone, more workers than the job allows). The planner refuses it with a typed error naming
+the job or node, rather than planning on it: a plan built on a wrong picture could
+over-commit a node.
+"""
+
+from __future__ import annotations
+
+from edl_scheduler.core.snapshot import Job, Role, Snapshot
+
+
+class SnapshotError(ValueError):
+    """Base class: ``subject`` names the offending job or node."""
+
+    def __init__(self, subject: str, message: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class UnknownNodeError(SnapshotError):
+    pass
+
+
+class OverMaximumError(SnapshotError):
+    pass
+
+
+class NegativeCapacityError(SnapshotError):
+    pass
+
+
+class DuplicateNameError(SnapshotError):
+    pass
+
+
+class InvalidJobError(SnapshotError):
+    pass
+
+
+def _check_job(job: Job, node_names: set[str]) -> None:
+    for role in Role:
+        spec = job.role_spec(role)
+        if spec is None:
+            if any(r.role is role for r in job.replicas):
+                raise InvalidJobError(
+                    job.name, f"job {job.name} has {role.value} replicas but no {role.value} spec"
+                )
+            continue
+        if spec.min_replicas < (1 if role is Role.WORKER else 0):
+            raise InvalidJobError(
+                job.name, f"job {job.name}: {role.value} minReplicas ({spec.min_replicas}) < 1"
+            )
+        if spec.max_replicas < spec.min_replicas:
+            raise InvalidJobError(
+                job.name,
+                f"job {job.name}: {role.value} maxReplicas ({spec.max_replicas}) is below "
+                f"minReplicas ({spec.min_replicas})",
+            )
+        if spec.resources.is_negative():
+            raise NegativeCapacityError(
+                job.name, f"job {job.name}: {role.value} resources are negative"
+            )
+        live = len(job.live(role))
+        if live > spec.max_replicas:
+            raise OverMaximumError(
+                job.name,
+                f"job {job.name} has {live} live {role.value} replicas, more than its "
+                f"maxReplicas ({spec.max_replicas})",
+            )
+    if job.requested is not None and not (
+        job.worker.min_replicas <= job.requested <= job.worker.max_replicas
+    ):
+        raise InvalidJobError(
+            job.name,
+            f"job {job.name}: requested size {job.requested} is outside "
+            f"[{job.worker.min_replicas}, {job.worker.max_replicas}]",
+        )
+    names: set[str] = set()
+    for replica in job.replicas:
+        if replica.node not in node_names:
+            raise UnknownNodeError(
+                job.name,
+                f"job {job.name}: replica {replica.name} is on unknown node {replica.node!r}",
+            )
+        if replica.name in names:
+            raise DuplicateNameError(
+                job.name, f"job {job.name}: replica name {replica.name!r} appears twice"
+            )
+        names.add(replica.name)
+
+
+def validate(snapshot: Snapshot) -> None:
+    """Raise a SnapshotError for the first inconsistency found; return None when valid."""
+    node_names: set[str] = set()
+    for node in snapshot.nodes:
+        if node.name in node_names:
+            raise DuplicateNameError(node.name, f"node {node.name!r} appears twice")
+        node_names.add(node.name)
+        if node.allocatable.is_negative() or node.used_by_others.is_negative():
+            raise NegativeCapacityError(
+                node.name, f"node {node.name}: allocatable or used capacity is negative"
+            )
+    job_names: set[str] = set()
+    for job in snapshot.jobs:
+        if job.name in job_names:
+            raise DuplicateNameError(job.name, f"job {job.name!r} appears twice")
+        job_names.add(job.name)
+        _check_job(job, node_names)
