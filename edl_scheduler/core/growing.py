@@ -77,6 +77,8 @@ class Grower:
         limit = policy.max_load * s.cluster.capacity_gpu
         while heap:
             _, i, js = heapq.heappop(heap)
+            if js.size() >= js.hi:
+                continue
             gpu = js.resources(Role.WORKER).gpu
             if policy.max_load < 1.0 and gpu and s.allocated_gpus() + gpu > limit + 1e-9:
                 js.reason = Reason.LOAD_THRESHOLD

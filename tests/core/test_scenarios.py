@@ -332,3 +332,25 @@ def test_every_decision_has_a_readable_reason() -> None:
     )
     for d in run(snap).decisions:
         assert d.message and len(d.message.splitlines()) == 1, d
+
+
+def test_a_second_growth_round_never_passes_a_maximum() -> None:
+    # "flat" grows first, is then reverted (its gain does not pay the pause), and the
+    # GPUs are handed out again: "small", already at its maximum, must not get one.
+    snap = snapshot(
+        nodes(1),
+        [
+            job("small").min(1).max(2).submitted(5),
+            job("flat")
+            .min(1)
+            .max(8)
+            .running(("n0", 1))
+            .started(0)
+            .measured(1, 1, 100.0)
+            .measured(1, 2, 95.0)
+            .measured(1, 4, 90.0),
+        ],
+    )
+    p = run(snap)
+    assert sizes(p)["small"] == 2
+    assert p.decision("flat").reason is Reason.GAIN_BELOW_PAUSE
