@@ -14,6 +14,41 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO_ROOT / "manifests" / "examples").glob("*.yaml"))
 
 
+#: A full status as the controller would write it, every field set.
+STATUS: dict[str, Any] = {
+    "phase": "Resizing",
+    "message": "growing 4 -> 6: 2 GPUs idle",
+    "observedGeneration": 3,
+    "priority": 10,
+    "replicas": 4,
+    "readyReplicas": 4,
+    "pserverReplicas": 0,
+    "selector": "edl.dev/job=bert,edl.dev/role=worker",
+    "allocation": {"bert-worker-0": "node-1", "bert-worker-1": "node-1"},
+    "generation": 7,
+    "conditions": [
+        {
+            "type": "Admitted",
+            "status": "True",
+            "reason": "GangPlaced",
+            "message": "4 workers placed",
+            "lastTransitionTime": "2024-05-01T12:00:00Z",
+            "observedGeneration": 3,
+        }
+    ],
+    "lastResize": {"time": "2024-05-01T12:30:00Z", "from": 2, "to": 4, "reason": "idle GPUs"},
+    "submitTime": "2024-05-01T11:59:00Z",
+    "startTime": "2024-05-01T12:00:00Z",
+    "attainedGpuSeconds": 7200.5,
+    "throughput": [
+        {"nodes": 1, "workers": 2, "samplesPerSecond": 410.0, "stepSeconds": 0.31},
+        {"nodes": 1, "workers": 4, "samplesPerSecond": 790.5},
+    ],
+    "progress": {"epoch": 3, "step": 1200, "committedStep": 1199},
+    "restarts": 1,
+}
+
+
 def allreduce_document() -> dict[str, Any]:
     """The smallest valid allreduce job, with a few optional fields set."""
     return {
