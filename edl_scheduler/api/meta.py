@@ -117,12 +117,19 @@ class ObjectMeta(OpenModel):
     modelled; the rest (resourceVersion, ownerReferences, managedFields, ...) is kept."""
 
     name: JobName
+    """The job's name, unique in its namespace."""
     namespace: Namespace = "default"
+    """The job's namespace."""
     uid: str | None = None
+    """The identity Kubernetes gave the object."""
     labels: dict[str, str] = Field(default_factory=dict)
+    """Labels of the job."""
     annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations of the job."""
     creation_timestamp: AwareDatetime | None = None
+    """When the object was created."""
     generation: int | None = Field(default=None, ge=0)
+    """Kubernetes' count of spec changes."""
 
     @property
     def key(self) -> str:

@@ -71,8 +71,11 @@ class NodeSelectorRequirement(ApiModel):
     """One `{key, operator, values}` requirement on a node's labels (or fields)."""
 
     key: str = Field(min_length=1)
+    """The label (or, in matchFields, the node field) to test."""
     operator: NodeSelectorOperator
+    """In, NotIn, Exists, DoesNotExist, Gt or Lt."""
     values: list[str] = Field(default_factory=list)
+    """Values for In and NotIn; one integer for Gt and Lt; none otherwise."""
 
     @model_validator(mode="after")
     def _values_fit_operator(self) -> Self:
@@ -126,7 +129,9 @@ class NodeSelectorTerm(OpenModel):
     """Requirements that must all hold. `matchFields` may only test `metadata.name`."""
 
     match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list)
+    """Requirements on node labels."""
     match_fields: list[NodeSelectorRequirement] = Field(default_factory=list)
+    """Requirements on node fields (metadata.name)."""
 
     @model_validator(mode="after")
     def _fields_are_known(self) -> Self:
@@ -153,6 +158,7 @@ class NodeSelector(OpenModel):
     """Terms of which at least one must match."""
 
     node_selector_terms: list[NodeSelectorTerm] = Field(min_length=1)
+    """Alternatives: a node qualifies if it matches any of them."""
 
     def matches(self, labels: Mapping[str, str], node_name: str) -> bool:
         """Whether any term matches the node."""
@@ -163,22 +169,29 @@ class NodeAffinity(OpenModel):
     """Node affinity; only the required part binds placement, the preferred part is kept."""
 
     required_during_scheduling_ignored_during_execution: NodeSelector | None = None
+    """Nodes outside this selector never get the job's workers."""
 
 
 class Affinity(OpenModel):
     """Pod affinity settings; pod (anti-)affinity is kept as written for the controller."""
 
     node_affinity: NodeAffinity | None = None
+    """Which nodes the workers may (required) or should (preferred) run on."""
 
 
 class Toleration(ApiModel):
     """A toleration, checked with the rules the Kubernetes API server applies to pods."""
 
     key: str | None = None
+    """The taint key tolerated; empty with operator Exists tolerates every taint."""
     operator: TolerationOperator = TolerationOperator.EQUAL
+    """Equal (the value must match) or Exists (any value)."""
     value: str | None = None
+    """The taint value tolerated with operator Equal."""
     effect: TaintEffect | None = None
+    """NoSchedule, PreferNoSchedule or NoExecute; empty tolerates every effect."""
     toleration_seconds: int | None = None
+    """With NoExecute: how long the pod stays after the taint appears."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -214,9 +227,13 @@ class PodSpec(OpenModel):
     """The worker pod's spec. Containers are kept as written; each must name an image."""
 
     node_selector: dict[str, str] = Field(default_factory=dict)
+    """Labels a node must carry to get a worker."""
     affinity: Affinity | None = None
+    """Node and pod affinity; the required node affinity binds placement."""
     tolerations: list[Toleration] = Field(default_factory=list)
+    """Taints the workers tolerate."""
     containers: list[dict[str, Any]] = Field(min_length=1)
+    """The worker's containers, as in a pod; the first runs the training script."""
 
     @model_validator(mode="after")
     def _containers_have_images(self) -> Self:
@@ -252,7 +269,9 @@ class PodTemplate(OpenModel):
     """The worker pod template: metadata (kept as written) and the pod spec."""
 
     metadata: dict[str, Any] = Field(default_factory=dict)
+    """Labels and annotations for the worker pods."""
     spec: PodSpec
+    """The worker pod's spec."""
 
     @property
     def worker_image(self) -> str:

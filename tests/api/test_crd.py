@@ -8,6 +8,7 @@ Aspects tested:
   applies them) passes the generated schema, and fails on each rule it enforces;
 - `x-kubernetes-preserve-unknown-fields` appears exactly on the intended open blocks;
 - nothing the examples or a full status write would be pruned by the API server;
+- every spec and status field has a description (what `kubectl explain` shows);
 - names, scope, subresources (status; scale on spec.maxReplicas / status.replicas) and
   printer columns, whose paths must exist in the schema with the declared types;
 - the schema converter: bounds, enums, nullable, and refusal of shapes it cannot express.
@@ -374,3 +375,22 @@ def test_converter_refuses_what_kubernetes_cannot_express(
 ) -> None:
     with pytest.raises(SchemaError, match=fragment):
         structural_schema(model)
+
+
+def _properties(node: Schema, path: str) -> Iterator[tuple[str, Schema]]:
+    for name, child in node.get("properties", {}).items():
+        yield f"{path}.{name}", child
+        yield from _properties(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        yield from _properties(node["items"], f"{path}[]")
+
+
+def test_every_spec_and_status_field_is_described_for_kubectl_explain() -> None:
+    root = _root_schema()["properties"]
+    undescribed = [
+        path
+        for part in ("spec", "status")
+        for path, node in _properties(root[part], part)
+        if not node.get("description")
+    ]
+    assert undescribed == []
