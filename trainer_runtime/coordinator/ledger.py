@@ -56,6 +56,9 @@ class Ledger:
     leases: dict[int, ShardLease] = field(default_factory=dict)
     history: deque[StepWindow] = field(default_factory=lambda: deque(maxlen=HISTORY_STEPS))
     next_lease_id: int = 1
+    recent_commits: deque[tuple[str, int]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_STEPS)
+    )
 
     @classmethod
     def starting(cls, plan: DatasetPlan) -> Ledger:
@@ -133,7 +136,10 @@ class Ledger:
         return lease
 
     def committing_leases(self, holder: str, lease_ids: list[int]) -> int:
-        """Mark leased shards done; returns the samples committed."""
+        """Mark leased shards done; returns the samples committed. Repeating a commit that
+        was accepted (its answer was lost) is accepted again and changes nothing."""
+        if lease_ids and all((holder, i) in self.recent_commits for i in lease_ids):
+            return 0
         for lease_id in lease_ids:
             lease = self.leases.get(lease_id)
             if lease is None or lease.holder != holder:
@@ -141,6 +147,7 @@ class Ledger:
         samples = 0
         for lease_id in lease_ids:
             samples += len(self.leases.pop(lease_id).samples)
+            self.recent_commits.append((holder, lease_id))
         self.committed_step += 1
         self.advancing_epoch()
         return samples
@@ -171,6 +178,7 @@ class Ledger:
             leases=dict(self.leases),
             history=deque(self.history, maxlen=HISTORY_STEPS),
             next_lease_id=self.next_lease_id,
+            recent_commits=deque(self.recent_commits, maxlen=HISTORY_STEPS),
         )
 
     def adopting(self, other: Ledger) -> None:
@@ -180,6 +188,7 @@ class Ledger:
         self.leases = other.leases
         self.history = other.history
         self.next_lease_id = other.next_lease_id
+        self.recent_commits = other.recent_commits
 
     # ----- persistence -----
 
@@ -202,6 +211,7 @@ class Ledger:
                 [w.step, w.epoch, [[r.start, r.stop] for r in w.ranges]] for w in self.history
             ],
             "next_lease_id": self.next_lease_id,
+            "recent_commits": [[holder, lease_id] for holder, lease_id in self.recent_commits],
         }
 
     @classmethod
@@ -225,4 +235,7 @@ class Ledger:
             leases=leases,
             history=history,
             next_lease_id=int(data["next_lease_id"]),
+            recent_commits=deque(
+                ((str(h), int(i)) for h, i in data["recent_commits"]), maxlen=HISTORY_STEPS
+            ),
         )

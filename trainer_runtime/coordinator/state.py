@@ -187,6 +187,9 @@ class CoordinatorState:
             return None
         if generation != self.membership.generation:
             raise FencedError(f"generation {generation} is stale")
+        held = self.ledger.leases_of(worker_id)
+        if held:  # asking again (the answer was lost) gets the lease already held
+            return held[0]
         return self.ledger.leasing_shard(worker_id)
 
     def committing_leases(self, worker_id: str, lease_ids: list[int], step_time_s: float) -> None:

@@ -1,0 +1,137 @@
+"""Shared helpers of the runtime tests: an in-process coordinator, and real processes
+(coordinator and workers) started with the environment contract, stopped by PID only."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from trainer_runtime.client import CoordinatorClient
+from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
+from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
+from trainer_runtime.coordinator.storing import MemoryStore
+from trainer_runtime.environment import WorkerContract
+from trainer_runtime.sharding import DatasetPlan
+
+TOKEN = "test-token"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def waiting_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+@pytest.fixture
+def coordinator() -> Iterator[CoordinatorServer]:
+    """An in-process coordinator in independent mode: 40 samples, shards of 4, 2 epochs."""
+    state = CoordinatorState.starting(
+        DatasetPlan(40, 4, 2), ConsumptionMode.INDEPENDENT, join_window_s=0.05
+    )
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    yield server
+    server.stop(0.1)
+
+
+@dataclass
+class Cluster:
+    """Real processes of one job, in a temporary directory; every PID is ours."""
+
+    root: Path
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    port: int = 0
+
+    def environment(self, worker_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+        contract = WorkerContract(
+            coordinator=f"127.0.0.1:{self.port}",
+            token=TOKEN,
+            job_id="test-job",
+            worker_id=worker_id,
+            node="node-a",
+            timeout_s=20.0,
+        )
+        env = {**os.environ, **contract.to_environ(), **(extra or {})}
+        env["PYTHONPATH"] = str(REPO)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return env
+
+    def starting_coordinator(self, *args: str) -> subprocess.Popen[bytes]:
+        port_file = self.root / "port"
+        port_file.unlink(missing_ok=True)
+        arguments = ["--port", str(self.port)] if self.port else []
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "trainer_runtime.coordinator",
+                "--state-file",
+                str(self.root / "state.json"),
+                "--port-file",
+                str(port_file),
+                *arguments,
+                *args,
+            ],
+            env={**os.environ, "EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO)},
+            stdout=(self.root / "coordinator.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        self.processes["coordinator"] = process
+        waiting_for(port_file.exists, 20.0, "the coordinator to listen")
+        waiting_for(lambda: port_file.read_text() != "", 5.0, "the port file")
+        self.port = int(port_file.read_text())
+        return process
+
+    def starting_worker(
+        self, worker_id: str, argv: list[str], extra: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        process = subprocess.Popen(
+            [sys.executable, *argv],
+            env=self.environment(worker_id, extra),
+            stdout=(self.root / f"{worker_id}.log").open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+        self.processes[worker_id] = process
+        return process
+
+    def client(self) -> CoordinatorClient:
+        return CoordinatorClient(f"127.0.0.1:{self.port}", TOKEN, timeout_s=5.0, retry_s=20.0)
+
+    def killing(self, name: str) -> None:
+        process = self.processes[name]
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
+
+    def waiting_exit(self, name: str, timeout_s: float) -> int:
+        try:
+            return self.processes[name].wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired as error:
+            log = (self.root / f"{name}.log").read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{name} did not exit within {timeout_s} s:\n{log}") from error
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def stopping_all(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    job = Cluster(tmp_path)
+    yield job
+    job.stopping_all()

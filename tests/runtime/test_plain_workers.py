@@ -1,0 +1,115 @@
+"""The shard ledger under real processes, with the framework-free worker.
+
+Aspects (one scripted run, checked by the workers' own ledger files, not by the
+coordinator's count):
+- every sample is trained exactly once per epoch through a graceful drain (the victim exits
+  0), a SIGKILL (its leases go back to todo), two joins, and a coordinator SIGKILLed and
+  restarted from its state file mid-epoch;
+- survivors keep their PIDs (no worker restarts);
+- throughput reaches the coordinator's progress;
+- a worker with an incomplete environment fails clearly at start.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from .harness import Cluster, waiting_for
+
+SAMPLES, SHARD, EPOCHS = 3000, 10, 2
+WORKER = ["-m", "trainer_runtime.plain_worker", "--step-time-s", "0.03"]
+
+
+def counting_trained(root: Path) -> dict[int, Counter[int]]:
+    """Samples per epoch from the workers' ledger files: acknowledged commits, plus
+    unacknowledged ones (a worker killed in between) that no one else trained again."""
+    intents: dict[tuple[str, int], tuple[int, int, int]] = {}
+    done: set[tuple[str, int]] = set()
+    for path in root.glob("*.ledger"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if parts[0] == "intent":
+                intents[(path.stem, int(parts[1]))] = (int(parts[2]), int(parts[3]), int(parts[4]))
+            elif parts[0] == "done":
+                done.add((path.stem, int(parts[1])))
+    acknowledged = [intents[key] for key in done]
+    counts: dict[int, Counter[int]] = {epoch: Counter() for epoch in range(EPOCHS)}
+    for epoch, start, stop in acknowledged:
+        counts[epoch].update(range(start, stop))
+    for key, (epoch, start, stop) in intents.items():
+        if key not in done and all(counts[epoch][i] == 0 for i in range(start, stop)):
+            counts[epoch].update(range(start, stop))
+    return counts
+
+
+@pytest.mark.slow
+def test_ledger_is_exact_through_drain_kill_join_and_coordinator_restart(
+    cluster: Cluster,
+) -> None:
+    coordinator_args = [
+        "--samples", str(SAMPLES), "--shard-size", str(SHARD), "--epochs", str(EPOCHS),
+        "--mode", "independent", "--join-window-s", "0.1", "--lease-timeout-s", "10",
+    ]  # fmt: skip
+    cluster.starting_coordinator(*coordinator_args)
+
+    def worker(name: str) -> None:
+        ledger = cluster.root / f"{name}.ledger"
+        cluster.starting_worker(name, [*WORKER, "--ledger-file", str(ledger)])
+
+    for name in ("w0", "w1", "w2"):
+        worker(name)
+    client = cluster.client()
+
+    def done_at_least(samples: int) -> bool:
+        return bool(client.progress().samples_done >= samples)
+
+    def members() -> set[str]:
+        return {m.worker_id for m in client.progress().members}
+
+    waiting_for(lambda: members() == {"w0", "w1", "w2"}, 60, "three workers")
+    waiting_for(lambda: done_at_least(200), 60, "first samples")
+    survivor_pid = cluster.processes["w0"].pid
+    client.drain("w1")
+    assert cluster.waiting_exit("w1", 20) == 0
+    waiting_for(lambda: done_at_least(400), 60, "training after the drain")
+    cluster.killing("w2")
+    worker("w3")
+    worker("w4")
+    waiting_for(
+        lambda: {"w3", "w4"} <= members(),
+        30,
+        "two joiners",
+    )
+    waiting_for(lambda: done_at_least(SAMPLES + 300), 60, "the second epoch")
+    cluster.killing("coordinator")
+    cluster.starting_coordinator(*coordinator_args)
+    waiting_for(lambda: client.progress().finished, 90, "the job to finish")
+    progress = client.progress()
+    assert progress.samples_done == SAMPLES * EPOCHS
+    assert any(t.samples_per_s > 0 for t in progress.throughput)
+    for name in ("w0", "w3", "w4"):
+        assert cluster.waiting_exit(name, 30) == 0, cluster.log(name)
+    assert cluster.processes["w0"].pid == survivor_pid
+    assert (cluster.root / "w4.ledger").read_text(), "the joiner trained nothing"
+    counts = counting_trained(cluster.root)
+    for epoch in range(EPOCHS):
+        assert set(counts[epoch]) == set(range(SAMPLES)), f"epoch {epoch} lost samples"
+        assert max(counts[epoch].values()) == 1, f"epoch {epoch} repeated samples"
+
+
+def test_worker_without_contract_fails_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.plain_worker"],
+        env={"PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 2
+    assert "EDL_COORDINATOR" in result.stderr

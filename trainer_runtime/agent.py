@@ -1,0 +1,162 @@
+"""The worker agent: a worker's side of membership, shared by every framework adapter.
+
+It registers the worker, keeps one `Watch` stream open to the coordinator (the stream is
+the worker's liveness, and it brings generation changes and drain requests), and answers
+the only question asked on the hot path of every step, "has anything changed?", from memory,
+without an RPC.
+
+What must stay true:
+- `changed()` is a memory read.
+- Every wait is bounded by the contract's timeout; a coordinator that stays unreachable
+  longer raises `CoordinatorUnreachable`.
+- A worker the coordinator no longer knows stops (`Fenced`), it never trains on alone.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_runtime.client import CoordinatorClient, CoordinatorUnreachable, Fenced
+from trainer_runtime.environment import WorkerContract
+from trainer_runtime.protocol import pb
+
+LOG = logging.getLogger(__name__)
+RECONNECT_PAUSE_S = 0.1
+
+
+class Outcome(enum.Enum):
+    """What a worker learns when it asks for the next generation (terminal but MEMBER).
+
+    ```
+    MEMBER --(generation changes)--> ask again --> MEMBER | DRAINED | FINISHED | FENCED
+    DRAINED, FINISHED: leave and exit 0.   FENCED: stop with an error.
+    ```
+    """
+
+    MEMBER = "member"
+    DRAINED = "drained"
+    FINISHED = "finished"
+    FENCED = "fenced"
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    worker_id: str
+    rank: int
+    store_address: str
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """One worker's place in one generation."""
+
+    outcome: Outcome
+    generation: int
+    rank: int = -1
+    peers: tuple[Peer, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.peers)
+
+
+class WorkerAgent:
+    """Membership of one worker process, over one coordinator client."""
+
+    def __init__(self, contract: WorkerContract, client: CoordinatorClient | None = None) -> None:
+        self.contract = contract
+        self.client = client or CoordinatorClient(
+            contract.coordinator, contract.token, timeout_s=5.0, retry_s=contract.timeout_s
+        )
+        self.generation = 0
+        self.notice: Any = pb.Notice(generation=0)
+        self.lost_since: float | None = None
+        self.stopping = threading.Event()
+        self.watcher = threading.Thread(target=self.watching, name="edl-watch", daemon=True)
+
+    @property
+    def worker_id(self) -> str:
+        return self.contract.worker_id
+
+    def starting(self, store_address: str) -> None:
+        """Register (retrying while the coordinator is unreachable) and open the watch."""
+        self.store_address = store_address
+        self.client.register(self.worker_id, self.contract.node, store_address)
+        self.watcher.start()
+
+    def watching(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                for notice in self.client.watch(self.worker_id):
+                    self.notice = notice
+                    self.lost_since = None
+                    if self.stopping.is_set():
+                        return
+            except Exception as error:  # the stream drops when the coordinator restarts
+                LOG.debug("watch stream ended: %s", error)
+            if self.stopping.is_set():
+                return
+            if self.lost_since is None:
+                self.lost_since = time.monotonic()
+            self.stopping.wait(RECONNECT_PAUSE_S)
+
+    def changed(self) -> bool:
+        """Whether the worker must stop at this step boundary and ask for its generation."""
+        notice = self.notice
+        return bool(
+            notice.generation > self.generation
+            or notice.generation < 0
+            or notice.draining
+            or notice.finished
+        )
+
+    def awaiting_assignment(self) -> Assignment:
+        """The next generation this worker belongs to, or why it must stop; bounded wait."""
+        deadline = time.monotonic() + self.contract.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CoordinatorUnreachable(
+                    f"no generation formed within {self.contract.timeout_s:.0f} s"
+                )
+            reply = self.client.awaiting_generation(
+                self.worker_id, self.generation, timeout_s=min(remaining, 5.0)
+            )
+            if reply.status == pb.PENDING:
+                continue
+            if reply.status == pb.FENCED:
+                self.re_registering()
+                continue
+            if reply.status == pb.DRAINED:
+                return Assignment(Outcome.DRAINED, reply.number)
+            if reply.status == pb.FINISHED:
+                return Assignment(Outcome.FINISHED, reply.number)
+            self.generation = int(reply.number)
+            peers = tuple(Peer(m.worker_id, m.rank, m.store_address) for m in reply.members)
+            return Assignment(Outcome.MEMBER, self.generation, int(reply.rank), peers)
+
+    def re_registering(self) -> None:
+        """The coordinator does not know this worker. A worker that was never a member (its
+        registration was lost with a coordinator's memory) may register again; a member that
+        was removed must not come back with its old state: it is fenced."""
+        if self.generation > 0:
+            raise Fenced(f"{self.worker_id} was removed from the job; stopping")
+        self.client.register(self.worker_id, self.contract.node, self.store_address)
+
+    def leaving(self) -> None:
+        """Hand back everything and say goodbye; the coordinator forgets this worker."""
+        self.stopping.set()
+        try:
+            self.client.leave(self.worker_id)
+        except CoordinatorUnreachable:
+            LOG.warning("could not say goodbye: the coordinator is unreachable")
+
+    def closing(self) -> None:
+        self.stopping.set()
+        self.client.close()
+        self.watcher.join(timeout=1.0)

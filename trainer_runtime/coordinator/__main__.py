@@ -1,0 +1,91 @@
+"""Run one job's coordinator: `python -m trainer_runtime.coordinator --samples N ...`.
+
+The token comes from EDL_JOB_TOKEN (never from the command line, where `ps` shows it). With
+`--state-file`, a restarted coordinator loads the state a killed one saved and continues;
+the dataset options must then match the saved ones. The bound port is printed as
+`listening on HOST:PORT` and, with `--port-file`, written to that file (for `--port 0`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
+from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
+from trainer_runtime.coordinator.storing import FileStore, MemoryStore, StateStore
+from trainer_runtime.environment import JOB_TOKEN
+from trainer_runtime.sharding import DatasetPlan
+
+
+def parsing(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer_runtime.coordinator")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--port-file", type=Path)
+    parser.add_argument("--samples", type=int, required=True, help="samples in the dataset")
+    parser.add_argument("--shard-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--mode", choices=[m.value for m in ConsumptionMode], default=ConsumptionMode.GROUP.value
+    )
+    parser.add_argument("--state-file", type=Path, help="persist here (default: memory only)")
+    parser.add_argument("--join-window-s", type=float, default=0.2)
+    parser.add_argument("--lease-timeout-s", type=float, default=10.0)
+    parser.add_argument(
+        "--exit-when-finished", action="store_true", help="stop once the last epoch is committed"
+    )
+    return parser.parse_args(argv)
+
+
+def loading(args: argparse.Namespace, store: StateStore) -> CoordinatorState:
+    plan = DatasetPlan(args.samples, args.shard_size, args.epochs, args.seed)
+    saved = store.load()
+    if saved is None:
+        return CoordinatorState.starting(
+            plan, ConsumptionMode(args.mode), args.join_window_s, args.lease_timeout_s
+        )
+    state = CoordinatorState.from_json(saved, now=time.monotonic())
+    if state.ledger.plan != plan:
+        raise SystemExit(f"the saved state is of another dataset plan: {state.ledger.plan}")
+    return state
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parsing(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(message)s")
+    token = os.environ.get(JOB_TOKEN)
+    if not token:
+        print(f"{JOB_TOKEN} is not set: the coordinator needs the job token", file=sys.stderr)
+        return 2
+    store: StateStore = FileStore(args.state_file) if args.state_file else MemoryStore()
+    try:
+        state = loading(args, store)
+    except ValueError as error:
+        print(f"cannot start the coordinator: {error}", file=sys.stderr)
+        return 2
+    server = CoordinatorServer(CoordinatorService(state, store, token), args.host, args.port)
+    server.start()
+    if args.port_file:
+        args.port_file.write_text(str(server.port))
+    print(f"listening on {server.address}", flush=True)
+    stopped = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopped.set())
+    while not stopped.wait(0.2):
+        if args.exit_when_finished and state.ledger.finished:
+            time.sleep(1.0)
+            break
+    server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,329 @@
+"""The coordinator's gRPC server: a thin executor around `CoordinatorState`.
+
+Each call is authenticated (the job token in the `x-edl-token` metadata), then runs one
+state method under one lock; a call that changed the state persists it before it answers,
+so whatever a worker was told survives a coordinator restart. A ticker thread expires silent
+workers and opens generations when the join window closes. A worker's `Watch` stream is its
+liveness: when the stream drops (the process died), the worker departs at once and its
+leases go back to todo.
+
+What must stay true: every wait is bounded; no state change is answered before it is saved;
+an unauthenticated call changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+from google.protobuf.message import Message
+
+from trainer_runtime.coordinator.ledger import LedgerError
+from trainer_runtime.coordinator.membership import WorkerPhase
+from trainer_runtime.coordinator.state import CoordinatorState, FencedError
+from trainer_runtime.coordinator.storing import StateStore
+from trainer_runtime.protocol import METHODS, SERVICE, TOKEN_HEADER, pb
+from trainer_runtime.sharding import SampleRange, StepWindow
+
+LOG = logging.getLogger(__name__)
+TICK_S = 0.02
+LONGEST_WAIT_S = 30.0
+WATCH_REFRESH_S = 1.0
+
+PHASE_STATUS = {
+    WorkerPhase.MEMBER: pb.MEMBER,
+    WorkerPhase.DRAINED: pb.DRAINED,
+    WorkerPhase.FENCED: pb.FENCED,
+    WorkerPhase.PENDING: pb.PENDING,
+}
+
+
+def windows_from(messages: Any) -> list[StepWindow]:
+    return [
+        StepWindow(m.step, m.epoch, tuple(SampleRange(r.start, r.stop) for r in m.ranges))
+        for m in messages
+    ]
+
+
+class CoordinatorService:
+    """The handlers of the coordinator API, over one state, one lock and one store."""
+
+    def __init__(
+        self,
+        state: CoordinatorState,
+        store: StateStore,
+        token: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = state
+        self.store = store
+        self.token = token
+        self.clock = clock
+        self.changed = threading.Condition()
+        self.watch_serial: dict[str, int] = {}
+        self.stopping = threading.Event()
+        self.store.save(self.state.to_json())
+
+    # ----- plumbing -----
+
+    def saving(self) -> None:
+        """Persist and wake every waiter; the caller holds `self.changed`."""
+        self.store.save(self.state.to_json())
+        self.changed.notify_all()
+
+    def ticking_forever(self) -> None:
+        while not self.stopping.wait(TICK_S):
+            with self.changed:
+                if self.state.ticking(self.clock()):
+                    self.saving()
+
+    def authorizing(self, context: grpc.ServicerContext) -> None:
+        metadata = dict(context.invocation_metadata())
+        if metadata.get(TOKEN_HEADER) != self.token:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
+
+    def guarded(self, name: str) -> Callable[[Message, grpc.ServicerContext], Any]:
+        handler: Callable[[Any, grpc.ServicerContext], Any] = getattr(self, name)
+
+        def calling(request: Message, context: grpc.ServicerContext) -> Any:
+            self.authorizing(context)
+            try:
+                return handler(request, context)
+            except FencedError as error:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            except LedgerError as error:
+                context.abort(grpc.StatusCode.ABORTED, str(error))
+
+        return calling
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        table: dict[str, Any] = {}
+        for name, shape in METHODS.items():
+            build = (
+                grpc.unary_stream_rpc_method_handler
+                if shape.streams_replies
+                else grpc.unary_unary_rpc_method_handler
+            )
+            table[name] = build(
+                self.guarded(name),
+                request_deserializer=shape.request.FromString,
+                response_serializer=shape.reply.SerializeToString,
+            )
+        return grpc.method_handlers_generic_handler(SERVICE, table)
+
+    # ----- worker side -----
+
+    def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.registering(
+                request.worker_id, request.node, request.store_address, self.clock()
+            )
+            self.saving()
+            return pb.RegisterReply(generation=self.state.membership.generation)
+
+    def notice_for(self, worker_id: str) -> Any:
+        phase = self.state.membership.phase_of(worker_id)
+        generation = -1 if phase is WorkerPhase.FENCED else self.state.membership.generation
+        return pb.Notice(
+            generation=generation,
+            draining=phase is WorkerPhase.DRAINED,
+            finished=self.state.ledger.finished,
+        )
+
+    def Watch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        worker_id = request.worker_id
+        with self.changed:
+            serial = self.watch_serial.get(worker_id, 0) + 1
+            self.watch_serial[worker_id] = serial
+            self.state.membership.seeing(worker_id, self.clock(), connected=True)
+        context.add_callback(lambda: self.losing_watch(worker_id, serial))
+        last: Any = None
+        while context.is_active() and not self.stopping.is_set():
+            with self.changed:
+                notice = self.notice_for(worker_id)
+                if notice == last:
+                    self.changed.wait(WATCH_REFRESH_S)
+                    notice = self.notice_for(worker_id)
+                self.state.membership.seeing(worker_id, self.clock())
+            if notice != last:
+                last = notice
+                yield notice
+
+    def losing_watch(self, worker_id: str, serial: int) -> None:
+        """A worker's stream ended: the process is gone unless it already left or re-watched."""
+        with self.changed:
+            if self.watch_serial.get(worker_id) != serial or self.stopping.is_set():
+                return
+            phase = self.state.membership.phase_of(worker_id)
+            if phase in (WorkerPhase.MEMBER, WorkerPhase.PENDING):
+                LOG.warning("worker %s lost its connection: departing", worker_id)
+                self.state.departing(worker_id)
+                self.saving()
+
+    def AwaitGeneration(self, request: Any, context: grpc.ServicerContext) -> Any:
+        deadline = self.clock() + min(max(request.timeout_s, 0.0), LONGEST_WAIT_S)
+        with self.changed:
+            while True:
+                view = self.state.viewing_generation(request.worker_id)
+                if view.finished:
+                    return pb.Generation(status=pb.FINISHED, number=view.number)
+                if view.phase in (WorkerPhase.DRAINED, WorkerPhase.FENCED):
+                    return pb.Generation(status=PHASE_STATUS[view.phase], number=view.number)
+                if view.phase is WorkerPhase.MEMBER and view.number > request.after:
+                    members = [
+                        pb.Member(worker_id=w, rank=r, node=n, store_address=a)
+                        for w, r, n, a in view.members
+                    ]
+                    return pb.Generation(
+                        status=pb.MEMBER, number=view.number, rank=view.rank, members=members
+                    )
+                remaining = deadline - self.clock()
+                if remaining <= 0 or not context.is_active():
+                    return pb.Generation(status=pb.PENDING, number=view.number)
+                self.changed.wait(remaining)
+
+    def Reconcile(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.reconciling(
+                request.worker_id, request.generation, request.step, windows_from(request.windows)
+            )
+            self.saving()
+            ledger = self.state.ledger
+            return pb.LedgerView(
+                epoch=ledger.epoch,
+                committed_step=ledger.committed_step,
+                todo=[pb.SampleRange(start=r.start, stop=r.stop) for r in ledger.todo],
+                finished=ledger.finished,
+            )
+
+    def Commit(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.committing_windows(
+                request.worker_id,
+                request.generation,
+                windows_from(request.windows),
+                request.step_time_s,
+            )
+            self.saving()
+            return pb.CommitReply(
+                committed_step=self.state.ledger.committed_step,
+                finished=self.state.ledger.finished,
+            )
+
+    def LeaseShard(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            lease = self.state.leasing_shard(request.worker_id, request.generation)
+            if lease is None:
+                return pb.LeaseReply(finished=self.state.ledger.finished)
+            self.saving()
+            return pb.LeaseReply(
+                leases=[
+                    pb.Lease(
+                        lease_id=lease.lease_id,
+                        epoch=lease.epoch,
+                        range=pb.SampleRange(start=lease.samples.start, stop=lease.samples.stop),
+                    )
+                ]
+            )
+
+    def CommitLeases(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.committing_leases(
+                request.worker_id, list(request.lease_ids), request.step_time_s
+            )
+            self.saving()
+            return pb.CommitReply(
+                committed_step=self.state.ledger.committed_step,
+                finished=self.state.ledger.finished,
+            )
+
+    def Leave(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.departing(request.worker_id)
+            self.watch_serial.pop(request.worker_id, None)
+            self.saving()
+        return pb.Empty()
+
+    # ----- controller side -----
+
+    def Drain(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            if not self.state.draining(request.worker_id):
+                context.abort(grpc.StatusCode.NOT_FOUND, f"no worker {request.worker_id}")
+            self.saving()
+        return pb.Empty()
+
+    def SetTarget(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.state.membership.targeting(request.workers if request.workers > 0 else None)
+            self.saving()
+        return pb.Empty()
+
+    def GetProgress(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            state = self.state
+            view = state.viewing_generation("")
+            return pb.Progress(
+                generation=state.membership.generation,
+                epoch=state.ledger.epoch,
+                epochs=state.ledger.plan.epochs,
+                committed_step=state.ledger.committed_step,
+                samples_done=state.ledger.samples_done,
+                samples_per_epoch=state.ledger.plan.samples,
+                finished=state.ledger.finished,
+                members=[
+                    pb.Member(worker_id=w, rank=r, node=n, store_address=a)
+                    for w, r, n, a in view.members
+                ],
+                draining=sorted(state.membership.drained),
+                throughput=[
+                    pb.Throughput(
+                        nodes=t.nodes,
+                        workers=t.workers,
+                        samples_per_s=t.samples_per_s,
+                        step_time_s=t.step_time_s,
+                        steps=t.steps,
+                    )
+                    for t in state.throughput.values()
+                ],
+            )
+
+    def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            return pb.Snapshot(state_json=self.state.to_json())
+
+
+class CoordinatorServer:
+    """A running coordinator: the gRPC server, its service and its ticker thread."""
+
+    def __init__(self, service: CoordinatorService, host: str = "127.0.0.1", port: int = 0):
+        self.service = service
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="coordinator"),
+            maximum_concurrent_rpcs=512,
+        )
+        self.server.add_generic_rpc_handlers((service.handlers(),))
+        self.port: int = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.address = f"{host}:{self.port}"
+        self.ticker = threading.Thread(
+            target=service.ticking_forever, name="coordinator-ticker", daemon=True
+        )
+
+    def start(self) -> CoordinatorServer:
+        self.server.start()
+        self.ticker.start()
+        return self
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        self.service.stopping.set()
+        with self.service.changed:
+            self.service.changed.notify_all()
+        self.server.stop(grace_s).wait(grace_s + 1.0)
+        self.ticker.join(timeout=1.0)
