@@ -1,0 +1,61 @@
+"""Simulator speed: one JSON line.
+
+``philly_full_s``: wall time of the full Philly trace (82,247 jobs) under ``edl`` with
+elastic jobs on 64 nodes x 8 GPUs (goal <= 120 s). ``philly_3d_s``: ``philly_3d`` on
+32 x 4 under ``tiresias``, event-driven with no pauses as in the fidelity check (the Tiresias
+simulator takes 124-140 s on it here; goal >= 50x faster). ``--limit`` replays only the first
+jobs of the full trace (the key then says how many); ``plan_share`` is the fraction of wall
+time spent inside ``plan()``.
+
+    python benchmarks/sim_speed.py [--traces ../shared/traces] [--limit N] [--skip-full]
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from edl_scheduler.core import preset
+from simulations.engine import SimConfig, simulate
+from simulations.fidelity import EVENT_DRIVEN
+from simulations.traces import load_cluster, load_philly, load_tiresias
+from simulations.workload import Elasticity, ScalingRule, shape
+
+_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@click.command()
+@click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
+@click.option("--limit", type=int, default=None, help="Only the first N Philly jobs.")
+@click.option("--skip-full", is_flag=True, help="Only philly_3d.")
+def main(traces: Path, limit: int | None, skip_full: bool) -> None:
+    line: dict[str, object] = {"cluster": "64x8"}
+    if not skip_full:
+        cluster = load_cluster("64x8")
+        workload = load_philly(traces / "pollux" / "traces" / "philly.csv", cluster, limit=limit)
+        jobs = shape(
+            workload.jobs,
+            elasticity=Elasticity.ELASTIC,
+            scaling=ScalingRule.parse("amdahl:0.1"),
+            cluster=cluster,
+            seed=0,
+        )
+        result = simulate(jobs, cluster, preset("edl"), SimConfig())
+        line["philly_full_jobs"] = len(jobs)
+        line["philly_full_s"] = round(result.wall_s, 2)
+        line["philly_full_plans"] = result.plans
+        line["philly_full_plan_share"] = round(result.plan_wall_s / result.wall_s, 3)
+    cluster = load_cluster("32x4")
+    workload = load_tiresias(traces / "philly-derived" / "philly_3d.csv", cluster)
+    result = simulate(workload.jobs, cluster, preset("tiresias"), EVENT_DRIVEN)
+    line["philly_3d_s"] = round(result.wall_s, 2)
+    line["philly_3d_plans"] = result.plans
+    line["philly_3d_plan_share"] = round(result.plan_wall_s / result.wall_s, 3)
+    line["philly_3d_speedup_vs_tiresias_sim"] = round(140.0 / result.wall_s, 2)
+    click.echo(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()

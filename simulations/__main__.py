@@ -1,0 +1,5 @@
+"""``python -m simulations``: the simulator's command line (see ``cli``)."""
+
+from simulations.cli import main
+
+main()

@@ -1,0 +1,142 @@
+"""The command line: ``python -m simulations run ...`` and ``python -m simulations fidelity``.
+
+Parsing is click's; everything the commands do lives in ``scenario``, ``engine``,
+``reporting`` and ``fidelity``, so the tests call those directly and the CLI stays thin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import Progress
+
+from simulations.engine import SimConfig
+from simulations.fidelity import REFERENCES, markdown, run_check
+from simulations.reporting import markdown_table, write_reports
+from simulations.scenario import FORMATS, load_workload, parse_policy, prepare, run_policies
+from simulations.traces import TraceError, load_cluster
+from simulations.workload import Elasticity, ScalingSpecError, parse_priorities
+
+_DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@click.group()
+def main() -> None:
+    """EDL's trace-driven simulator: real cluster traces through the planner."""
+
+
+@main.command()
+@click.option("--trace", required=True, help="Trace file (for synthetic: the number of jobs).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True)
+@click.option("--cluster", default="16x4", show_default=True, help="NxG or a n*g*.csv spec.")
+@click.option("--policy", "policies", multiple=True, required=True, help="Preset[@rigid|@elastic]")
+@click.option(
+    "--elasticity",
+    type=click.Choice([e.value for e in Elasticity]),
+    default="rigid",
+    show_default=True,
+)
+@click.option("--scaling", default="amdahl:0.1", show_default=True, help="linear, amdahl:F")
+@click.option("--priorities", default="none", show_default=True, help="none or draw:K")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--tick", default=60.0, show_default=True, help="Planning period (s); 0: none.")
+@click.option("--plan-on-events/--no-plan-on-events", default=True, show_default=True)
+@click.option("--resize-pause", default=10.0, show_default=True, help="Seconds per resize.")
+@click.option("--restart-pause", default=30.0, show_default=True, help="Seconds per restart.")
+@click.option("--start-delay", default=0.0, show_default=True, help="Seconds to start workers.")
+@click.option("--limit", type=int, default=None, help="Keep only the first N jobs.")
+@click.option("--skip-bad-rows", is_flag=True, help="Skip malformed rows, with a count.")
+@click.option("--processes", "-j", default=1, show_default=True, help="Policies in parallel.")
+@click.option("--plots/--no-plots", default=True, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
+def run(
+    trace: str,
+    fmt: str,
+    cluster: str,
+    policies: tuple[str, ...],
+    elasticity: str,
+    scaling: str,
+    priorities: str,
+    seed: int,
+    tick: float,
+    plan_on_events: bool,
+    resize_pause: float,
+    restart_pause: float,
+    start_delay: float,
+    limit: int | None,
+    skip_bad_rows: bool,
+    processes: int,
+    plots: bool,
+    out: Path,
+) -> None:
+    """Run several policies on one workload; write summary.json, jobs.csv, table.md, PNGs."""
+    console = Console(stderr=True)
+    try:
+        spec = load_cluster(cluster)
+        runs = [parse_policy(p) for p in policies]
+        workload = load_workload(
+            fmt, trace, spec, seed=seed, skip_bad_rows=skip_bad_rows, limit=limit
+        )
+        jobs = prepare(
+            workload,
+            spec,
+            elasticity=Elasticity(elasticity),
+            scaling=scaling,
+            seed=seed,
+            priority_levels=parse_priorities(priorities),
+        )
+    except (TraceError, ScalingSpecError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if workload.skipped_rows:
+        console.print(f"[yellow]warning: skipped {workload.skipped_rows} malformed row(s)")
+    config = SimConfig(
+        tick_s=tick,
+        plan_on_events=plan_on_events,
+        resize_pause_s=resize_pause,
+        restart_pause_s=restart_pause,
+        start_delay_s=start_delay,
+    )
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"{len(jobs)} jobs on {spec.label}", total=len(runs))
+        results = run_policies(
+            jobs, spec, runs, config, processes=processes, done=lambda _: bar.advance(task)
+        )
+    summaries = write_reports(results, out, plots=plots)
+    click.echo(markdown_table(summaries), nl=False)
+
+
+@main.command()
+@click.option(
+    "--traces",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=lambda: os.environ.get("EDL_TRACES", str(_DEFAULT_TRACES)),
+    show_default="../shared/traces",
+)
+@click.option("--trace", "names", multiple=True, default=("philly_1d",), show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per check instead.")
+def fidelity(traces: Path, names: tuple[str, ...], as_json: bool) -> None:
+    """Our fifo-gang and tiresias beside the Tiresias simulator's published numbers."""
+    rows = [run_check(ref, traces) for ref in REFERENCES if ref.trace in names]
+    if as_json:
+        for r in rows:
+            line = {
+                "trace": r.ref.trace,
+                "policy": r.ref.our_policy,
+                "reference_policy": r.ref.their_policy,
+                "reference_avg_jct_s": r.ref.avg_jct_s,
+                "avg_jct_s": round(r.avg_jct_s, 1),
+                "error": round(r.error, 4),
+                "median_jct_s": r.median_jct_s,
+                "wall_s": round(r.wall_s, 2),
+            }
+            click.echo(json.dumps(line))
+        return
+    click.echo(markdown(rows), nl=False)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

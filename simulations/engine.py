@@ -1,0 +1,430 @@
+"""The discrete-event engine: replays a workload through ``plan()`` and carries out each plan
+the way a driver would, charging the costs a real cluster charges.
+
+The cycle, in order, at each instant something happens:
+
+1. Completions: a job whose remaining work reaches zero leaves and frees its GPUs.
+2. Ends of pauses: a resized job resumes training (only the useful-GPU tally changes).
+3. Arrivals: submitted jobs join the snapshot.
+4. Plan, if this instant asks for it: with ``plan_on_events``, after any arrival or
+   completion; at every planning tick (``tick_s``); and at the next instant when a
+   time-based rule of the policy could change the plan (a cool-down or minimum run ending,
+   a reservation expiring, a running job's attained GPU-time crossing a queue threshold).
+   A tick at which nothing changed and no such rule fell due is skipped: the planner is
+   idempotent (invariant 6), so the plan there would be empty.
+5. Apply the plan's changes: started, grown and shrunk jobs pause (``start_delay_s`` for a
+   first start, plus ``restart_pause_s`` for a job resumed after suspension,
+   ``resize_pause_s`` for a resize); a suspended job keeps its progress and its attained
+   GPU-time.
+
+What must stay true: time never goes back; a job runs at its trace duration when it runs at
+its requested size without pauses; the same workload, config and policy give the same
+result (no clock, no unseeded randomness, no dependence on dict or set order).
+
+Progress is kept lazily: a job's remaining work and attained GPU-time are brought up to date
+only when its size changes or the snapshot needs them, so an instant costs time in the number
+of jobs it touches, not in the number running.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from edl_scheduler.core import (
+    Action,
+    Growth,
+    Job,
+    JobDecision,
+    Node,
+    Ordering,
+    Plan,
+    Policy,
+    Replica,
+    Reservation,
+    Resources,
+    Role,
+    RoleSpec,
+    Snapshot,
+    ThroughputSample,
+    plan,
+)
+from simulations.workload import ClusterSpec, SimJob
+
+_INF = math.inf
+#: Remaining work below this many seconds counts as done (floating-point slack).
+_EPS = 1e-6
+_WORKER = Resources(gpu=1)
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    """How the simulated cluster behaves; times in seconds. ``tick_s = 0`` turns ticks off."""
+
+    tick_s: float = 60.0
+    plan_on_events: bool = True
+    resize_pause_s: float = 10.0
+    restart_pause_s: float = 30.0
+    start_delay_s: float = 0.0
+    #: Give the planner the throughput each job measured at the sizes it has run.
+    report_throughput: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job. ``end`` is None for a job that never finished."""
+
+    name: str
+    submit_time: float
+    requested: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    first_start: float | None
+    end: float | None
+    resizes: int
+    preemptions: int
+    gpu_seconds: float
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end is None else self.end - self.submit_time
+
+    @property
+    def queueing_delay(self) -> float | None:
+        return None if self.first_start is None else self.first_start - self.submit_time
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    policy: str
+    cluster: ClusterSpec
+    jobs: tuple[JobRecord, ...]
+    #: (time, allocated GPUs, useful GPUs) at every change, a step function.
+    timeline: tuple[tuple[float, int, float], ...]
+    plans: int
+    wall_s: float
+    plan_wall_s: float
+
+
+@dataclass(slots=True, eq=False)
+class _Run:
+    """The engine's mutable state of one submitted job."""
+
+    job: SimJob
+    index: int
+    remaining: float
+    replicas: list[Replica] = field(default_factory=list)
+    rate: float = 0.0
+    last: float = 0.0
+    paused_until: float = 0.0
+    attained: float = 0.0
+    start_time: float | None = None
+    first_start: float | None = None
+    last_resize_time: float | None = None
+    resizes: int = 0
+    preemptions: int = 0
+    version: int = 0
+    serial: int = 0
+    samples: dict[tuple[int, int], ThroughputSample] = field(default_factory=dict)
+    cached: Job | None = None
+    #: What this job adds to the engine's useful-GPU tally now (0 while paused).
+    useful: float = 0.0
+
+    @property
+    def workers(self) -> int:
+        return len(self.replicas)
+
+    def attained_at(self, now: float) -> float:
+        return self.attained + self.workers * (now - self.last)
+
+    def advance(self, now: float) -> None:
+        if self.workers:
+            self.attained += self.workers * (now - self.last)
+            begin = max(self.last, self.paused_until)
+            if now > begin:
+                self.remaining = max(0.0, self.remaining - self.rate * (now - begin))
+        self.last = now
+
+    def finish_time(self) -> float:
+        if not self.workers or self.rate <= 0:
+            return _INF
+        return max(self.last, self.paused_until) + self.remaining / self.rate
+
+
+# Event kinds, in the order they are handled at one instant.
+_COMPLETE, _PAUSE_END = 0, 1
+
+
+class Engine:
+    """One run of one policy over one workload. Call ``run()`` once."""
+
+    def __init__(
+        self,
+        jobs: Sequence[SimJob],
+        cluster: ClusterSpec,
+        policy: Policy,
+        config: SimConfig = SimConfig(),
+        *,
+        label: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.jobs = sorted(jobs, key=lambda j: (j.submit_time, j.name))
+        self.cluster = cluster
+        self.policy = policy
+        self.config = config
+        self.label = label or policy.name
+        self.progress = progress
+        self.nodes = tuple(
+            Node(f"node-{i}", Resources(gpu=cluster.gpus_per_node)) for i in range(cluster.nodes)
+        )
+        self.node_of = {n.name: i for i, n in enumerate(self.nodes)}
+        self.active: dict[str, _Run] = {}
+        self.running: dict[str, _Run] = {}
+        self.records: list[JobRecord] = []
+        self.events: list[tuple[float, int, int, int, str]] = []
+        self.seq = 0
+        self.reservations: tuple[Reservation, ...] = ()
+        self.allocated = 0
+        self.useful = 0.0
+        self.timeline: list[tuple[float, int, float]] = []
+        self.plans = 0
+        self.plan_wall = 0.0
+        self.fresh_attained = policy.ordering in (Ordering.LAS_QUEUES, Ordering.LEAST_ATTAINED)
+
+    # -- events -----------------------------------------------------------------------------
+
+    def _push(self, at: float, kind: int, run: _Run) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at, kind, self.seq, run.version, run.job.name))
+
+    def _schedule_completion(self, run: _Run) -> None:
+        run.version += 1
+        at = run.finish_time()
+        if at < _INF:
+            self._push(at, _COMPLETE, run)
+
+    def _set_useful(self, run: _Run, value: float) -> None:
+        self.useful += value - run.useful
+        run.useful = value
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        began = time.perf_counter()
+        jobs, n = self.jobs, len(self.jobs)
+        tick = self.config.tick_s
+        next_arrival = 0
+        next_tick = jobs[0].submit_time if (tick > 0 and jobs) else _INF
+        wake_at = _INF
+        dirty = False
+        self.timeline.append((jobs[0].submit_time if jobs else 0.0, 0, 0.0))
+        while True:
+            arrival_at = jobs[next_arrival].submit_time if next_arrival < n else _INF
+            event_at = self.events[0][0] if self.events else _INF
+            wake = wake_at if self.config.plan_on_events else _INF
+            now = min(arrival_at, event_at, wake, next_tick if self.active else _INF)
+            if now == _INF:
+                break
+            # 1-2. completions and ends of pauses due now
+            while self.events and self.events[0][0] <= now:
+                _, kind, _, version, name = heapq.heappop(self.events)
+                run = self.running.get(name)
+                if run is None or run.version != version:
+                    continue
+                if kind == _COMPLETE:
+                    self._complete(run, now)
+                    dirty = True
+                else:
+                    self._set_useful(run, run.job.useful_gpus(run.workers))
+            # 3. arrivals
+            while next_arrival < n and jobs[next_arrival].submit_time <= now:
+                job = jobs[next_arrival]
+                self.active[job.name] = _Run(job, next_arrival, job.duration, last=now)
+                next_arrival += 1
+                dirty = True
+            # 4. plan when this instant asks for it
+            while next_tick < now:  # ticks skipped while the cluster was empty
+                next_tick += tick
+            at_tick = now == next_tick
+            if at_tick:
+                next_tick += tick
+            may_plan = self.config.plan_on_events or at_tick
+            if may_plan and (dirty or now >= wake_at):
+                self._plan(now)
+                dirty = False
+                wake_at = self._next_wake(now)
+            if not (self.running or dirty or next_arrival < n or wake_at < _INF):
+                break  # nothing runs, arrives or falls due: what is left never starts
+            if self.timeline[-1][1:] != (self.allocated, self.useful):
+                self.timeline.append((now, self.allocated, self.useful))
+            if self.progress is not None:
+                self.progress(len(self.records), n)
+        for run in self.active.values():
+            self.records.append(self._record(run, None))
+        records = sorted(self.records, key=lambda r: (r.submit_time, r.name))
+        return SimResult(
+            self.label,
+            self.cluster,
+            tuple(records),
+            tuple(self.timeline),
+            self.plans,
+            time.perf_counter() - began,
+            self.plan_wall,
+        )
+
+    def _complete(self, run: _Run, now: float) -> None:
+        run.advance(now)
+        self.allocated -= run.workers
+        self._set_useful(run, 0.0)
+        del self.running[run.job.name]
+        del self.active[run.job.name]
+        self.records.append(self._record(run, now))
+
+    def _record(self, run: _Run, end: float | None) -> JobRecord:
+        job = run.job
+        return JobRecord(
+            job.name,
+            job.submit_time,
+            job.requested,
+            job.min_workers,
+            job.max_workers,
+            job.priority,
+            run.first_start,
+            end,
+            run.resizes,
+            run.preemptions,
+            run.attained,
+        )
+
+    # -- planning ---------------------------------------------------------------------------
+
+    def _snapshot_job(self, run: _Run, now: float) -> Job:
+        fresh = self.fresh_attained and run.workers > 0
+        if run.cached is not None and not fresh:
+            return run.cached
+        job = run.job
+        samples = tuple(run.samples[k] for k in sorted(run.samples))
+        built = Job(
+            name=job.name,
+            worker=RoleSpec(job.min_workers, job.max_workers, _WORKER),
+            submit_time=job.submit_time,
+            priority=job.priority,
+            requested=job.requested,
+            replicas=tuple(run.replicas),
+            start_time=run.start_time,
+            last_resize_time=run.last_resize_time,
+            attained_gpu_seconds=run.attained_at(now),
+            throughput=samples if self.config.report_throughput else (),
+        )
+        run.cached = built
+        return built
+
+    def _plan(self, now: float) -> None:
+        snapshot = Snapshot(
+            self.nodes,
+            tuple(self._snapshot_job(r, now) for r in self.active.values()),
+            self.reservations,
+        )
+        began = time.perf_counter()
+        result: Plan = plan(snapshot, self.policy, now)
+        self.plan_wall += time.perf_counter() - began
+        self.plans += 1
+        self.reservations = result.reservations
+        changes = result.changes
+        for decision in changes:
+            self._apply(self.active[decision.job], decision, now)
+
+    def _apply(self, run: _Run, decision: JobDecision, now: float) -> None:
+        action, change = decision.action, decision.workers
+        run.advance(now)
+        self.allocated -= run.workers
+        self._set_useful(run, 0.0)
+        gone = set(change.remove)
+        run.replicas = [r for r in run.replicas if r.name not in gone]
+        for node in change.add_nodes:
+            run.serial += 1
+            run.replicas.append(Replica(f"{run.job.name}-w{run.serial}", Role.WORKER, node))
+        after = run.workers
+        config = self.config
+        if action is Action.START:
+            pause = config.start_delay_s
+            if run.first_start is None:
+                run.first_start = now
+            else:
+                pause += config.restart_pause_s
+            run.start_time = now
+        elif action is Action.SUSPEND or after == 0:
+            run.preemptions += 1
+            run.start_time = None
+            pause = 0.0
+        else:
+            run.resizes += 1
+            pause = config.resize_pause_s
+        run.last_resize_time = now
+        run.paused_until = now + pause
+        run.rate = run.job.rate(after)
+        run.cached = None
+        self.allocated += after
+        if after:
+            self.running[run.job.name] = run
+            nodes = len({r.node for r in run.replicas})
+            if config.report_throughput and (nodes, after) not in run.samples:
+                run.samples[(nodes, after)] = ThroughputSample(nodes, after, run.rate)
+        else:
+            self.running.pop(run.job.name, None)
+        self._schedule_completion(run)  # bumps the version: older events of the job are void
+        if after and pause > 0:
+            self._push(now + pause, _PAUSE_END, run)
+        elif after:
+            self._set_useful(run, run.job.useful_gpus(after))
+
+    def _next_wake(self, now: float) -> float:
+        """The next instant a time-based rule of the policy could change the plan."""
+        policy = self.policy
+        wake = _INF
+        for r in self.reservations:
+            if r.expires_at > now:
+                wake = min(wake, r.expires_at)
+        thresholds = policy.queue_thresholds_gpu_s
+        elastic = policy.elastic and policy.growth is not Growth.NONE
+        for run in self.running.values():
+            if thresholds:
+                got = run.attained_at(now)
+                for t in thresholds:
+                    if t > got + _EPS:
+                        wake = min(wake, now + (t - got) / run.workers)
+                        break
+            if elastic and run.last_resize_time is not None:
+                job = run.job
+                if run.workers < job.max_workers:
+                    at = run.last_resize_time + policy.cooldown_s
+                    if at > now:
+                        wake = min(wake, at)
+                if run.workers > job.min_workers and run.start_time is not None:
+                    at = run.start_time + policy.min_run_s
+                    if at > now:
+                        wake = min(wake, at)
+        if policy.starvation_limit_s is not None:
+            for run in self.active.values():
+                if not run.workers:
+                    at = run.job.submit_time + policy.starvation_limit_s
+                    if at > now:
+                        wake = min(wake, at)
+        return wake
+
+
+def simulate(
+    jobs: Sequence[SimJob],
+    cluster: ClusterSpec,
+    policy: Policy,
+    config: SimConfig = SimConfig(),
+    *,
+    label: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SimResult:
+    """Replay ``jobs`` on ``cluster`` under ``policy``."""
+    return Engine(jobs, cluster, policy, config, label=label, progress=progress).run()

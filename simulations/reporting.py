@@ -1,0 +1,176 @@
+"""Reports: what a run's numbers are, and the files they are written to.
+
+Definitions (the docs repeat them, and a comparison is fair only if every run uses these):
+
+- JCT: completion time minus submit time, over jobs that finished. Percentiles are linear
+  interpolations between order statistics (numpy's default).
+- Queueing delay: first start minus submit time, over jobs that started.
+- Makespan: the last completion minus the first submission.
+- Utilization, allocated: GPU-seconds held by jobs (pauses included) over cluster
+  GPU-seconds across the makespan. Useful: the same with each job's GPUs weighted by its
+  scaling efficiency (``SimJob.useful_gpus``) and nothing counted while paused.
+- Resizes and preemptions per job: means over all jobs.
+
+``summary.json`` maps each policy argument, as given, to its ``Summary``; ``jobs.csv`` has
+one row per job and policy; ``table.md`` is the Markdown comparison; the PNG plots are drawn
+with matplotlib (imported only when plots are asked for).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from simulations.engine import SimResult
+
+
+def _stats(values: Sequence[float]) -> tuple[float, float, float, float]:
+    if not values:
+        return (float("nan"),) * 4
+    arr = np.asarray(values, dtype=float)
+    p50, p95, p99 = np.percentile(arr, [50, 95, 99])
+    return float(arr.mean()), float(p50), float(p95), float(p99)
+
+
+def _integral(timeline: Sequence[tuple[float, int, float]], end: float) -> tuple[float, float]:
+    """GPU-seconds allocated and useful from the timeline's start to ``end``."""
+    allocated = useful = 0.0
+    for (t, a, u), (t_next, _, _) in zip(timeline, [*timeline[1:], (end, 0, 0.0)], strict=True):
+        span = max(0.0, min(t_next, end) - t)
+        allocated += a * span
+        useful += u * span
+    return allocated, useful
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The run's numbers as a JSON-ready dict (keys as in the issue's ``summary.json``)."""
+    jobs = result.jobs
+    jcts = [j.jct for j in jobs if j.jct is not None]
+    delays = [j.queueing_delay for j in jobs if j.queueing_delay is not None]
+    avg, median, p95, p99 = _stats(jcts)
+    d_avg, d_median, d_p95, _ = _stats(delays)
+    first = min((j.submit_time for j in jobs), default=0.0)
+    ends = [j.end for j in jobs if j.end is not None]
+    last = max(ends, default=first)
+    makespan = last - first
+    allocated, useful = _integral(result.timeline, last)
+    capacity = result.cluster.gpus * makespan
+    by_priority: dict[str, float] = {}
+    for prio in sorted({j.priority for j in jobs}):
+        mine = [j.jct for j in jobs if j.priority == prio and j.jct is not None]
+        if mine:
+            by_priority[str(prio)] = float(np.mean(mine))
+    n = len(jobs)
+    return {
+        "avg_jct_s": avg,
+        "median_jct_s": median,
+        "p95_jct_s": p95,
+        "p99_jct_s": p99,
+        "makespan_s": makespan,
+        "utilization_allocated": allocated / capacity if capacity else 0.0,
+        "utilization_useful": useful / capacity if capacity else 0.0,
+        "jobs": n,
+        "finished": len(jcts),
+        "avg_queueing_s": d_avg,
+        "median_queueing_s": d_median,
+        "p95_queueing_s": d_p95,
+        "resizes_per_job": sum(j.resizes for j in jobs) / n if n else 0.0,
+        "preemptions_per_job": sum(j.preemptions for j in jobs) / n if n else 0.0,
+        "avg_jct_by_priority_s": by_priority,
+        "cluster": result.cluster.label,
+        "plans": result.plans,
+        "wall_s": result.wall_s,
+        "plan_wall_s": result.plan_wall_s,
+    }
+
+
+_COLUMNS = (
+    ("avg_jct_s", "avg JCT (s)", "{:,.1f}"),
+    ("median_jct_s", "median JCT (s)", "{:,.0f}"),
+    ("p95_jct_s", "p95 JCT (s)", "{:,.0f}"),
+    ("p99_jct_s", "p99 JCT (s)", "{:,.0f}"),
+    ("avg_queueing_s", "avg queueing (s)", "{:,.0f}"),
+    ("makespan_s", "makespan (s)", "{:,.0f}"),
+    ("utilization_allocated", "util. allocated", "{:.1%}"),
+    ("utilization_useful", "util. useful", "{:.1%}"),
+    ("resizes_per_job", "resizes/job", "{:.2f}"),
+    ("preemptions_per_job", "preemptions/job", "{:.2f}"),
+    ("finished", "finished", "{:d}"),
+    ("wall_s", "wall (s)", "{:.1f}"),
+)
+
+
+def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
+    head = "| policy | " + " | ".join(title for _, title, _ in _COLUMNS) + " |"
+    rule = "|---|" + "---:|" * len(_COLUMNS)
+    rows = [head, rule]
+    for name, summary in summaries.items():
+        cells = [fmt.format(summary[key]) for key, _, fmt in _COLUMNS]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+_JOB_FIELDS = (
+    "policy",
+    "job",
+    "submit_s",
+    "requested",
+    "min",
+    "max",
+    "priority",
+    "first_start_s",
+    "end_s",
+    "jct_s",
+    "queueing_s",
+    "resizes",
+    "preemptions",
+    "gpu_seconds",
+)
+
+
+def write_jobs_csv(results: Mapping[str, SimResult], path: Path) -> None:
+    with path.open("w", newline="") as handle:
+        out = csv.writer(handle)
+        out.writerow(_JOB_FIELDS)
+        for name, result in results.items():
+            for j in result.jobs:
+                out.writerow(
+                    (
+                        name,
+                        j.name,
+                        f"{j.submit_time:.3f}",
+                        j.requested,
+                        j.min_workers,
+                        j.max_workers,
+                        j.priority,
+                        "" if j.first_start is None else f"{j.first_start:.3f}",
+                        "" if j.end is None else f"{j.end:.3f}",
+                        "" if j.jct is None else f"{j.jct:.3f}",
+                        "" if j.queueing_delay is None else f"{j.queueing_delay:.3f}",
+                        j.resizes,
+                        j.preemptions,
+                        f"{j.gpu_seconds:.1f}",
+                    )
+                )
+
+
+def write_reports(
+    results: Mapping[str, SimResult], out: Path, *, plots: bool = True
+) -> dict[str, dict[str, Any]]:
+    """Write summary.json, jobs.csv, table.md (and the plots) into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = {name: summarize(r) for name, r in results.items()}
+    (out / "summary.json").write_text(json.dumps(summaries, indent=2, sort_keys=True) + "\n")
+    (out / "table.md").write_text(markdown_table(summaries))
+    write_jobs_csv(results, out / "jobs.csv")
+    if plots:
+        from simulations.plotting import plot_jct_cdf, plot_utilization
+
+        plot_utilization(results, out / "utilization.png")
+        plot_jct_cdf(results, out / "jct_cdf.png")
+    return summaries

@@ -1,0 +1,132 @@
+"""A scenario: one workload, one cluster, one engine config, and several policies run on it.
+
+Policy arguments are preset names, optionally with ``@rigid`` or ``@elastic`` to override the
+scenario's elasticity for that run (``edl@rigid``). Rigid presets run every job at its
+requested size whatever its bounds, so ``--policy edl --policy tiresias`` compares elastic
+EDL with rigid Tiresias on the same jobs. Runs are independent and may go to separate
+processes; each is deterministic, so the result does not depend on how they were spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from edl_scheduler.core import Policy, preset
+from simulations.engine import SimConfig, SimResult, simulate
+from simulations.synthetic import SyntheticSpec, generate
+from simulations.traces import TraceError, load_philly, load_tiresias
+from simulations.workload import (
+    ClusterSpec,
+    Elasticity,
+    ScalingRule,
+    SimJob,
+    Workload,
+    shape,
+    with_elasticity,
+)
+
+FORMATS = ("philly", "tiresias", "synthetic")
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyRun:
+    """One ``--policy`` argument: the label it was given, the preset, its elasticity."""
+
+    label: str
+    policy: Policy
+    elasticity: Elasticity | None
+
+
+def parse_policy(arg: str) -> PolicyRun:
+    name, at, suffix = arg.partition("@")
+    elasticity = None
+    if at:
+        try:
+            elasticity = Elasticity(suffix)
+        except ValueError:
+            raise ValueError(f"policy {arg!r}: the suffix must be @rigid or @elastic") from None
+    return PolicyRun(arg, preset(name), elasticity)
+
+
+def load_workload(
+    fmt: str,
+    trace: str,
+    cluster: ClusterSpec,
+    *,
+    seed: int,
+    skip_bad_rows: bool = False,
+    limit: int | None = None,
+) -> Workload:
+    """The jobs of ``trace`` in format ``fmt`` (for ``synthetic``, ``trace`` is a job count)."""
+    if fmt == "philly":
+        return load_philly(Path(trace), cluster, skip_bad_rows=skip_bad_rows, limit=limit)
+    if fmt == "tiresias":
+        workload = load_tiresias(Path(trace), cluster, skip_bad_rows=skip_bad_rows)
+    elif fmt == "synthetic":
+        if not trace.isdigit():
+            raise TraceError(f"synthetic trace {trace!r}: give the number of jobs")
+        workload = generate(SyntheticSpec(jobs=int(trace)), seed)
+        too_big = [j for j in workload.jobs if j.requested > cluster.gpus]
+        if too_big:
+            raise TraceError(f"synthetic: {too_big[0].name} needs more GPUs than the cluster")
+    else:
+        raise TraceError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if limit is not None:
+        workload = replace(workload, jobs=workload.jobs[:limit])
+    return workload
+
+
+def _one(
+    jobs: Sequence[SimJob], cluster: ClusterSpec, run: PolicyRun, config: SimConfig
+) -> SimResult:
+    if run.elasticity is not None:
+        jobs = with_elasticity(jobs, run.elasticity, cluster.gpus)
+    return simulate(jobs, cluster, run.policy, config, label=run.label)
+
+
+def run_policies(
+    jobs: Sequence[SimJob],
+    cluster: ClusterSpec,
+    runs: Sequence[PolicyRun],
+    config: SimConfig,
+    *,
+    processes: int = 1,
+    done: Callable[[str], None] | None = None,
+) -> dict[str, SimResult]:
+    """Every policy on the same jobs; results keyed by label, in the order given."""
+    results: dict[str, SimResult] = {}
+    if processes <= 1 or len(runs) <= 1:
+        for run in runs:
+            results[run.label] = _one(jobs, cluster, run, config)
+            if done is not None:
+                done(run.label)
+        return results
+    with ProcessPoolExecutor(max_workers=min(processes, len(runs))) as pool:
+        futures = {run.label: pool.submit(_one, jobs, cluster, run, config) for run in runs}
+        for run in runs:
+            results[run.label] = futures[run.label].result()
+            if done is not None:
+                done(run.label)
+    return results
+
+
+def prepare(
+    workload: Workload,
+    cluster: ClusterSpec,
+    *,
+    elasticity: Elasticity,
+    scaling: str,
+    seed: int,
+    priority_levels: int = 1,
+) -> tuple[SimJob, ...]:
+    return shape(
+        workload.jobs,
+        elasticity=elasticity,
+        scaling=ScalingRule.parse(scaling),
+        cluster=cluster,
+        seed=seed,
+        priority_levels=priority_levels,
+    )

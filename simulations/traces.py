@@ -1,0 +1,171 @@
+"""Loaders: cluster traces and cluster specs into ``Workload`` and ``ClusterSpec`` values.
+
+Formats (see ``../shared/traces/README.md`` for where each comes from and its licence):
+
+- ``philly``: the Microsoft Philly trace as the Pollux artifact ships it
+  (``timestamp,duration,num_gpus,gpu_time,cluster``); submit times become seconds from the
+  earliest timestamp in the file, the virtual cluster becomes the job's group.
+- ``tiresias``: the Tiresias simulator's job format
+  (``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``).
+- cluster specs: ``NxG`` (N nodes of G GPUs) or a Tiresias ``n*g*.csv`` file
+  (``num_switch,num_node_p_switch,num_gpu_p_node,...``).
+
+What must stay true: a malformed row (a missing column, a value that is not a number, a
+negative duration, more GPUs than the cluster has) is never silently dropped. It raises a
+``TraceError`` naming the file and line, or, with ``skip_bad_rows``, is skipped and counted
+in ``Workload.skipped_rows`` (the CLI prints the count as a warning).
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+
+from simulations.workload import ClusterSpec, SimJob, Workload
+
+
+class TraceError(ValueError):
+    """A malformed trace or cluster spec; the message names the file and line."""
+
+
+_EPOCH = datetime(1970, 1, 1)
+_NXG = re.compile(r"^(\d+)x(\d+)$")
+
+
+def load_cluster(spec: str) -> ClusterSpec:
+    """``16x4``, or the path of a Tiresias cluster-spec CSV."""
+    match = _NXG.match(spec.strip())
+    if match:
+        nodes, gpus = int(match.group(1)), int(match.group(2))
+        if nodes < 1 or gpus < 1:
+            raise TraceError(f"cluster {spec!r}: need at least 1 node and 1 GPU per node")
+        return ClusterSpec(nodes, gpus)
+    path = Path(spec)
+    if not path.exists():
+        raise TraceError(f"cluster {spec!r}: neither NxG nor an existing spec file")
+    rows = list(_rows(path, ("num_switch", "num_node_p_switch", "num_gpu_p_node")))
+    if len(rows) != 1:
+        raise TraceError(f"{path}: expected one cluster row, found {len(rows)}")
+    line, row = rows[0]
+    try:
+        nodes = int(row["num_switch"]) * int(row["num_node_p_switch"])
+        gpus = int(row["num_gpu_p_node"])
+    except ValueError as exc:
+        raise TraceError(f"{path}:{line}: {exc}") from None
+    if nodes < 1 or gpus < 1:
+        raise TraceError(f"{path}:{line}: need at least 1 node and 1 GPU per node")
+    return ClusterSpec(nodes, gpus)
+
+
+def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    """(line number, row) for every data row; the header must name ``required``."""
+    with path.open(newline="") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in required if c not in (reader.fieldnames or ())]
+        if missing:
+            raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
+        for row in reader:
+            yield reader.line_num, row
+
+
+def _collect(
+    path: Path,
+    required: tuple[str, ...],
+    parse: Callable[[int, dict[str, str]], SimJob | None],
+    skip_bad_rows: bool,
+) -> tuple[list[SimJob], int]:
+    jobs: list[SimJob] = []
+    skipped = 0
+    for line, row in _rows(path, required):
+        try:
+            if any(row.get(c) in (None, "") for c in required):
+                absent = [c for c in required if row.get(c) in (None, "")]
+                raise ValueError(f"empty value in column(s) {', '.join(absent)}")
+            job = parse(line, row)
+        except ValueError as exc:
+            if not skip_bad_rows:
+                raise TraceError(f"{path}:{line}: {exc}") from None
+            skipped += 1
+            continue
+        if job is not None:
+            jobs.append(job)
+    return jobs, skipped
+
+
+def _check(duration: float, gpus: int, cluster: ClusterSpec | None) -> None:
+    if duration < 0:
+        raise ValueError(f"negative duration {duration:g}")
+    if gpus < 1:
+        raise ValueError(f"a job needs at least 1 GPU, not {gpus}")
+    if cluster is not None and gpus > cluster.gpus:
+        raise ValueError(f"{gpus} GPUs requested, the cluster has {cluster.gpus}")
+
+
+def _job(name: str, submit: float, gpus: int, duration: float, group: str) -> SimJob:
+    return SimJob(name, submit, gpus, duration, gpus, gpus, group=group)
+
+
+def _finish(jobs: list[SimJob], source: Path, skipped: int) -> Workload:
+    jobs.sort(key=lambda j: (j.submit_time, j.name))
+    return Workload(tuple(jobs), str(source), skipped)
+
+
+def load_tiresias(
+    path: Path, cluster: ClusterSpec | None = None, *, skip_bad_rows: bool = False
+) -> Workload:
+    """A trace in the Tiresias simulator's format."""
+    required = ("job_id", "num_gpu", "submit_time", "duration")
+
+    def parse(line: int, row: dict[str, str]) -> SimJob:
+        gpus, duration = int(row["num_gpu"]), float(row["duration"])
+        _check(duration, gpus, cluster)
+        submit = float(row["submit_time"])
+        if submit < 0:
+            raise ValueError(f"negative submit time {submit:g}")
+        return _job(f"job-{row['job_id']}", submit, gpus, duration, row.get("model_name") or "")
+
+    jobs, skipped = _collect(path, required, parse, skip_bad_rows)
+    return _finish(jobs, path, skipped)
+
+
+def load_philly(
+    path: Path,
+    cluster: ClusterSpec | None = None,
+    *,
+    skip_bad_rows: bool = False,
+    limit: int | None = None,
+) -> Workload:
+    """The Philly trace (Pollux artifact format). Jobs are named by their line number;
+    ``limit`` keeps the first jobs by submit time."""
+    required = ("timestamp", "duration", "num_gpus", "cluster")
+    stamps: list[float] = []
+
+    def parse(line: int, row: dict[str, str]) -> SimJob:
+        gpus, duration = int(row["num_gpus"]), float(row["duration"])
+        _check(duration, gpus, cluster)
+        # Naive local times, read as they are: no time zone, so no daylight-saving jumps.
+        stamp = (datetime.fromisoformat(row["timestamp"]) - _EPOCH).total_seconds()
+        stamps.append(stamp)
+        return _job(f"philly-{line}", stamp, gpus, duration, row["cluster"])
+
+    jobs, skipped = _collect(path, required, parse, skip_bad_rows)
+    origin = min(stamps, default=0.0)
+    shifted = [
+        SimJob(
+            j.name,
+            j.submit_time - origin,
+            j.requested,
+            j.duration,
+            j.requested,
+            j.requested,
+            group=j.group,
+        )
+        for j in jobs
+    ]
+    workload = _finish(shifted, path, skipped)
+    if limit is not None:
+        workload = Workload(workload.jobs[:limit], workload.source, skipped)
+    return workload

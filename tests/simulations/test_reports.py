@@ -1,0 +1,112 @@
+"""Reports, the command line, and the golden results on the Tiresias sample trace.
+
+Aspects:
+- summary numbers on a hand-computed run (JCT statistics, queueing, makespan, utilization);
+- ``python -m simulations run``: every output file, summary.json keyed by the policy
+  arguments as given, ``@rigid`` overriding the elasticity, bad input as a clean error;
+- golden summaries of every preset on ``60_job.csv`` (8 GPUs, so that queues form): a change
+  in the engine or the planner that moves a number shows here, and must be explained;
+- the Philly-1d fidelity check against the Tiresias simulator (slow: one run of each policy).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from edl_scheduler.core import preset
+from simulations.cli import main
+from simulations.engine import SimConfig, simulate
+from simulations.reporting import markdown_table, summarize
+from simulations.workload import ClusterSpec, SimJob
+
+DATA = Path(__file__).parent / "data"
+TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0)
+
+
+def test_summary_of_a_hand_computed_run() -> None:
+    jobs = [SimJob("a", 0, 4, 100, 4, 4), SimJob("b", 0, 4, 50, 4, 4)]
+    result = simulate(jobs, ClusterSpec(1, 4), preset("fifo-gang"), NO_COSTS)
+    s = summarize(result)
+    # a runs 0-100, b 100-150: JCTs 100 and 150, the cluster busy all 150 s.
+    assert (s["avg_jct_s"], s["median_jct_s"], s["makespan_s"]) == (125, 125, 150)
+    assert s["p99_jct_s"] == pytest.approx(149.5)
+    assert (s["avg_queueing_s"], s["finished"], s["jobs"]) == (50, 2, 2)
+    assert s["utilization_allocated"] == pytest.approx(1.0)
+    assert s["utilization_useful"] == pytest.approx(1.0)  # linear scaling: every GPU useful
+    table = markdown_table({"fifo-gang": s})
+    assert table.splitlines()[2].startswith("| fifo-gang | 125.0 | 125 |")
+
+
+def test_run_command_writes_every_output(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    args = ["run", "--trace", str(DATA / "60_job.csv"), "--format", "tiresias"]
+    args += ["--cluster", "2x4", "--elasticity", "elastic", "--out", str(out)]
+    args += ["--policy", "edl", "--policy", "edl@rigid", "--policy", "fifo-gang"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    files = {p.name for p in out.iterdir()}
+    assert files == {"summary.json", "table.md", "jobs.csv", "utilization.png", "jct_cdf.png"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["edl", "edl@rigid", "fifo-gang"]
+    for row in summary.values():
+        assert row["jobs"] == 60
+        assert {"avg_jct_s", "p95_jct_s", "p99_jct_s", "utilization_useful"} <= set(row)
+    # Rigid jobs under the elastic planner never resize; elastic ones do better than FIFO.
+    assert summary["edl@rigid"]["resizes_per_job"] == 0
+    assert summary["edl"]["avg_jct_s"] < summary["fifo-gang"]["avg_jct_s"]
+    lines = (out / "jobs.csv").read_text().splitlines()
+    assert len(lines) == 1 + 3 * 60
+    assert "| edl@rigid |" in result.output
+
+
+def test_run_command_refuses_bad_input(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n")
+    bad.write_text(bad.read_text() + "1,64,0,5,m,4,1\n")
+    args = ["run", "--trace", str(bad), "--format", "tiresias", "--cluster", "2x4"]
+    args += ["--policy", "edl", "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code != 0
+    assert "bad.csv:2: 64 GPUs requested, the cluster has 8" in result.output
+    result = CliRunner().invoke(main, [*args[:-4], "--policy", "edl@bendy", *args[-2:]])
+    assert "@rigid or @elastic" in result.output
+
+
+# Golden: python -m simulations run --trace tests/simulations/data/60_job.csv
+#   --format tiresias --cluster 2x4 --elasticity elastic --policy <each> (defaults otherwise).
+GOLDEN = {
+    "fifo-gang": (1556.5, 1415.5),
+    "fifo-backfill": (715.3, 150.5),
+    "tiresias": (895.1, 651.5),
+    "edl": (453.8, 307.1),
+    "edl-fulfillment": (453.3, 288.8),
+}
+
+
+def test_golden_summaries_on_the_tiresias_sample(tmp_path: Path) -> None:
+    out = tmp_path / "golden"
+    args = ["run", "--trace", str(DATA / "60_job.csv"), "--format", "tiresias"]
+    args += ["--cluster", "2x4", "--elasticity", "elastic", "--out", str(out), "--no-plots"]
+    for name in GOLDEN:
+        args += ["--policy", name]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    got = {k: (round(v["avg_jct_s"], 1), round(v["median_jct_s"], 1)) for k, v in summary.items()}
+    assert got == GOLDEN
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (TRACES / "philly-derived").exists(), reason="needs ../shared/traces")
+def test_philly_1d_fidelity_against_the_tiresias_simulator() -> None:
+    from simulations.fidelity import REFERENCES, run_check
+
+    for ref in REFERENCES:
+        if ref.trace == "philly_1d":
+            row = run_check(ref, TRACES)
+            assert row.ok, f"{ref.our_policy}: {row.avg_jct_s:.1f} vs {ref.avg_jct_s}"
