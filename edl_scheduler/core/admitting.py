@@ -27,9 +27,13 @@ from edl_scheduler.core.stability import may_shrink_voluntarily
 class _Fenwick:
     """Prefix sums over ranks: GPUs that could be taken from the job at each rank."""
 
-    def __init__(self, size: int) -> None:
-        self._tree = [0] * (size + 1)
-        self._values = [0] * size
+    def __init__(self, values: list[int]) -> None:
+        self._values = list(values)
+        self._tree = [0, *values]
+        for i in range(1, len(self._tree)):  # linear-time build
+            parent = i + (i & -i)
+            if parent < len(self._tree):
+                self._tree[parent] += self._tree[i]
 
     def set(self, index: int, value: int) -> None:
         delta = value - self._values[index]
@@ -104,21 +108,26 @@ class Admitter:
             Preemption.SUSPEND,
             Preemption.SHRINK_THEN_SUSPEND,
         )
-        n = len(session.jobs)
-        self.shrinkable = _Fenwick(n)
-        self.suspendable = _Fenwick(n)
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
         for js in session.jobs:
             self.level_start.setdefault(js.priority, js.rank)
             self.level_end[js.priority] = js.rank + 1
-            self._update_pools(js)
+        self.shrinkable = _Fenwick([self._pools(js)[0] for js in session.jobs])
+        self.suspendable = _Fenwick([self._pools(js)[1] for js in session.jobs])
+
+    @staticmethod
+    def _pools(js: JobState) -> tuple[int, int]:
+        """GPUs that shrinking, and suspending, ``js`` could free."""
+        if not js.job.preemptible or js.started:
+            return 0, 0
+        gpu = js.job.worker.resources.gpu
+        return max(0, js.size() - js.lo) * gpu, js.size() * gpu
 
     def _update_pools(self, js: JobState) -> None:
-        gpu = js.resources(Role.WORKER).gpu
-        movable = js.job.preemptible and not js.started
-        self.shrinkable.set(js.rank, max(0, js.size() - js.lo) * gpu if movable else 0)
-        self.suspendable.set(js.rank, js.size() * gpu if movable else 0)
+        shrink, suspend = self._pools(js)
+        self.shrinkable.set(js.rank, shrink)
+        self.suspendable.set(js.rank, suspend)
 
     def _pool(self, js: JobState) -> int:
         """An upper bound of the GPUs that preemption could free for ``js`` (quick reject)."""

@@ -37,6 +37,8 @@ class PlanningError(RuntimeError):
 
 def _role_change(js: JobState, role: Role, session: Session) -> RoleChange:
     names = session.cluster.names
+    if not js.added[role] and not js.removed[role]:
+        return RoleChange(role=role, current=js.size(role), target=js.size(role))
     return RoleChange(
         role=role,
         current=len(js.live[role]),
@@ -107,7 +109,13 @@ def _reservations(session: Session) -> tuple[Reservation, ...]:
 
 def _guard(session: Session) -> None:
     c = session.cluster
-    touched = {n for js in session.jobs for role in Role for n in js.added[role]}
+    touched = {
+        n
+        for js in session.jobs
+        if js.started or js.added[Role.WORKER] or js.added[Role.PSERVER]
+        for role in Role
+        for n in js.added[role]
+    }
     for n in touched:
         if c.gpu[n] < 0 or c.cpu[n] < 0 or c.mem[n] < 0:
             raise PlanningError(f"plan over-commits node {c.names[n]}")

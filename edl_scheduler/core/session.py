@@ -23,6 +23,8 @@ from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, Snapshot
 
+_W, _P = Role.WORKER, Role.PSERVER
+
 
 @dataclass(slots=True)
 class Hold:
@@ -39,13 +41,18 @@ class Hold:
 class Cluster:
     """Free capacity per node (indexed 0..n-1), bucketed by free GPUs for best-fit search."""
 
-    def __init__(self, nodes: tuple[Node, ...]) -> None:
+    def __init__(self, nodes: tuple[Node, ...], used: list[list[int]] | None = None) -> None:
+        """``used[i]`` is [gpu, cpu, memory] that EDL replicas already take on node i."""
         self.names = [n.name for n in nodes]
         self.index = {n.name: i for i, n in enumerate(nodes)}
         self.gpu = [n.allocatable.gpu - n.used_by_others.gpu for n in nodes]
         self.cpu = [n.allocatable.cpu_milli - n.used_by_others.cpu_milli for n in nodes]
         self.mem = [n.allocatable.memory_bytes - n.used_by_others.memory_bytes for n in nodes]
         self.capacity_gpu = sum(max(0, g) for g in self.gpu)
+        for i, (g, c, m) in enumerate(used or ()):
+            self.gpu[i] -= g
+            self.cpu[i] -= c
+            self.mem[i] -= m
         classes: dict[tuple[object, ...], int] = {}
         self.node_class: list[int] = []
         self.class_nodes: list[list[int]] = []
@@ -66,9 +73,12 @@ class Cluster:
             c = self.node_class[i]
             self.buckets[c].setdefault(g, {})[i] = None
             self.class_free_gpu[c] += g
-            self.class_capacity_gpu[c] += max(0, g)
+            self.class_capacity_gpu[c] += max(
+                0, nodes[i].allocatable.gpu - nodes[i].used_by_others.gpu
+            )
         self.free_gpu = sum(self.gpu)
-        self.max_gpu = max(self.gpu, default=0)
+        # The bucket search range: no node can ever have more free GPUs than this.
+        self.max_gpu = max((n.allocatable.gpu - n.used_by_others.gpu for n in nodes), default=0)
         self.holds: dict[int, list[Hold]] = {}
 
     def _move(self, node: int, new_gpu: int) -> None:
@@ -128,8 +138,11 @@ class JobState:
     hi: int
     classes: frozenset[int]
     live: dict[Role, list[Replica]]
-    added: dict[Role, list[int]] = field(default_factory=lambda: {r: [] for r in Role})
-    removed: dict[Role, list[Replica]] = field(default_factory=lambda: {r: [] for r in Role})
+    added: dict[Role, list[int]] = field(default_factory=lambda: {_W: [], _P: []})
+    removed: dict[Role, list[Replica]] = field(default_factory=lambda: {_W: [], _P: []})
+    #: Current size per role (live - removed + added), kept by ``Statement`` for speed.
+    workers: int = 0
+    pservers: int = 0
     reason: Reason | None = None
     message: str = ""
     for_job: str | None = None
@@ -141,7 +154,13 @@ class JobState:
         return self.job.name
 
     def size(self, role: Role = Role.WORKER) -> int:
-        return len(self.live[role]) - len(self.removed[role]) + len(self.added[role])
+        return self.workers if role is _W else self.pservers
+
+    def count(self, role: Role, delta: int) -> None:
+        if role is _W:
+            self.workers += delta
+        else:
+            self.pservers += delta
 
     @property
     def was_running(self) -> bool:
@@ -178,10 +197,12 @@ class Statement:
         res = js.resources(role)
         self._cluster.take(node, res)
         js.added[role].append(node)
+        js.count(role, 1)
         consumed = self._consume_hold(js, role, node)
 
         def undo() -> None:
             js.added[role].pop()
+            js.count(role, -1)
             self._cluster.give(node, res)
             if consumed is not None:
                 consumed.count += 1
@@ -200,9 +221,11 @@ class Statement:
         res = js.resources(replica.role)
         self._cluster.give(node, res)
         js.removed[replica.role].append(replica)
+        js.count(replica.role, -1)
 
         def undo() -> None:
             js.removed[replica.role].remove(replica)
+            js.count(replica.role, 1)
             self._cluster.take(node, res)
 
         self._undo.append(undo)
@@ -212,11 +235,13 @@ class Statement:
         node = self._cluster.index[replica.node]
         res = js.resources(replica.role)
         js.removed[replica.role].remove(replica)
+        js.count(replica.role, 1)
         self._cluster.take(node, res)
 
         def undo() -> None:
             self._cluster.give(node, res)
             js.removed[replica.role].append(replica)
+            js.count(replica.role, -1)
 
         self._undo.append(undo)
 
@@ -238,28 +263,43 @@ class Session:
     def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
         self.policy = policy
         self.now = now
-        self.cluster = Cluster(snapshot.nodes)
-        self._class_cache: dict[Constraints, frozenset[int]] = {}
+        index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+        used = [[0, 0, 0] for _ in snapshot.nodes]
         self.jobs: list[JobState] = []
-        for rank, job in enumerate(ranked(snapshot.jobs, policy, now)):
+        pending: list[tuple[Job, int, int, dict[Role, list[Replica]]]] = []
+        for job in ranked(snapshot.jobs, policy, now):
             lo, hi = (
                 (job.worker.min_replicas, job.worker.max_replicas)
                 if policy.elastic
                 else (job.rigid_size, job.rigid_size)
             )
-            live = {role: list(job.live(role)) for role in Role}
-            js = JobState(
-                job,
-                rank,
-                effective_priority(job, policy),
-                lo,
-                hi,
-                self.eligible_classes(job.constraints),
-                live,
+            live: dict[Role, list[Replica]] = {_W: [], _P: []}
+            for replica in job.replicas:
+                if not replica.draining:
+                    live[replica.role].append(replica)
+                    spec = job.worker if replica.role is _W else job.pserver
+                    assert spec is not None  # validated
+                    u = used[index[replica.node]]
+                    u[0] += spec.resources.gpu
+                    u[1] += spec.resources.cpu_milli
+                    u[2] += spec.resources.memory_bytes
+            pending.append((job, lo, hi, live))
+        self.cluster = Cluster(snapshot.nodes, used)
+        self._class_cache: dict[Constraints, frozenset[int]] = {}
+        for rank, (job, lo, hi, live) in enumerate(pending):
+            self.jobs.append(
+                JobState(
+                    job,
+                    rank,
+                    effective_priority(job, policy),
+                    lo,
+                    hi,
+                    self.eligible_classes(job.constraints),
+                    live,
+                    workers=len(live[_W]),
+                    pservers=len(live[_P]),
+                )
             )
-            self.jobs.append(js)
-            for replica in live[Role.WORKER] + live[Role.PSERVER]:
-                self.cluster.take(self.cluster.index[replica.node], js.resources(replica.role))
         self.by_name = {js.name: js for js in self.jobs}
         self._load_holds(snapshot)
 

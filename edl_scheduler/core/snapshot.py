@@ -24,6 +24,11 @@ class Role(Enum):
     WORKER = "worker"
     PSERVER = "pserver"
 
+    # Members are singletons, so identity hashing agrees with equality; it is C-level,
+    # where Enum's own hash is Python code on the planner's hottest path (dicts keyed by
+    # role). Nothing iterates a set of roles, so no order depends on it.
+    __hash__ = object.__hash__
+
 
 class SelectorOp(Enum):
     """Operators of a required node-affinity match expression (Kubernetes semantics)."""
