@@ -14,6 +14,8 @@ Aspects:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edl_scheduler.core import preset
@@ -123,3 +125,15 @@ def test_same_inputs_same_result() -> None:
     runs = [simulate(jobs, ClusterSpec(2, 4), preset("edl"), SimConfig()) for _ in range(2)]
     assert runs[0].jobs == runs[1].jobs
     assert runs[0].timeline == runs[1].timeline
+
+
+@pytest.mark.parametrize("policy", ["fifo-gang", "fifo-backfill"])
+def test_pruning_the_snapshot_changes_nothing(policy: str) -> None:
+    from simulations.traces import load_tiresias
+
+    workload = load_tiresias(Path(__file__).parent / "data" / "60_job.csv")
+    cluster = ClusterSpec(2, 4)
+    full = simulate(workload.jobs, cluster, preset(policy), SimConfig(prune=False))
+    pruned = simulate(workload.jobs, cluster, preset(policy), SimConfig(prune=True))
+    assert pruned.jobs == full.jobs
+    assert pruned.timeline == full.timeline

@@ -6,7 +6,7 @@ Aspects:
   arguments as given, ``@rigid`` overriding the elasticity, bad input as a clean error;
 - golden summaries of every preset on ``60_job.csv`` (8 GPUs, so that queues form): a change
   in the engine or the planner that moves a number shows here, and must be explained;
-- the Philly-1d fidelity check against the Tiresias simulator (slow: one run of each policy).
+- the Philly-1d fidelity check of ``tiresias`` against the Tiresias simulator (slow).
 """
 
 from __future__ import annotations
@@ -104,9 +104,11 @@ def test_golden_summaries_on_the_tiresias_sample(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(not (TRACES / "philly-derived").exists(), reason="needs ../shared/traces")
 def test_philly_1d_fidelity_against_the_tiresias_simulator() -> None:
+    """Only 2D-LAS here (thresholds, suspensions, resumes); benchmarks/sim_fidelity.py runs
+    every check. Measured: 10,248.2 s against the reference 10,236.8 s."""
     from simulations.fidelity import REFERENCES, run_check
 
-    for ref in REFERENCES:
-        if ref.trace == "philly_1d":
-            row = run_check(ref, TRACES)
-            assert row.ok, f"{ref.our_policy}: {row.avg_jct_s:.1f} vs {ref.avg_jct_s}"
+    (ref,) = [r for r in REFERENCES if (r.trace, r.our_policy) == ("philly_1d", "tiresias")]
+    row = run_check(ref, TRACES)
+    assert row.ok, f"{ref.our_policy}: {row.avg_jct_s:.1f} vs {ref.avg_jct_s}"
+    assert row.avg_jct_s == pytest.approx(10248.2, abs=0.1)  # golden: explain any change
