@@ -36,7 +36,6 @@ from dataclasses import dataclass, field
 
 from edl_scheduler.core import (
     Action,
-    Admission,
     Growth,
     Job,
     JobDecision,
@@ -44,7 +43,6 @@ from edl_scheduler.core import (
     Ordering,
     Plan,
     Policy,
-    Preemption,
     Replica,
     Reservation,
     Resources,
@@ -54,6 +52,7 @@ from edl_scheduler.core import (
     ThroughputSample,
     plan,
 )
+from simulations.pruning import visible
 from simulations.workload import ClusterSpec, SimJob
 
 _INF = math.inf
@@ -74,7 +73,7 @@ class SimConfig:
     #: Give the planner the throughput each job measured at the sizes it has run.
     report_throughput: bool = True
     #: Leave out of the snapshot waiting jobs that the policy provably cannot start now
-    #: (see ``Engine._visible``); results are identical, only faster.
+    #: (see ``pruning``); results are identical, only faster.
     prune: bool = True
 
 
@@ -328,46 +327,12 @@ class Engine:
         run.cached = built
         return built
 
-    def _visible(self) -> list[_Run]:
-        """The jobs the planner must see. Under a rigid policy that never preempts and never
-        grows, a waiting job can start only if its gang fits in the free GPUs, so one that
-        needs more is left out; under strict FIFO (no priorities) the first waiting job that
-        cannot start blocks every later one, and at most ``free + 1`` waiting jobs (each needs
-        a GPU) can matter. Every other policy sees every job."""
-        policy = self.policy
-        if not (
-            self.config.prune
-            and policy.preemption is Preemption.NONE
-            and (not policy.elastic or policy.growth is Growth.NONE)
-            and not self.reservations
-        ):
-            return list(self.active.values())
-        free = self.cluster.gpus - self.allocated
-        fifo = (
-            policy.admission is Admission.HEAD_OF_LINE
-            and not policy.use_priority
-            and policy.ordering is Ordering.FIFO
-        )
-        seen, waiting = [], 0
-        for run in self.active.values():  # in (submit time, name) order
-            if run.workers:
-                seen.append(run)
-                continue
-            need = run.job.requested if not policy.elastic else run.job.min_workers
-            if fifo:
-                if waiting <= free:
-                    seen.append(run)
-                    waiting += 1
-            elif need <= free:
-                seen.append(run)
-        return seen
-
     def _plan(self, now: float) -> None:
-        snapshot = Snapshot(
-            self.nodes,
-            tuple(self._snapshot_job(r, now) for r in self._visible()),
-            self.reservations,
-        )
+        jobs = [self._snapshot_job(r, now) for r in self.active.values()]
+        if self.config.prune:
+            free = self.cluster.gpus - self.allocated
+            jobs = visible(jobs, self.policy, now, free, bool(self.reservations))
+        snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
         result: Plan = plan(snapshot, self.policy, now)
         self.plan_wall += time.perf_counter() - began

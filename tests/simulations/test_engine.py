@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from edl_scheduler.core import preset
+from edl_scheduler.core import PRESETS, preset
 from simulations.engine import SimConfig, simulate
-from simulations.workload import LINEAR, ClusterSpec, Scaling, SimJob
+from simulations.workload import LINEAR, ClusterSpec, Elasticity, Scaling, SimJob, with_elasticity
 
 NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
 
@@ -127,13 +127,14 @@ def test_same_inputs_same_result() -> None:
     assert runs[0].timeline == runs[1].timeline
 
 
-@pytest.mark.parametrize("policy", ["fifo-gang", "fifo-backfill"])
+@pytest.mark.parametrize("policy", sorted(PRESETS))
 def test_pruning_the_snapshot_changes_nothing(policy: str) -> None:
     from simulations.traces import load_tiresias
 
     workload = load_tiresias(Path(__file__).parent / "data" / "60_job.csv")
     cluster = ClusterSpec(2, 4)
-    full = simulate(workload.jobs, cluster, preset(policy), SimConfig(prune=False))
-    pruned = simulate(workload.jobs, cluster, preset(policy), SimConfig(prune=True))
+    jobs = with_elasticity(workload.jobs, Elasticity.ELASTIC, cluster.gpus)
+    full = simulate(jobs, cluster, preset(policy), SimConfig(prune=False))
+    pruned = simulate(jobs, cluster, preset(policy), SimConfig(prune=True))
     assert pruned.jobs == full.jobs
     assert pruned.timeline == full.timeline
