@@ -199,6 +199,10 @@ class CoordinatorService:
                 committed_step=ledger.committed_step,
                 todo=[pb.SampleRange(start=r.start, stop=r.stop) for r in ledger.todo],
                 finished=ledger.finished,
+                samples=ledger.plan.samples,
+                shard_size=ledger.plan.shard_size,
+                epochs=ledger.plan.epochs,
+                seed=ledger.plan.seed,
             )
 
     def Commit(self, request: Any, context: grpc.ServicerContext) -> Any:

@@ -97,16 +97,24 @@ class Generation(_message.Message):
     def __init__(self, status: _Optional[_Union[GenerationStatus, str]] = ..., number: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
 
 class LedgerView(_message.Message):
-    __slots__ = ("epoch", "committed_step", "todo", "finished")
+    __slots__ = ("epoch", "committed_step", "todo", "finished", "samples", "shard_size", "epochs", "seed")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_STEP_FIELD_NUMBER: _ClassVar[int]
     TODO_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SHARD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     committed_step: int
     todo: _containers.RepeatedCompositeFieldContainer[SampleRange]
     finished: bool
-    def __init__(self, epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., todo: _Optional[_Iterable[_Union[SampleRange, _Mapping[str, object]]]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    samples: int
+    shard_size: int
+    epochs: int
+    seed: int
+    def __init__(self, epoch: _Optional[int] = ..., committed_step: _Optional[int] = ..., todo: _Optional[_Iterable[_Union[SampleRange, _Mapping[str, object]]]] = ..., finished: _Optional[bool] = ..., samples: _Optional[int] = ..., shard_size: _Optional[int] = ..., epochs: _Optional[int] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class ReconcileRequest(_message.Message):
     __slots__ = ("worker_id", "generation", "step", "windows")

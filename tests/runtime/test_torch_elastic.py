@@ -1,0 +1,176 @@
+"""The PyTorch adapter under real processes on CPU (gloo), re-forming its group in-process.
+
+Aspects:
+- the model is the ledger: through 4->3 graceful, SIGKILL 3->2, joins 2->3->4->5, a SIGKILL
+  at world size 5 of a worker that is not a ring neighbour of rank 0, and the coordinator
+  SIGKILLed and restarted mid-epoch, every per-sample counter ends at exactly the number of
+  epochs, and the survivors keep their PIDs;
+- with a fixed global batch, the final parameters equal those of a fixed-size run over the
+  same sample sequence, through a join and a SIGKILL;
+- bad input: an empty dataset, a global batch larger than the dataset, an unreachable
+  coordinator: a clear error or a normal end, within the timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from trainer_runtime.client import CoordinatorUnreachable
+from trainer_runtime.environment import WorkerContract
+from trainer_runtime.sharding import DatasetPlan, Walk
+from trainer_runtime.torch import KeepGlobalBatch, session
+
+from .harness import REPO, TOKEN, Cluster, waiting_for
+from .torch_job import mlp, mlp_data
+
+JOB = str(Path(__file__).with_name("torch_job.py"))
+
+
+def job_args(kind: str, samples: int, out: Path, batch: int, sleep_s: float) -> list[str]:
+    return [
+        JOB, "--kind", kind, "--samples", str(samples), "--global-batch", str(batch),
+        "--step-sleep-s", str(sleep_s), "--out", str(out),
+    ]  # fmt: skip
+
+
+def coordinator_args(samples: int, epochs: int) -> list[str]:
+    return [
+        "--samples", str(samples), "--shard-size", "10", "--epochs", str(epochs),
+        "--join-window-s", "0.3", "--lease-timeout-s", "15",
+    ]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_model_ledger_is_exact_through_resizes_and_coordinator_restart(
+    cluster: Cluster,
+) -> None:
+    samples, epochs = 1200, 2
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    out = cluster.root / "out"
+    args = job_args("ledger", samples, out, batch=8, sleep_s=0.12)
+    client = cluster.client()
+
+    def members() -> list[str]:
+        return [m.worker_id for m in client.progress().members]
+
+    def step() -> int:
+        return int(client.progress().committed_step)
+
+    def advancing(by: int) -> None:
+        target = step() + by
+        waiting_for(lambda: step() >= target, 90, f"step {target}")
+
+    for name in ("w0", "w1", "w2", "w3"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(members()) == 4, 90, "four workers")
+    pid0 = cluster.processes["w0"].pid
+    advancing(3)
+    client.drain("w3")  # 4 -> 3, graceful
+    assert cluster.waiting_exit("w3", 60) == 0
+    advancing(3)
+    cluster.killing("w2")  # 3 -> 2
+    advancing(3)
+    for name in ("w4", "w5", "w6"):  # 2 -> 3 -> 4 -> 5
+        cluster.starting_worker(name, args)
+        waiting_for(lambda n=name: n in members(), 90, f"{name} to join")  # type: ignore[misc]
+    assert members() == ["w0", "w1", "w4", "w5", "w6"]
+    advancing(3)
+    cluster.killing("w5")  # rank 3 of 5: not a ring neighbour of rank 0
+    advancing(3)
+    assert not client.progress().finished, "the restart should land mid-job"
+    cluster.killing("coordinator")
+    time.sleep(0.5)
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    for name in ("w0", "w1", "w4", "w6"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    assert json.loads((out / "w0.json").read_text())["pid"] == pid0
+    for name in ("w0", "w1", "w4", "w6"):
+        counts = torch.load(out / f"{name}.pt")["counts"]
+        assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
+    assert client.progress().finished
+
+
+def reference_parameters(samples: int, epochs: int, batch: int) -> dict[str, torch.Tensor]:
+    """One process, the same sample sequence, no elasticity."""
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    data = mlp_data(samples)
+    plan = DatasetPlan(samples, 10, epochs)
+    walk = Walk(plan, 0, 0, plan.epoch_order(0))
+    while (window := walk.next_window(batch)) is not None:
+        index = torch.tensor([i for r in window.ranges for i in r.indices()])
+        loss = nn.functional.cross_entropy(model(data.tensors[0][index]), data.tensors[1][index])
+        optimizer.zero_grad()
+        torch.autograd.backward(loss)
+        optimizer.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
+    samples, epochs, batch = 1200, 2, 12
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    out = cluster.root / "out"
+    args = job_args("mlp", samples, out, batch=batch, sleep_s=0.1)
+    client = cluster.client()
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: client.progress().committed_step >= 5, 90, "first steps")
+    cluster.starting_worker("w2", args)
+    waiting_for(lambda: len(client.progress().members) == 3, 90, "the join")
+    target = client.progress().committed_step + 3
+    waiting_for(lambda: client.progress().committed_step >= target, 90, "steps at 3")
+    cluster.killing("w1")
+    for name in ("w0", "w2"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    expected = reference_parameters(samples, epochs, batch)
+    for name in ("w0", "w2"):
+        final = torch.load(out / f"{name}.pt")
+        for key, value in expected.items():
+            torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
+
+
+def test_empty_dataset_is_refused_by_the_coordinator() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", "0"],
+        env={"EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "empty" in result.stderr
+
+
+def test_unreachable_coordinator_is_a_clear_error_within_the_timeout() -> None:
+    contract = WorkerContract("127.0.0.1:1", TOKEN, "job", "w0", "node", timeout_s=1.5)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    started = time.monotonic()
+    with (
+        pytest.raises(CoordinatorUnreachable),
+        session(model, optimizer, [torch.zeros(2)], KeepGlobalBatch(1), contract),
+    ):
+        pass
+    assert time.monotonic() - started < 15
+
+
+@pytest.mark.slow
+def test_global_batch_larger_than_the_dataset_trains_each_sample_once(
+    cluster: Cluster,
+) -> None:
+    samples = 30
+    cluster.starting_coordinator(*coordinator_args(samples, 1))
+    out = cluster.root / "out"
+    cluster.starting_worker("w0", job_args("ledger", samples, out, batch=100, sleep_s=0.0))
+    assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")
+    counts = torch.load(out / "w0.pt")["counts"]
+    assert torch.equal(counts, torch.ones(samples, dtype=torch.float64))

@@ -1,0 +1,9 @@
+"""The PyTorch adapter: an elastic session that feels like DistributedDataParallel.
+
+`session(model, optimizer, dataset, batch_policy=...)` is the whole API; see `session.py`.
+"""
+
+from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, ScaleBatch
+from trainer_runtime.torch.session import ElasticSession, session
+
+__all__ = ["BatchPolicy", "ElasticSession", "KeepGlobalBatch", "ScaleBatch", "session"]

@@ -1,0 +1,102 @@
+"""What happens to the batch size and the learning rate when a job is resized.
+
+A job chooses one policy:
+- `KeepGlobalBatch(B)`: every step consumes B samples, whatever the world size; each rank
+  takes its slice of the step's window, so the sample sequence and, within float tolerance,
+  the trained parameters are those of a fixed-size run.
+- `ScaleBatch(per_worker, base_lr, ...)`: the global batch is `per_worker * world_size`;
+  the learning rate follows the linear scaling rule (`base_lr * world / base_workers`),
+  reached over `warmup_steps` after each resize, and momentum buffers are rescaled by
+  `old_lr / new_lr` whenever the rate changes (momentum compensation, as in "Dynamic
+  Mini-batch SGD for Elastic Distributed Training"), so that a resize does not kick the
+  effective update.
+
+What must stay true: a policy is a pure function of (world size, steps since the resize)
+for the batch size, and touches only `lr` and `momentum_buffer` of the optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+class BatchPolicy(Protocol):
+    def global_batch(self, world_size: int) -> int: ...
+
+    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
+        """Called before every optimizer step."""
+
+
+@dataclass(slots=True)
+class KeepGlobalBatch:
+    """Every step consumes `samples` samples, split among the ranks."""
+
+    samples: int
+
+    def __post_init__(self) -> None:
+        if self.samples <= 0:
+            raise ValueError("the global batch holds at least one sample")
+
+    def global_batch(self, world_size: int) -> int:
+        return self.samples
+
+    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class ScaleBatch:
+    """Each rank takes `per_worker` samples a step; the learning rate scales linearly."""
+
+    per_worker: int
+    base_lr: float
+    base_workers: int = 1
+    warmup_steps: int = 0
+    momentum_compensation: bool = True
+    _world_size: int = field(default=0, init=False)
+    _from_lr: float = field(default=0.0, init=False)
+    _since_resize: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if self.per_worker <= 0 or self.base_workers <= 0:
+            raise ValueError("batch sizes and worker counts are positive")
+
+    def global_batch(self, world_size: int) -> int:
+        return self.per_worker * world_size
+
+    def target_lr(self, world_size: int) -> float:
+        return self.base_lr * world_size / self.base_workers
+
+    def current_lr(self) -> float:
+        target = self.target_lr(self._world_size)
+        if self.warmup_steps <= 0 or self._since_resize >= self.warmup_steps:
+            return target
+        fraction = (self._since_resize + 1) / self.warmup_steps
+        return self._from_lr + fraction * (target - self._from_lr)
+
+    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
+        old_lr = float(optimizer.param_groups[0]["lr"])
+        if world_size != self._world_size:
+            self._from_lr = old_lr if self._world_size else self.target_lr(world_size)
+            self._world_size = world_size
+            self._since_resize = 0
+        new_lr = self.current_lr()
+        self._since_resize += 1
+        if new_lr == old_lr:
+            return
+        for group in optimizer.param_groups:
+            group["lr"] = new_lr
+        if self.momentum_compensation and new_lr > 0:
+            compensating_momentum(optimizer, old_lr / new_lr)
+
+
+def compensating_momentum(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    """Rescale SGD momentum buffers so that `lr * buffer` is unchanged by a rate change."""
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            buffer = optimizer.state.get(parameter, {}).get("momentum_buffer")
+            if isinstance(buffer, torch.Tensor):
+                buffer.mul_(factor)

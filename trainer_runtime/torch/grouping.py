@@ -1,0 +1,132 @@
+"""Forming a torch.distributed group for each generation, inside the running process.
+
+Every worker hosts a small TCPStore server from its start; a generation's group meets in
+the store of its rank 0, under a fresh prefix (`job/g<generation>/`), so no key of an older
+generation is ever read. Re-forming is `destroy_process_group` then `init_process_group`:
+no process restart, no re-import. Then rank 0 broadcasts model parameters, buffers and the
+optimizer state to every member (newcomers and survivors alike), so survivors that diverged
+inside a failed step converge.
+
+What must stay true: every collective runs under the group's bounded timeout; after
+`forming` returns, all members hold rank 0's state.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+
+from trainer_runtime.agent import Assignment
+
+# A failed NCCL collective must raise (so the survivors re-form), not kill the process.
+os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+
+
+class StoreHost:
+    """This worker's store server, and clients to the stores of other workers."""
+
+    def __init__(self, host: str, timeout_s: float) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self.server = TCPStore(
+            host, 0, is_master=True, wait_for_workers=False, timeout=self.timeout
+        )
+        self.address = f"{host}:{self.server.port}"
+        self.clients: dict[str, Store] = {}
+
+    def store_of(self, address: str) -> Store:
+        if address == self.address:
+            return self.server
+        if address not in self.clients:
+            host, port = address.rsplit(":", 1)
+            self.clients[address] = TCPStore(host, int(port), is_master=False, timeout=self.timeout)
+        return self.clients[address]
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def forming(assignment: Assignment, job_id: str, stores: StoreHost, device: torch.device) -> None:
+    """Leave the old group (if any) and join this generation's."""
+    dissolving()
+    leader = next(p for p in assignment.peers if p.rank == 0)
+    store = PrefixStore(
+        f"{job_id}/g{assignment.generation}/", stores.store_of(leader.store_address)
+    )
+    dist.init_process_group(
+        backend_for(device),
+        store=store,
+        rank=assignment.rank,
+        world_size=assignment.world_size,
+        timeout=stores.timeout,
+    )
+
+
+def dissolving() -> None:
+    if dist.is_initialized():
+        if torch.cuda.is_available() and dist.get_backend() == "nccl":
+            dist.get_default_group()._get_backend(torch.device("cuda")).abort()  # type: ignore[attr-defined]
+        dist.destroy_process_group()
+
+
+def placeholders(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """The tree with each tensor replaced by (shape, dtype) and appended to `tensors`."""
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return ("__tensor__", tuple(tree.shape), str(tree.dtype).removeprefix("torch."))
+    if isinstance(tree, dict):
+        return {key: placeholders(value, tensors) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(placeholders(value, tensors) for value in tree)
+    return tree
+
+
+def rebuilding(tree: Any, tensors: list[torch.Tensor], device: torch.device) -> Any:
+    """Allocate a tensor for every placeholder of `tree` (inverse of `placeholders`)."""
+    if isinstance(tree, tuple) and len(tree) == 3 and tree[0] == "__tensor__":
+        tensor = torch.empty(tree[1], dtype=getattr(torch, tree[2]), device=device)
+        tensors.append(tensor)
+        return tensor
+    if isinstance(tree, dict):
+        return {key: rebuilding(value, tensors, device) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(rebuilding(value, tensors, device) for value in tree)
+    return tree
+
+
+def broadcasting_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    extra: dict[str, Any],
+    device: torch.device,
+) -> dict[str, Any]:
+    """Make every member hold rank 0's model, optimizer state and `extra`; returns `extra`
+    as rank 0 sent it."""
+    rank = dist.get_rank()
+    tensors: list[torch.Tensor] = []
+    header: list[Any] = [None]
+    if rank == 0:
+        header = [(placeholders(optimizer.state_dict(), tensors), extra)]
+    dist.broadcast_object_list(header, src=0)
+    optimizer_tree, sent = header[0]
+    if rank != 0:
+        optimizer_tree = rebuilding(optimizer_tree, tensors, device)
+    with torch.no_grad():
+        for value in model.state_dict().values():
+            dist.broadcast(value, src=0)
+        for tensor in tensors:
+            if tensor.device.type != device.type and tensor.dim() == 0:
+                holder = tensor.to(device)
+                dist.broadcast(holder, src=0)
+                tensor.copy_(holder)
+            else:
+                dist.broadcast(tensor, src=0)
+    if rank != 0:
+        optimizer.load_state_dict(optimizer_tree)
+    result: dict[str, Any] = sent
+    return result

@@ -1,0 +1,307 @@
+"""The elastic training session of PyTorch: the loop a user writes, kept elastic.
+
+```
+with session(model, optimizer, dataset, batch_policy=KeepGlobalBatch(64)) as s:
+    for inputs, targets in s.batches():
+        s.step(loss_fn(s.model(inputs), targets))   # the loss is a mean over the batch
+```
+`s.model` is the model wrapped in DistributedDataParallel for the current generation; call
+through it each step (it changes object on a resize). At every step boundary the session
+reads, from memory, whether a new generation opened; if so it re-forms the process group,
+reconciles the ledger and broadcasts rank 0's state, then goes on.
+
+Exactly-once: a generation walks the todo list in order (every rank cuts the same windows);
+rank 0 commits each applied step's window in the background; a step whose collective fails
+is not applied, the group re-forms, and the new rank 0 reconciles the coordinator's ledger
+with the step its state has reached (see `CoordinatorState.reconciling`).
+
+What must stay true: a step counts once committed, and the committed steps are those in rank
+0's state; every wait is bounded; a fenced worker raises, it never trains alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import TensorDataset, default_collate
+
+from trainer_runtime.agent import Outcome, WorkerAgent
+from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.environment import WorkerContract
+from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, splitting_among
+from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
+
+LOG = logging.getLogger(__name__)
+MAX_FAILED_FORMATIONS = 5
+
+
+class Committer:
+    """Rank 0's background sender of step windows; a fenced batch is dropped (the next
+    generation's reconcile carries it)."""
+
+    def __init__(self, agent: WorkerAgent) -> None:
+        self.agent = agent
+        self.queue: queue.Queue[tuple[int, StepWindow, float]] = queue.Queue()
+        self.idle = threading.Event()
+        self.idle.set()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self.sending, name="edl-commit", daemon=True)
+        self.thread.start()
+
+    def enqueue(self, generation: int, window: StepWindow, step_time_s: float) -> None:
+        self.idle.clear()
+        self.queue.put((generation, window, step_time_s))
+
+    def sending(self) -> None:
+        while True:
+            batch = [self.queue.get()]
+            while not self.queue.empty():
+                batch.append(self.queue.get_nowait())
+            generation = batch[-1][0]
+            windows = [w for g, w, _ in batch if g == generation]
+            try:
+                self.agent.client.commit(self.agent.worker_id, generation, windows, batch[-1][2])
+            except Fenced:
+                LOG.info(
+                    "commits of generation %d fenced; the next reconcile carries them", generation
+                )
+            except CoordinatorError as error:
+                self.failure = error
+            if self.queue.empty():
+                self.idle.set()
+
+    def flushing(self, timeout_s: float) -> bool:
+        return self.idle.wait(timeout_s)
+
+
+class ElasticSession:
+    """One worker's membership of an elastic data-parallel job (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        dataset: Sequence[Any],
+        batch_policy: BatchPolicy,
+        contract: WorkerContract | None = None,
+        device: torch.device | None = None,
+    ) -> None:
+        self.contract = contract or WorkerContract.from_environ()
+        self.module = model
+        self.optimizer = optimizer
+        self.dataset = dataset
+        self.policy = batch_policy
+        self.device = device or next(model.parameters()).device
+        self.agent = WorkerAgent(self.contract)
+        self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
+        self.committer = Committer(self.agent)
+        self.step_count = 0
+        self.applied: deque[StepWindow] = deque(maxlen=256)
+        self.walk: Walk | None = None
+        self.ddp: DistributedDataParallel | None = None
+        self.rank = -1
+        self.world_size = 0
+        self.generation = 0
+        self.window: StepWindow | None = None
+        self.local_samples = 0
+        self.window_size = 0
+        self.stepped = True
+        self.broken = True
+        self.done = False
+        self.last_step_at = time.monotonic()
+        self.generations_formed = 0
+
+    # ----- lifecycle -----
+
+    def __enter__(self) -> ElasticSession:
+        self.warming_up()
+        self.agent.starting(self.stores.address)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if kind is None and not self.done:
+            LOG.warning("the session ended before the job did")
+        if kind is None:
+            self.agent.leaving()
+        self.agent.closing()
+        dissolving()
+
+    def warming_up(self) -> None:
+        """Pay the one-off costs (the optimizer's first step imports torch._dynamo) on a
+        throw-away copy, before asking to join, so the group never waits for this worker."""
+        import copy
+
+        shadow_model = copy.deepcopy(self.module)
+        shadow = type(self.optimizer)(shadow_model.parameters(), **self.optimizer.defaults)
+        for parameter in shadow_model.parameters():
+            parameter.grad = torch.zeros_like(parameter)
+        shadow.step()
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The model to call this step (DistributedDataParallel of this generation)."""
+        if self.ddp is None:
+            raise RuntimeError("call the model inside `for batch in s.batches()`")
+        return self.ddp
+
+    # ----- generations -----
+
+    def reforming(self) -> bool:
+        """Join the next generation and take rank 0's state; False when the worker must
+        stop (drained, or the job is finished)."""
+        for _ in range(MAX_FAILED_FORMATIONS):
+            assignment = self.agent.awaiting_assignment()
+            if assignment.outcome is Outcome.DRAINED:
+                LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                self.done = True
+                return False
+            if assignment.outcome is Outcome.FINISHED:
+                self.done = True
+                return False
+            try:
+                self.forming_generation(assignment)
+                self.broken = False
+                return True
+            except Fenced:
+                LOG.info("generation %d closed while forming", assignment.generation)
+            except RuntimeError as error:  # a peer left while forming
+                LOG.info("forming generation %d failed: %s", assignment.generation, error)
+        raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
+
+    def forming_generation(self, assignment: Any) -> None:
+        self.ddp = None
+        forming(assignment, self.contract.job_id, self.stores, self.device)
+        self.rank, self.world_size = assignment.rank, assignment.world_size
+        self.generation = assignment.generation
+        extra: dict[str, Any] = {}
+        if self.rank == 0:
+            self.committer.flushing(self.contract.timeout_s)
+            view = self.agent.client.reconcile(
+                self.agent.worker_id, self.generation, self.step_count, list(self.applied)
+            )
+            extra = {
+                "step": self.step_count,
+                "epoch": view.epoch,
+                "todo": [(r.start, r.stop) for r in view.todo],
+                "plan": (view.samples, view.shard_size, view.epochs, view.seed),
+            }
+        sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
+        self.step_count = int(sent["step"])
+        self.walk = Walk(
+            DatasetPlan(*sent["plan"]),
+            epoch=int(sent["epoch"]),
+            step=self.step_count,
+            todo=[SampleRange(a, b) for a, b in sent["todo"]],
+        )
+        self.applied.clear()
+        with warnings.catch_warnings():  # buffers were just broadcast: no sync in forward
+            warnings.simplefilter("ignore", FutureWarning)
+            self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
+        self.generations_formed += 1
+        self.last_step_at = time.monotonic()
+
+    # ----- steps -----
+
+    def fetching(self, ranges: Sequence[SampleRange]) -> Any:
+        indices = [i for r in ranges for i in r.indices()]
+        if isinstance(self.dataset, TensorDataset):
+            index = torch.tensor(indices, dtype=torch.long)
+            return tuple(t[index] for t in self.dataset.tensors)
+        return default_collate([self.dataset[i] for i in indices])
+
+    def batches(self) -> Iterator[Any]:
+        """This rank's slice of every step's window, until the job ends or it is drained."""
+        while True:
+            if not self.stepped:
+                raise RuntimeError("call s.step(loss) once for every batch")
+            if (self.broken or self.agent.changed()) and not self.reforming():
+                return
+            assert self.walk is not None
+            window = self.walk.next_window(self.policy.global_batch(self.world_size))
+            if window is None:
+                if self.finishing():
+                    return
+                continue
+            mine = splitting_among(window.ranges, self.world_size)[self.rank]
+            self.window, self.window_size = window, sum(len(r) for r in window.ranges)
+            self.local_samples = sum(len(r) for r in mine)
+            if self.local_samples == 0:
+                self.stepping(None)
+                continue
+            self.stepped = False
+            yield self.fetching(mine)
+
+    def step(self, loss: torch.Tensor) -> None:
+        """Backpropagate this rank's loss (a mean over its batch) and apply the step."""
+        if self.stepped:
+            raise RuntimeError("s.step(loss) called twice for one batch")
+        self.stepping(loss)
+
+    def stepping(self, loss: torch.Tensor | None) -> None:
+        self.stepped = True
+        assert self.window is not None
+        try:
+            if loss is None:
+                assert self.ddp is not None
+                loss = sum((p.sum() * 0.0 for p in self.ddp.parameters()), torch.zeros(()))
+            scale = self.local_samples * self.world_size / self.window_size
+            torch.autograd.backward(loss * scale)
+            self.policy.adjusting(self.optimizer, self.world_size)
+            self.optimizer.step()
+        except RuntimeError as error:
+            if not dist.is_initialized():
+                raise
+            LOG.info("step %d failed (%s): re-forming", self.window.step, error)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.broken = True
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count = self.window.step
+        self.applied.append(self.window)
+        now = time.monotonic()
+        if self.rank == 0:
+            self.committer.enqueue(self.generation, self.window, now - self.last_step_at)
+        self.last_step_at = now
+
+    def finishing(self) -> bool:
+        """The walk is over: rank 0 makes sure its commits landed; all meet once more."""
+        try:
+            if self.rank == 0 and not self.committer.flushing(self.contract.timeout_s):
+                raise TimeoutError("the last commits were not acknowledged in time")
+            if self.rank == 0:
+                self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
+            dist.barrier()
+        except (Fenced, RuntimeError) as error:
+            LOG.info("finishing failed (%s): re-forming", error)
+            self.broken = True
+            return False
+        self.done = True
+        return True
+
+
+def session(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: Sequence[Any],
+    batch_policy: BatchPolicy | None = None,
+    contract: WorkerContract | None = None,
+) -> ElasticSession:
+    """An elastic session for this worker, configured by the environment contract."""
+    return ElasticSession(model, optimizer, dataset, batch_policy or KeepGlobalBatch(32), contract)
