@@ -28,6 +28,9 @@ _WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reaso
 
 
 def _node_count(js: JobState, session: Session) -> int:
+    """Distinct nodes the job's workers are on, after this cycle's moves."""
+    if not js.added[Role.WORKER] and not js.removed[Role.WORKER]:
+        return len({r.node for r in js.live[Role.WORKER]})
     return len(set(js.nodes(Role.WORKER, session.cluster)))
 
 
@@ -71,7 +74,21 @@ class Grower:
         return found
 
     def _hand_out(self, jobs: list[JobState]) -> None:
+        """Serve priority levels in order (``jobs`` is in rank order); once no GPU is
+        left, lower levels are not even scored."""
+        level: list[JobState] = []
+        for js in jobs:
+            if level and js.priority != level[0].priority:
+                self._hand_out_level(level)
+                level = []
+            level.append(js)
+        if level:
+            self._hand_out_level(level)
+
+    def _hand_out_level(self, jobs: list[JobState]) -> None:
         s, policy = self.s, self.s.policy
+        if s.cluster.free_gpu <= 0 and all(js.resources(Role.WORKER).gpu for js in jobs):
+            return
         heap = [(_score(js, s), i, js) for i, js in enumerate(jobs)]
         heapq.heapify(heap)
         limit = policy.max_load * s.cluster.capacity_gpu

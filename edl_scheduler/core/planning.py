@@ -21,6 +21,10 @@ Pure: no clock (``now`` is an argument), no randomness, no I/O.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from edl_scheduler.core.admitting import admit
 from edl_scheduler.core.growing import grow
 from edl_scheduler.core.plan import Action, JobDecision, Plan, Reason, RoleChange
@@ -121,8 +125,30 @@ def _guard(session: Session) -> None:
             raise PlanningError(f"plan over-commits node {c.names[n]}")
 
 
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for one cycle, then restore it as it was.
+
+    A cycle allocates a few objects per job and creates no reference cycles, so reference
+    counting frees everything; but at 10,000 jobs the collector's repeated scans of the
+    snapshot cost about 40% of the cycle. Pausing it changes no result.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     """Decide every job's size and placement for this cycle. Deterministic and pure."""
+    with _collector_paused():
+        return _plan(snapshot, policy, now)
+
+
+def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     validate(snapshot)  # 1
     session = Session(snapshot, policy, now)  # 2
     admit(session)  # 3

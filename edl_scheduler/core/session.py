@@ -72,11 +72,13 @@ class Cluster:
         for i, g in enumerate(self.gpu):
             c = self.node_class[i]
             self.buckets[c].setdefault(g, {})[i] = None
-            self.class_free_gpu[c] += g
+            self.class_free_gpu[c] += max(0, g)
             self.class_capacity_gpu[c] += max(
                 0, nodes[i].allocatable.gpu - nodes[i].used_by_others.gpu
             )
-        self.free_gpu = sum(self.gpu)
+        #: Free GPUs, counting only nodes that have some (an over-committed node, which
+        #: input may show, does not hide another node's free GPUs).
+        self.free_gpu = sum(max(0, g) for g in self.gpu)
         # The bucket search range: no node can ever have more free GPUs than this.
         self.max_gpu = max((n.allocatable.gpu - n.used_by_others.gpu for n in nodes), default=0)
         self.holds: dict[int, list[Hold]] = {}
@@ -88,8 +90,9 @@ class Cluster:
             del self.buckets[c][old][node]
             self.buckets[c].setdefault(new_gpu, {})[node] = None
             self.gpu[node] = new_gpu
-            self.class_free_gpu[c] += new_gpu - old
-            self.free_gpu += new_gpu - old
+            delta = max(0, new_gpu) - max(0, old)
+            self.class_free_gpu[c] += delta
+            self.free_gpu += delta
 
     def take(self, node: int, res: Resources, count: int = 1) -> None:
         self._move(node, self.gpu[node] - res.gpu * count)
