@@ -50,6 +50,13 @@ def main() -> None:
 @click.option("--start-delay", default=0.0, show_default=True, help="Seconds to start workers.")
 @click.option("--limit", type=int, default=None, help="Keep only the first N jobs.")
 @click.option("--skip-bad-rows", is_flag=True, help="Skip malformed rows, with a count.")
+@click.option(
+    "--profiles",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="pollux: the application profiles (default: ../traces beside the workload).",
+)
+@click.option("--adapt-batch", is_flag=True, help="pollux: jobs adapt their batch size.")
 @click.option("--processes", "-j", default=1, show_default=True, help="Policies in parallel.")
 @click.option("--plots/--no-plots", default=True, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True)
@@ -69,6 +76,8 @@ def run(
     start_delay: float,
     limit: int | None,
     skip_bad_rows: bool,
+    profiles: Path | None,
+    adapt_batch: bool,
     processes: int,
     plots: bool,
     out: Path,
@@ -79,7 +88,14 @@ def run(
         spec = load_cluster(cluster)
         runs = [parse_policy(p) for p in policies]
         workload = load_workload(
-            fmt, trace, spec, seed=seed, skip_bad_rows=skip_bad_rows, limit=limit
+            fmt,
+            trace,
+            spec,
+            seed=seed,
+            skip_bad_rows=skip_bad_rows,
+            limit=limit,
+            profiles=profiles,
+            adapt_batch=adapt_batch,
         )
         jobs = prepare(
             workload,

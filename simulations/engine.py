@@ -3,7 +3,7 @@ the way a driver would, charging the costs a real cluster charges.
 
 The cycle, in order, at each instant something happens:
 
-1. Completions: a job whose remaining work reaches zero leaves and frees its GPUs.
+1. Completions: a job whose work is done leaves and frees its GPUs.
 2. Ends of pauses: a resized job resumes training (only the useful-GPU tally changes).
 3. Arrivals: submitted jobs join the snapshot.
 4. Plan, if this instant asks for it: with ``plan_on_events``, after any arrival or
@@ -120,8 +120,10 @@ class _Run:
 
     job: SimJob
     index: int
-    remaining: float
+    total: float
+    done: float = 0.0
     replicas: list[Replica] = field(default_factory=list)
+    placement: tuple[int, ...] = ()
     rate: float = 0.0
     last: float = 0.0
     paused_until: float = 0.0
@@ -150,13 +152,47 @@ class _Run:
             self.attained += self.workers * (now - self.last)
             begin = max(self.last, self.paused_until)
             if now > begin:
-                self.remaining = max(0.0, self.remaining - self.rate * (now - begin))
+                self._train(now - begin)
         self.last = now
+
+    def _train(self, seconds: float) -> None:
+        profile = self.job.profile
+        if profile is None:
+            self.done = min(self.total, self.done + self.rate * seconds)
+            return
+        while seconds > 0 and self.done < self.total:
+            rate = profile.rate(self.placement, self.done)
+            if rate <= 0:
+                return
+            edge = min(profile.horizon(self.done), self.total)
+            need = (edge - self.done) / rate
+            if need >= seconds:
+                self.done += rate * seconds
+                return
+            self.done, seconds = edge, seconds - need
 
     def finish_time(self) -> float:
         if not self.workers or self.rate <= 0:
             return _INF
-        return max(self.last, self.paused_until) + self.remaining / self.rate
+        at = max(self.last, self.paused_until)
+        profile = self.job.profile
+        if profile is None:
+            return at + (self.total - self.done) / self.rate
+        done = self.done
+        while done < self.total:
+            rate = profile.rate(self.placement, done)
+            if rate <= 0:
+                return _INF
+            edge = min(profile.horizon(done), self.total)
+            at += (edge - done) / rate
+            done = edge
+        return at
+
+    def useful_now(self) -> float:
+        profile = self.job.profile
+        if profile is None:
+            return self.job.useful_gpus(self.workers)
+        return profile.useful(self.placement, self.done)
 
 
 # Event kinds, in the order they are handled at one instant.
@@ -243,11 +279,12 @@ class Engine:
                     self._complete(run, now)
                     dirty = True
                 else:
-                    self._set_useful(run, run.job.useful_gpus(run.workers))
+                    run.advance(now)
+                    self._set_useful(run, run.useful_now())
             # 3. arrivals
             while next_arrival < n and jobs[next_arrival].submit_time <= now:
                 job = jobs[next_arrival]
-                self.active[job.name] = _Run(job, next_arrival, job.duration, last=now)
+                self.active[job.name] = _Run(job, next_arrival, job.work, last=now)
                 next_arrival += 1
                 dirty = True
             # 4. plan when this instant asks for it
@@ -370,12 +407,20 @@ class Engine:
             pause = config.resize_pause_s
         run.last_resize_time = now
         run.paused_until = now + pause
-        run.rate = run.job.rate(after)
+        counts: dict[str, int] = {}
+        for r in run.replicas:
+            counts[r.node] = counts.get(r.node, 0) + 1
+        run.placement = tuple(sorted(counts.values()))
+        profile = run.job.profile
+        if profile is None:
+            run.rate = run.job.rate(after)
+        else:
+            run.rate = profile.rate(run.placement, run.done) if after else 0.0
         run.cached = None
         self.allocated += after
         if after:
             self.running[run.job.name] = run
-            nodes = len({r.node for r in run.replicas})
+            nodes = len(run.placement)
             if config.report_throughput and (nodes, after) not in run.samples:
                 run.samples[(nodes, after)] = ThroughputSample(nodes, after, run.rate)
         else:
@@ -384,7 +429,7 @@ class Engine:
         if after and pause > 0:
             self._push(now + pause, _PAUSE_END, run)
         elif after:
-            self._set_useful(run, run.job.useful_gpus(after))
+            self._set_useful(run, run.useful_now())
 
     def _next_wake(self, now: float) -> float:
         """The next instant a time-based rule of the policy could change the plan."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from edl_scheduler.core import Policy, preset
 from simulations.engine import SimConfig, SimResult, simulate
 from simulations.synthetic import SyntheticSpec, generate
-from simulations.traces import TraceError, load_philly, load_tiresias
+from simulations.traces import TraceError, load_philly, load_pollux, load_tiresias
 from simulations.workload import (
     ClusterSpec,
     Elasticity,
@@ -28,7 +28,7 @@ from simulations.workload import (
     with_elasticity,
 )
 
-FORMATS = ("philly", "tiresias", "synthetic")
+FORMATS = ("philly", "tiresias", "pollux", "synthetic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,8 +59,18 @@ def load_workload(
     seed: int,
     skip_bad_rows: bool = False,
     limit: int | None = None,
+    profiles: Path | None = None,
+    adapt_batch: bool = False,
 ) -> Workload:
-    """The jobs of ``trace`` in format ``fmt`` (for ``synthetic``, ``trace`` is a job count)."""
+    """The jobs of ``trace`` in format ``fmt`` (for ``synthetic``, ``trace`` is a job count;
+    for ``pollux``, ``profiles`` defaults to ``traces/`` beside the workload folder)."""
+    if fmt == "pollux":
+        path = Path(trace)
+        root = profiles if profiles is not None else path.parent.parent / "traces"
+        workload = load_pollux(
+            path, root, cluster, adapt_batch=adapt_batch, skip_bad_rows=skip_bad_rows
+        )
+        return replace(workload, jobs=workload.jobs[:limit]) if limit else workload
     if fmt == "philly":
         return load_philly(Path(trace), cluster, skip_bad_rows=skip_bad_rows, limit=limit)
     if fmt == "tiresias":

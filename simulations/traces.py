@@ -7,6 +7,8 @@ Formats (see ``../shared/traces/README.md`` for where each comes from and its li
   earliest timestamp in the file, the virtual cluster becomes the job's group.
 - ``tiresias``: the Tiresias simulator's job format
   (``job_id,num_gpu,submit_time,iterations,model_name,duration,interval``).
+- ``pollux``: the Pollux workloads (``name,time,application,num_replicas,batch_size``),
+  with each job's speed from its application's measured profile (``profiles``).
 - cluster specs: ``NxG`` (N nodes of G GPUs) or a Tiresias ``n*g*.csv`` file
   (``num_switch,num_node_p_switch,num_gpu_p_node,...``).
 
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
+from simulations.profiles import Application, ProfileSpeed, load_application
 from simulations.workload import ClusterSpec, SimJob, Workload
 
 
@@ -169,3 +172,54 @@ def load_philly(
     if limit is not None:
         workload = Workload(workload.jobs[:limit], workload.source, skipped)
     return workload
+
+
+def pollux_bounds(app: Application) -> tuple[int, int]:
+    """Elastic bounds of a Pollux-workload job: min 1, max = min(64, the application's
+    maximum batch / its minimum local batch); ncf stays at 1 (as in the Pollux artifact)."""
+    if app.name == "ncf":
+        return 1, 1
+    return 1, max(1, min(64, app.max_batch // app.min_local))
+
+
+def load_pollux(
+    path: Path,
+    profiles: Path,
+    cluster: ClusterSpec | None = None,
+    *,
+    adapt_batch: bool = False,
+    skip_bad_rows: bool = False,
+) -> Workload:
+    """A Pollux workload (``name,time,application,num_replicas,batch_size``), each job's
+    speed from its application's measured profile under ``profiles`` (``pollux/traces``).
+    Jobs carry their elastic bounds; ``shape`` makes them rigid where asked."""
+    required = ("name", "time", "application", "num_replicas", "batch_size")
+
+    def parse(line: int, row: dict[str, str]) -> SimJob:
+        replicas, batch = int(row["num_replicas"]), int(row["batch_size"])
+        submit = float(row["time"])
+        _check(0.0, replicas, cluster)
+        if submit < 0:
+            raise ValueError(f"negative submit time {submit:g}")
+        if batch < 1:
+            raise ValueError(f"batch size {batch} < 1")
+        name = row["application"]
+        if not (profiles / name / "placements.csv").exists():
+            raise ValueError(f"no profile for application {name!r} under {profiles}")
+        app = load_application(profiles, name)
+        lo, hi = pollux_bounds(app)
+        speed = ProfileSpeed(app, batch, adapt_batch)
+        return SimJob(
+            row["name"],
+            submit,
+            replicas,
+            0.0,
+            replicas,
+            replicas,
+            group=name,
+            profile=speed,
+            elastic_bounds=(lo, hi),
+        )
+
+    jobs, skipped = _collect(path, required, parse, skip_bad_rows)
+    return _finish(jobs, path, skipped)

@@ -22,6 +22,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Protocol
 
 
 class Elasticity(Enum):
@@ -87,9 +88,28 @@ class ScalingRule:
         return Scaling(rng.uniform(self.low, self.high))
 
 
+class SpeedModel(Protocol):
+    """A job's speed from a measured profile, not a trace duration (the Pollux workloads).
+
+    ``total`` is the work to do; ``rate(placement, done)`` the work per second with
+    ``placement`` = GPUs used on each node, after ``done`` work; the rate is constant between
+    ``done`` and ``horizon(done)``. ``useful`` is what the placement is worth in single GPUs.
+    """
+
+    @property
+    def total(self) -> float: ...
+
+    def rate(self, placement: tuple[int, ...], done: float) -> float: ...
+
+    def horizon(self, done: float) -> float: ...
+
+    def useful(self, placement: tuple[int, ...], done: float) -> float: ...
+
+
 @dataclass(frozen=True, slots=True)
 class SimJob:
-    """One job of a workload. ``duration`` is seconds at ``requested`` workers."""
+    """One job of a workload. ``duration`` is seconds at ``requested`` workers, unless a
+    ``profile`` gives its speed (then ``duration`` is unused)."""
 
     name: str
     submit_time: float
@@ -100,6 +120,13 @@ class SimJob:
     scaling: Scaling = LINEAR
     priority: int = 0
     group: str = ""
+    profile: SpeedModel | None = None
+    #: Elastic bounds the workload itself gives (Pollux jobs), instead of the Philly rule.
+    elastic_bounds: tuple[int, int] | None = None
+
+    @property
+    def work(self) -> float:
+        return self.duration if self.profile is None else self.profile.total
 
     def rate(self, workers: int) -> float:
         """Seconds of trace work done per second at ``workers`` workers."""
@@ -176,7 +203,7 @@ def shape(
     levels = random.Random(seed + 1_000_003)
     out = []
     for job in jobs:
-        lo, hi = bounds(job.requested, elasticity, cluster.gpus)
+        lo, hi = _bounds_of(job, elasticity, cluster.gpus)
         prio = levels.randrange(priority_levels) if priority_levels > 1 else job.priority
         out.append(
             replace(
@@ -190,6 +217,16 @@ def with_elasticity(jobs: Sequence[SimJob], elasticity: Elasticity, gpus: int) -
     """The same jobs with other bounds (the ``@rigid`` / ``@elastic`` policy suffix)."""
     out = []
     for job in jobs:
-        lo, hi = bounds(job.requested, elasticity, gpus)
+        lo, hi = _bounds_of(job, elasticity, gpus)
         out.append(replace(job, min_workers=lo, max_workers=hi))
     return out
+
+
+def _bounds_of(job: SimJob, elasticity: Elasticity, gpus: int) -> tuple[int, int]:
+    """Jobs whose workload gives elastic bounds (Pollux) keep them, capped by the cluster."""
+    if job.elastic_bounds is not None:
+        if elasticity is Elasticity.RIGID:
+            return job.requested, job.requested
+        lo, hi = job.elastic_bounds
+        return min(lo, job.requested), max(job.requested, min(hi, gpus))
+    return bounds(job.requested, elasticity, gpus)

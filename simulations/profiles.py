@@ -1,0 +1,220 @@
+"""Measured application profiles (the Pollux workloads) and the speed model built on them.
+
+Data (``pollux/traces/<application>/``, from the Pollux OSDI'21 artifact, Apache-2.0):
+``placements.csv`` and ``scalability.csv`` give the measured step time by placement and
+local batch size; ``validation-<global batch>.csv`` gives, per epoch, the progress made and
+the gradient statistics (``grad_sqr``, ``grad_var``) measured at that batch size.
+
+The model, as the issue and the Pollux paper describe it (our own code):
+
+- Step time: interpolated in the local batch size from the rows of the job's placement (the
+  GPUs used on each node, as digits, ``22`` = 2 nodes x 2 GPUs); placements over more than
+  four nodes use ``scalability.csv`` at the nearest node count at or above the job's,
+  interpolated in the replica count. A local batch above the application's largest is run as
+  several accumulation steps (compute repeated, one synchronization).
+- Statistical efficiency: one step at global batch ``B`` makes progress
+  ``gain = (var + sqr) / (var / scale + sqr)`` with ``scale = B / init_batch`` and ``sqr``,
+  ``var`` from the validation curve at the largest measured batch not above ``B``, at the
+  job's current epoch. So a larger batch is never free.
+- Completion: when progress reaches the progress of the application's completion epoch on its
+  initial-batch curve. The epoch is read from that curve too.
+
+Progress is piecewise constant in rate between epoch boundaries, so ``horizon`` tells the
+engine where the rate may change next.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TypeVar
+
+import numpy as np
+
+_K = TypeVar("_K", str, tuple[int, int])
+_Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+#: Completion epochs of the Pollux simulator (``../shared/traces/README.md``).
+MAX_EPOCHS = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}
+#: yolov3's local batch is capped at 8 (as in the Pollux simulator).
+LOCAL_BSZ_CAP = {"yolov3": 8}
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One validation file: per epoch, cumulative progress and gradient statistics."""
+
+    progress: tuple[float, ...]
+    sqr: tuple[float, ...]
+    var: tuple[float, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Application:
+    name: str
+    #: placement key -> (local batch sizes, step times, sync times), sorted by batch size.
+    placements: dict[str, _Arrays] = field(repr=False)
+    #: (nodes, replicas) -> the same.
+    scalability: dict[tuple[int, int], _Arrays] = field(repr=False)
+    curves: dict[int, Curve] = field(repr=False)
+    max_epochs: int = 1
+
+    @property
+    def init_batch(self) -> int:
+        return min(self.curves)
+
+    @property
+    def max_batch(self) -> int:
+        return max(self.curves)
+
+    @property
+    def min_local(self) -> int:
+        return int(self.placements["1"][0][0])
+
+    @property
+    def max_local(self) -> int:
+        top = int(max(float(v[0][-1]) for v in self.placements.values()))
+        return min(top, LOCAL_BSZ_CAP.get(self.name, top))
+
+    @property
+    def target(self) -> float:
+        """Progress at the completion epoch, on the initial-batch curve."""
+        curve = self.curves[self.init_batch].progress
+        return curve[min(self.max_epochs, len(curve)) - 1]
+
+    def epoch(self, done: float) -> int:
+        return int(np.searchsorted(self.curves[self.init_batch].progress, done, side="right"))
+
+    def horizon(self, done: float) -> float:
+        """The progress at which the epoch (and so the rate) next changes."""
+        curve = self.curves[self.init_batch].progress
+        e = self.epoch(done)
+        return curve[e] if e < len(curve) else math.inf
+
+    def _rows(self, placement: tuple[int, ...]) -> list[tuple[float, _Arrays]]:
+        """The measured rows for ``placement``, with interpolation weights."""
+        key = "".join(str(g) for g in sorted(placement))
+        if key in self.placements:
+            return [(1.0, self.placements[key])]
+        nodes, replicas = len(placement), sum(placement)
+        counts = sorted({n for n, _ in self.scalability})
+        at = next((n for n in counts if n >= nodes), counts[-1])
+        have = sorted(r for n, r in self.scalability if n == at)
+        lo = max((r for r in have if r <= replicas), default=have[0])
+        hi = min((r for r in have if r >= replicas), default=have[-1])
+        w = 0.0 if hi == lo else (replicas - lo) / (hi - lo)
+        return [(1.0 - w, self.scalability[(at, lo)]), (w, self.scalability[(at, hi)])]
+
+    def step_time(self, placement: tuple[int, ...], local: float) -> float:
+        """Seconds per step at ``local`` samples per GPU, with accumulation above the max."""
+        steps = max(1, math.ceil(local / self.max_local))
+        per = local / steps
+        one = sync = 0.0
+        for weight, (bsz, step, synced) in self._rows(placement):
+            one += weight * float(np.interp(per, bsz, step))
+            sync += weight * float(np.interp(per, bsz, synced))
+        return one + (steps - 1) * (one - sync)
+
+    def gain(self, global_batch: float, epoch: int) -> float:
+        sizes = sorted(self.curves)
+        ref = max((b for b in sizes if b <= global_batch), default=sizes[0])
+        curve = self.curves[ref]
+        e = min(epoch, len(curve.sqr) - 1)
+        sqr, var = curve.sqr[e], curve.var[e]
+        scale = global_batch / self.init_batch
+        return (var + sqr) / (var / scale + sqr)
+
+
+def _floats(path: Path, columns: tuple[str, ...]) -> list[tuple[float, ...]]:
+    with path.open(newline="") as handle:
+        return [tuple(float(row[c]) for c in columns) for row in csv.DictReader(handle)]
+
+
+def _grouped(rows: list[tuple[_K, float, float, float]]) -> dict[_K, _Arrays]:
+    groups: dict[_K, list[tuple[float, float, float]]] = {}
+    for key, bsz, step, sync in rows:
+        groups.setdefault(key, []).append((bsz, step, sync))
+    out: dict[_K, _Arrays] = {}
+    for key, values in groups.items():
+        arr = np.array(sorted(values))
+        out[key] = (arr[:, 0], arr[:, 1], arr[:, 2])
+    return out
+
+
+@lru_cache(maxsize=16)
+def load_application(root: Path, name: str) -> Application:
+    """The profile of ``name`` under ``root`` (``.../pollux/traces``)."""
+    folder = root / name
+    with (folder / "placements.csv").open(newline="") as handle:
+        place_rows = [
+            (r["placement"], float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"]))
+            for r in csv.DictReader(handle)
+        ]
+    scal = _floats(
+        folder / "scalability.csv",
+        ("num_nodes", "num_replicas", "local_bsz", "step_time", "sync_time"),
+    )
+    scal_rows = [((int(n), int(r)), b, s, y) for n, r, b, s, y in scal]
+    curves = {}
+    for path in folder.glob("validation-*.csv"):
+        batch = int(path.stem.split("-")[1])
+        rows = _floats(path, ("progress", "grad_sqr", "grad_var"))
+        curves[batch] = Curve(
+            tuple(r[0] for r in rows), tuple(r[1] for r in rows), tuple(r[2] for r in rows)
+        )
+    return Application(
+        name,
+        _grouped(place_rows),
+        _grouped(scal_rows),
+        curves,
+        MAX_EPOCHS.get(name, 1),
+    )
+
+
+@dataclass(frozen=True)
+class ProfileSpeed:
+    """A Pollux-workload job's speed: progress units per second, given its placement.
+
+    ``batch`` is the global batch the job was submitted with; with ``adapt`` the job picks,
+    at every size and epoch, the local batch (and so global batch, up to the application's
+    maximum) that maximizes progress per second.
+    """
+
+    app: Application
+    batch: int
+    adapt: bool = False
+
+    @property
+    def total(self) -> float:
+        return self.app.target
+
+    def horizon(self, done: float) -> float:
+        return self.app.horizon(done)
+
+    def rate(self, placement: tuple[int, ...], done: float) -> float:
+        return _rate(self, tuple(sorted(placement)), self.app.epoch(done))
+
+    def useful(self, placement: tuple[int, ...], done: float) -> float:
+        """GPUs worth, as single GPUs at the submitted batch: rate over one GPU's rate."""
+        one = _rate(ProfileSpeed(self.app, self.batch, False), (1,), self.app.epoch(done))
+        return self.rate(placement, done) / one if one > 0 else 0.0
+
+
+@lru_cache(maxsize=200_000)
+def _rate(speed: ProfileSpeed, placement: tuple[int, ...], epoch: int) -> float:
+    app, workers = speed.app, sum(placement)
+    if workers <= 0:
+        return 0.0
+    if not speed.adapt:
+        local = speed.batch / workers
+        return app.gain(speed.batch, epoch) / app.step_time(placement, local)
+    best = 0.0
+    top = min(app.max_local, app.max_batch / workers)
+    candidates = {float(b) for b in app.placements["1"][0] if b <= top} | {max(1.0, top)}
+    for local in sorted(candidates):
+        global_batch = local * workers
+        best = max(best, app.gain(global_batch, epoch) / app.step_time(placement, local))
+    return best

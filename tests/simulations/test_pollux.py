@@ -1,0 +1,96 @@
+"""The Pollux workloads: measured profiles, statistical efficiency, and fidelity.
+
+Aspects:
+- an application's profile: initial and maximum batch, local batch range (yolov3 capped at
+  8), completion progress, epochs read from progress;
+- statistical efficiency: no gain beyond one at the initial batch, less than the scale above;
+- step time: accumulation makes a local batch above the maximum dearer than the maximum;
+- the engine integrates a job's progress epoch by epoch (rates change at epoch boundaries);
+- elastic bounds (min 1, max <= 64, ncf 1); batch adaptation never slows a job;
+- golden: workload-6 under ``tiresias-pollux`` (the Pollux simulator prints 3,469.69 s).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edl_scheduler.core import preset
+from simulations.engine import SimConfig, simulate
+from simulations.profiles import ProfileSpeed, load_application
+from simulations.reporting import summarize
+from simulations.traces import load_pollux, pollux_bounds
+from simulations.workload import ClusterSpec, Elasticity, ScalingRule, SimJob, shape
+
+POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
+PROFILES = POLLUX / "traces"
+ROUNDS = SimConfig(
+    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
+)
+
+pytestmark = pytest.mark.skipif(not POLLUX.exists(), reason="needs ../shared/traces/pollux")
+
+
+def test_application_profile() -> None:
+    bert = load_application(PROFILES, "bert")
+    assert (bert.init_batch, bert.max_batch, bert.min_local, bert.max_local) == (12, 384, 4, 12)
+    assert bert.target == 14774.0  # progress after epoch 2 at batch 12
+    assert bert.epoch(0.0) == 0
+    assert bert.epoch(7387.0) == 1
+    assert bert.horizon(100.0) == 7387.0
+    assert load_application(PROFILES, "yolov3").max_local == 8
+    assert pollux_bounds(bert) == (1, 64)
+    assert pollux_bounds(load_application(PROFILES, "ncf")) == (1, 1)
+
+
+def test_statistical_efficiency() -> None:
+    cifar = load_application(PROFILES, "cifar10")
+    assert cifar.gain(cifar.init_batch, 5) == pytest.approx(1.0)
+    for batch in (256, 1024, 4096):
+        gain = cifar.gain(batch, 5)
+        assert 1.0 < gain < batch / cifar.init_batch
+
+
+def test_accumulation_costs_more_than_the_largest_local_batch() -> None:
+    bert = load_application(PROFILES, "bert")
+    one = bert.step_time((1,), 12)
+    assert bert.step_time((1,), 24) > one
+    assert bert.step_time((1,), 24) < 2 * one  # one synchronization, not two
+
+
+def test_engine_integrates_progress_epoch_by_epoch() -> None:
+    bert = load_application(PROFILES, "bert")
+    speed = ProfileSpeed(bert, 48)
+    job = SimJob("b", 0.0, 4, 0.0, 4, 4, profile=speed)
+    result = simulate([job], ClusterSpec(1, 4), preset("fifo-gang"), ROUNDS)
+    curve = bert.curves[bert.init_batch].progress
+    rates = [speed.rate((4,), p) for p in (0.0, curve[0])]
+    expected = 30 + curve[0] / rates[0] + (curve[1] - curve[0]) / rates[1]
+    assert rates[0] != rates[1]
+    assert result.jobs[0].jct == pytest.approx(expected)
+
+
+def test_batch_adaptation_never_slows_a_job() -> None:
+    for name in ("cifar10", "bert", "deepspeech2"):
+        app = load_application(PROFILES, name)
+        fixed, adaptive = ProfileSpeed(app, app.init_batch * 4), ProfileSpeed(app, 0, True)
+        for placement in ((1,), (4,), (4, 4)):
+            assert adaptive.rate(placement, 0.0) >= fixed.rate(placement, 0.0) * 0.999
+
+
+def test_workload_6_under_tiresias_pollux() -> None:
+    cluster = ClusterSpec(16, 4)
+    workload = load_pollux(POLLUX / "workloads" / "workload-6.csv", PROFILES, cluster)
+    assert len(workload.jobs) == 160
+    jobs = shape(
+        workload.jobs,
+        elasticity=Elasticity.RIGID,
+        scaling=ScalingRule(0.0, 0.0),
+        cluster=cluster,
+        seed=0,
+    )
+    summary = summarize(simulate(jobs, cluster, preset("tiresias-pollux"), ROUNDS))
+    assert summary["finished"] == 160
+    assert abs(summary["avg_jct_s"] / 3469.69 - 1) <= 0.10
+    assert summary["avg_jct_s"] == pytest.approx(3415.7, abs=0.1)  # golden: explain changes
