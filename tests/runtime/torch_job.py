@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--trace", type=Path, help="append 'ready TIME' and 'step TIME GEN'")
     args = parser.parse_args()
     torch.set_num_threads(1)
     worker = os.environ["EDL_WORKER_ID"]
@@ -64,7 +65,10 @@ def main() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         dataset = mlp_data(args.samples)
     steps = 0
+    trace = args.trace.open("a", buffering=1) if args.trace else None
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
+        if trace:
+            trace.write(f"ready {time.time()} {worker}\n")
         for batch in s.batches():
             if args.kind == "ledger":
                 (index,) = batch
@@ -74,6 +78,8 @@ def main() -> None:
                 loss = nn.functional.cross_entropy(s.model(inputs), targets)
             s.step(loss)
             steps += 1
+            if trace:
+                trace.write(f"step {time.time()} {s.generation}\n")
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
         summary = {"steps": steps, "step": s.step_count, "generations": s.generations_formed}
