@@ -7,7 +7,7 @@ simulator takes 124-140 s on it here; goal >= 50x faster). ``--limit`` replays o
 jobs of the full trace (the key then says how many); ``plan_share`` is the fraction of wall
 time spent inside ``plan()``.
 
-    python benchmarks/sim_speed.py [--traces ../shared/traces] [--limit N] [--skip-full]
+    python benchmarks/sim_speed.py [--traces ../shared/traces] [--limit N] [--skip-full|--skip-3d]
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ _TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 @click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
 @click.option("--limit", type=int, default=None, help="Only the first N Philly jobs.")
 @click.option("--skip-full", is_flag=True, help="Only philly_3d.")
-def main(traces: Path, limit: int | None, skip_full: bool) -> None:
+@click.option("--skip-3d", is_flag=True, help="Only the full trace.")
+def main(traces: Path, limit: int | None, skip_full: bool, skip_3d: bool) -> None:
     line: dict[str, object] = {"cluster": "64x8"}
     if not skip_full:
         cluster = load_cluster("64x8")
@@ -47,6 +48,9 @@ def main(traces: Path, limit: int | None, skip_full: bool) -> None:
         line["philly_full_s"] = round(result.wall_s, 2)
         line["philly_full_plans"] = result.plans
         line["philly_full_plan_share"] = round(result.plan_wall_s / result.wall_s, 3)
+    if skip_3d:
+        click.echo(json.dumps(line))
+        return
     cluster = load_cluster("32x4")
     workload = load_tiresias(traces / "philly-derived" / "philly_3d.csv", cluster)
     result = simulate(workload.jobs, cluster, preset("tiresias"), EVENT_DRIVEN)
