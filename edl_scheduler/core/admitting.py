@@ -148,6 +148,8 @@ class Admitter:
             if js.job.suspended:
                 js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue
+            if js.suspended:
+                continue  # suspended this cycle to admit a job ranked above it
             needs = needs_of(js)
             if not any(needs.values()):
                 continue

@@ -354,3 +354,17 @@ def test_a_second_growth_round_never_passes_a_maximum() -> None:
     p = run(snap)
     assert sizes(p)["small"] == 2
     assert p.decision("flat").reason is Reason.GAIN_BELOW_PAUSE
+
+
+def test_a_job_suspended_this_cycle_keeps_its_reason_and_stays_suspended() -> None:
+    snap = snapshot(
+        [node("n0").gpus(2)],
+        [
+            job("a").min(1).max(1).running(("n0", 1)).attained(3250),
+            job("b").min(2).max(2).submitted(5),
+        ],
+    )
+    p = run(snap, now=3250.0, policy_name="tiresias")
+    a = p.decision("a")
+    assert a.action is Action.SUSPEND and a.reason is Reason.SUSPENDED_TO_ADMIT
+    assert a.for_job == "b" and sizes(p) == {"a": 0, "b": 2}
