@@ -1,0 +1,426 @@
+"""Independent checkers for the planner's invariants (DESIGN.md section 3).
+
+Each ``check_*`` takes the snapshot a plan was made on, the plan, the snapshot it leads to
+(``apply_plan``) and the policy, and returns the violations it finds as readable lines (an
+empty list when the invariant holds). They recompute capacity from the snapshots
+themselves, by plain sums over nodes and replicas, and search placements exhaustively
+where a greedy answer could be wrong; they share nothing with the planner's session,
+placement or admission code, so a bug there cannot hide itself. What they borrow is the
+vocabulary: ``matching.allowed_on`` (which node a pod may use) and ``ordering.ranked``
+(who ranks above whom) define the invariants rather than implement the planner.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from functools import cache
+
+from edl_scheduler.core import (
+    HOLD_REASONS,
+    Action,
+    Job,
+    Plan,
+    Policy,
+    Preemption,
+    Reason,
+    Replica,
+    Resources,
+    Role,
+    Snapshot,
+)
+from edl_scheduler.core.matching import allowed_on
+from edl_scheduler.core.ordering import ranked
+from edl_scheduler.core.throughput import fit
+
+NONE = Resources()
+
+
+# Plain facts about snapshots ------------------------------------------------------------
+
+
+def effective_min(job: Job, policy: Policy) -> int:
+    return job.worker.min_replicas if policy.elastic else job.rigid_size
+
+
+def effective_max(job: Job, policy: Policy) -> int:
+    return job.worker.max_replicas if policy.elastic else job.rigid_size
+
+
+def live(job: Job, role: Role = Role.WORKER) -> list[Replica]:
+    return [r for r in job.replicas if r.role is role and not r.draining]
+
+
+def per_replica(job: Job, role: Role) -> Resources:
+    spec = job.role_spec(role)
+    return spec.resources if spec is not None else NONE
+
+
+def free_capacity(snap: Snapshot) -> dict[str, Resources]:
+    """Allocatable minus other pods minus every non-draining replica, per node (may go
+    negative if something is over-committed)."""
+    free = {n.name: n.allocatable - n.used_by_others for n in snap.nodes}
+    for job in snap.jobs:
+        for r in job.replicas:
+            if not r.draining:
+                free[r.node] = free[r.node] - per_replica(job, r.role)
+    return free
+
+
+def ranks(snap: Snapshot, policy: Policy, now: float) -> dict[str, int]:
+    return {j.name: i for i, j in enumerate(ranked(snap.jobs, policy, now))}
+
+
+def priority(job: Job, policy: Policy) -> int:
+    return job.priority if policy.use_priority else 0
+
+
+def unmet_holds(snap: Snapshot, plan_reservations: Iterable, now: float) -> list[tuple]:
+    """(job, node, capacity) still held by reservations over ``snap``: the part of each live
+    reservation whose job does not yet have its replicas there."""
+    jobs = {j.name: j for j in snap.jobs}
+    nodes = {n.name for n in snap.nodes}
+    out = []
+    for r in plan_reservations:
+        job = jobs.get(r.job)
+        if job is None or r.node not in nodes or r.expires_at <= now or job.suspended:
+            continue
+        if job.role_spec(r.role) is None:
+            continue
+        there = sum(1 for rep in live(job, r.role) if rep.node == r.node)
+        left = r.count - there
+        if left > 0:
+            out.append((job.name, r.node, per_replica(job, r.role).times(left)))
+    return out
+
+
+def held_above(holds: list[tuple], rank: dict[str, int], name: str) -> dict[str, Resources]:
+    """Capacity per node held for jobs ranked above ``name``."""
+    out: dict[str, Resources] = {}
+    for job, node, res in holds:
+        if job != name and rank.get(job, 1 << 30) < rank[name]:
+            out[node] = out.get(node, NONE) + res
+    return out
+
+
+def how_many_fit(avail: Resources, res: Resources) -> int:
+    """The most replicas of size ``res`` that fit in ``avail`` (0 if any part is negative)."""
+    if avail.gpu < 0 or avail.cpu_milli < 0 or avail.memory_bytes < 0:
+        return 0
+    best = 1 << 30
+    for have, need in (
+        (avail.gpu, res.gpu),
+        (avail.cpu_milli, res.cpu_milli),
+        (avail.memory_bytes, res.memory_bytes),
+    ):
+        if need:
+            best = min(best, have // need)
+    return best
+
+
+def _added(before: Snapshot, after: Snapshot) -> list[tuple[Job, Replica]]:
+    old = {(j.name, r.name) for j in before.jobs for r in j.replicas}
+    return [(j, r) for j in after.jobs for r in j.replicas if (j.name, r.name) not in old]
+
+
+# Invariant 1 ----------------------------------------------------------------------------
+
+
+def check_no_overcommit(before: Snapshot, plan: Plan, after: Snapshot) -> list[str]:
+    out = []
+    free = free_capacity(after)
+    nodes = {n.name: n for n in after.nodes}
+    for job, replica in _added(before, after):
+        node = nodes.get(replica.node)
+        if node is None:
+            out.append(f"{job.name}: new replica {replica.name} on unknown node {replica.node}")
+            continue
+        if not allowed_on(job.constraints, node):
+            out.append(f"{job.name}: new replica {replica.name} on {node.name}, not allowed")
+        if free[node.name].is_negative():
+            out.append(f"{node.name} received {replica.name} and is over: {free[node.name]}")
+    return sorted(set(out))
+
+
+# Invariant 2 ----------------------------------------------------------------------------
+
+
+def check_gang(before: Snapshot, plan: Plan, policy: Policy) -> list[str]:
+    out = []
+    jobs = {j.name: j for j in before.jobs}
+    for d in plan.decisions:
+        if d.action is not Action.START:
+            continue
+        job = jobs[d.job]
+        if d.workers.target < effective_min(job, policy):
+            out.append(f"{d.job} starts with {d.workers.target} < {effective_min(job, policy)}")
+        if job.pserver is not None:
+            got = d.pservers.target if d.pservers is not None else len(live(job, Role.PSERVER))
+            if got < job.pserver.min_replicas:
+                out.append(f"{d.job} starts with {got} pservers < {job.pserver.min_replicas}")
+    return out
+
+
+# Invariant 3 ----------------------------------------------------------------------------
+
+
+def check_min_kept(before: Snapshot, plan: Plan, policy: Policy) -> list[str]:
+    out = []
+    jobs = {j.name: j for j in before.jobs}
+    may_suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
+    for d in plan.decisions:
+        job = jobs[d.job]
+        current = len(live(job))
+        if current == 0:
+            continue
+        if d.action is Action.SUSPEND:
+            if not may_suspend:
+                out.append(f"{d.job} suspended by a policy that may not suspend")
+            continue
+        floor = min(current, effective_min(job, policy))
+        if d.workers.target < floor:
+            out.append(f"{d.job}: {current} -> {d.workers.target} workers, below {floor}")
+    return out
+
+
+# Invariant 4 ----------------------------------------------------------------------------
+
+
+def _gang_could_start(
+    need: int,
+    res: Resources,
+    avail: dict[str, Resources],
+    victims: list[tuple[int, dict[str, int], Resources]],
+) -> bool:
+    """Could ``need`` replicas of ``res`` be placed on the nodes of ``avail`` after taking,
+    from each victim (budget, replicas per node, size), at most ``budget`` replicas?
+
+    A victim whose budget covers all its replicas gives them all (more room never hurts);
+    the others are searched exhaustively, node by node."""
+    avail = dict(avail)
+    binding = []
+    for budget, counts, size in victims:
+        counts = {n: c for n, c in counts.items() if n in avail and c > 0}
+        if sum(counts.values()) <= budget:
+            for n, c in counts.items():
+                avail[n] = avail[n] + size.times(c)
+        elif budget > 0:
+            binding.append((budget, counts, size))
+    order = sorted(avail)
+
+    @cache
+    def best(i: int, budgets: tuple[int, ...]) -> int:
+        if i == len(order):
+            return 0
+        n = order[i]
+        ranges = [range(min(v[1].get(n, 0), b) + 1) for v, b in zip(binding, budgets, strict=True)]
+        top = 0
+        for takes in itertools.product(*ranges):
+            here = avail[n]
+            for (_, _, size), k in zip(binding, takes, strict=True):
+                here = here + size.times(k)
+            rest = tuple(b - k for b, k in zip(budgets, takes, strict=True))
+            top = max(top, min(need, how_many_fit(here, res)) + best(i + 1, rest))
+            if top >= need:
+                return top
+        return top
+
+    return best(0, tuple(b for b, _, _ in binding)) >= need
+
+
+def check_priority_first(
+    before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
+) -> list[str]:
+    """Every waiting job (not user-suspended, not too large for the cluster) must not fit
+    on what is left after the plan, minus what reservations keep for jobs ranked above it,
+    plus every worker above the minimum of a preemptible job ranked below it (and, where the
+    policy suspends, every replica of a preemptible lower-priority job).
+
+    Checked for waiting jobs without parameter servers only: exact gang feasibility with two
+    replica shapes is a harder search than this oracle should make."""
+    out = []
+    rank = ranks(before, policy, now)
+    jobs_after = {j.name: j for j in after.jobs}
+    free = free_capacity(after)
+    nodes = {n.name: n for n in after.nodes}
+    holds = unmet_holds(after, plan.reservations, now)
+    suspend = policy.preemption is Preemption.SHRINK_THEN_SUSPEND
+    for d in plan.decisions:
+        job = jobs_after[d.job]
+        if d.action is not Action.WAIT or job.suspended or d.reason is Reason.TOO_LARGE:
+            continue
+        if job.pserver is not None:
+            continue
+        held = held_above(holds, rank, job.name)
+        allowed = [n for n in nodes.values() if allowed_on(job.constraints, n)]
+        avail = {n.name: free[n.name] - held.get(n.name, NONE) for n in allowed}
+        victims = []
+        for v in after.jobs:
+            if v.name == job.name or not v.preemptible:
+                continue
+            if suspend and priority(v, policy) < priority(job, policy):
+                for role in Role:
+                    counts: dict[str, int] = {}
+                    for r in live(v, role):
+                        counts[r.node] = counts.get(r.node, 0) + 1
+                    victims.append((1 << 30, counts, per_replica(v, role)))
+            elif rank[v.name] > rank[job.name]:
+                spare = len(live(v)) - effective_min(v, policy)
+                if spare > 0:
+                    counts = {}
+                    for r in live(v):
+                        counts[r.node] = counts.get(r.node, 0) + 1
+                    victims.append((spare, counts, per_replica(v, Role.WORKER)))
+        need = effective_min(job, policy)
+        if _gang_could_start(need, per_replica(job, Role.WORKER), avail, victims):
+            out.append(
+                f"{job.name} waits ({d.reason.value}) though its gang of {need} would start "
+                f"on free capacity plus workers above the minimum of lower-ranked jobs"
+            )
+    return out
+
+
+# Invariant 5 ----------------------------------------------------------------------------
+
+
+def check_work_conserving(
+    before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
+) -> list[str]:
+    out = []
+    rank = ranks(before, policy, now)
+    free = free_capacity(after)
+    holds = unmet_holds(after, plan.reservations, now)
+    for job in after.jobs:
+        d = plan.decision(job.name)
+        size = len(live(job))
+        if d.action is Action.SUSPEND or job.suspended or size == 0:
+            continue
+        if size >= effective_max(job, policy) or d.reason in HOLD_REASONS:
+            continue
+        held = held_above(holds, rank, job.name)
+        res = per_replica(job, Role.WORKER)
+        for n in after.nodes:
+            if not allowed_on(job.constraints, n):
+                continue
+            if how_many_fit(free[n.name] - held.get(n.name, NONE), res) >= 1:
+                out.append(
+                    f"{job.name} runs {size} < {effective_max(job, policy)} workers with room "
+                    f"on {n.name}, reason {d.reason.value} is not a hold reason"
+                )
+                break
+    return out
+
+
+# Invariant 7 ----------------------------------------------------------------------------
+
+
+def _distinct_nodes(job: Job) -> int:
+    return len({r.node for r in live(job)})
+
+
+def check_stable_step(
+    before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
+) -> list[str]:
+    """One cycle's share of invariant 7: growth respects the cool-down and pays for its
+    pause; every shrink names a job it makes room for, which ranks above the victim or is
+    of equal priority (then the victim has run its minimum time and is past its cool-down);
+    reservations keep their capacity from jobs ranked below their holder.
+
+    A job below its minimum (failures) may be restored to it within its cool-down, but not
+    grown past it; the pause is checked for growth of jobs at or above their minimum."""
+    out = []
+    rank = ranks(before, policy, now)
+    jobs = {j.name: j for j in before.jobs}
+    jobs_after = {j.name: j for j in after.jobs}
+    for d in plan.decisions:
+        job = jobs[d.job]
+        current = len(live(job))
+        last = job.last_resize_time if job.last_resize_time is not None else job.start_time
+        cooling = last is not None and now - last < policy.cooldown_s
+        floor = max(current, effective_min(job, policy))
+        if d.action is Action.GROW and d.workers.target > floor and cooling:
+            out.append(f"{d.job} grown to {d.workers.target} at t={now:g}, within its cool-down")
+        if d.action is Action.GROW and current >= effective_min(job, policy):
+            model = fit(job.throughput)
+            was = model.throughput(_distinct_nodes(job), current)
+            new_job = jobs_after[d.job]
+            now_thr = model.throughput(_distinct_nodes(new_job), len(live(new_job)))
+            gain = now_thr / was - 1.0
+            if gain * policy.gain_horizon_s <= policy.resize_pause_s:
+                out.append(f"{d.job} grown for a gain of {gain:.3%}, not worth its pause")
+        if d.action in (Action.SHRINK, Action.SUSPEND):
+            if d.for_job is None or d.for_job not in jobs:
+                out.append(f"{d.job} shrunk for no named job")
+                continue
+            beneficiary = plan.decision(d.for_job)
+            if beneficiary.action not in (Action.START, Action.GROW):
+                out.append(f"{d.job} shrunk for {d.for_job}, which did not start")
+            if rank[d.for_job] < rank[d.job]:
+                continue
+            other = jobs[d.for_job]
+            if priority(other, policy) != priority(job, policy):
+                out.append(f"{d.job} shrunk for lower-priority {d.for_job}")
+                continue
+            start = job.start_time
+            if start is None or now - start < policy.min_run_s:
+                out.append(f"{d.job} reclaimed before its minimum run (started {start})")
+            if cooling:
+                out.append(f"{d.job} reclaimed within its cool-down (last resize {last})")
+    # Reservations from the snapshot: a job ranked below a holder never takes held room.
+    holds = unmet_holds(after, before.reservations, now)
+    free = free_capacity(after)
+    for job, replica in _added(before, after):
+        held = held_above(holds, rank, job.name).get(replica.node, NONE)
+        if held != NONE and (free[replica.node] - held).is_negative():
+            out.append(f"{job.name} placed {replica.name} on {replica.node} into held capacity")
+    return sorted(set(out))
+
+
+def directions(plan: Plan) -> dict[str, str]:
+    """'G' for each job grown in ``plan`` and 'S' for each shrunk."""
+    out = {}
+    for d in plan.decisions:
+        if d.workers.target > d.workers.current and d.workers.current > 0:
+            out[d.job] = "G"
+        elif d.workers.target < d.workers.current:
+            out[d.job] = "S"
+    return out
+
+
+def ping_pong(history: str) -> bool:
+    """Whether a job's resize history (a string of 'G' and 'S') shrinks, grows and shrinks
+    again: the back-and-forth that reservations and cool-downs exist to prevent. Growing
+    back once into GPUs the admitted job left idle is allowed."""
+    runs = [k for k, _ in itertools.groupby(history)]
+    return runs.count("S") > 1
+
+
+# Plan well-formedness ---------------------------------------------------------------------
+
+
+def check_well_formed(before: Snapshot, plan: Plan) -> list[str]:
+    """Every job has one decision; targets add up; removals name the job's live replicas;
+    new replicas go to known nodes."""
+    out = []
+    jobs = {j.name: j for j in before.jobs}
+    nodes = {n.name for n in before.nodes}
+    if sorted(d.job for d in plan.decisions) != sorted(jobs):
+        out.append("decisions do not name every job exactly once")
+    for d in plan.decisions:
+        job = jobs.get(d.job)
+        if job is None:
+            continue
+        for change in (d.workers, d.pservers):
+            if change is None:
+                continue
+            names = {r.name for r in live(job, change.role)}
+            if change.current != len(names):
+                out.append(f"{d.job} {change.role.value}: current {change.current} != live")
+            expected = change.current + len(change.add_nodes) - len(change.remove)
+            if change.target != expected:
+                out.append(f"{d.job} {change.role.value}: target does not add up")
+            if not set(change.remove) <= names or len(set(change.remove)) != len(change.remove):
+                out.append(f"{d.job} {change.role.value}: removes {change.remove}, not live")
+            if not set(change.add_nodes) <= nodes:
+                out.append(f"{d.job} {change.role.value}: adds on unknown nodes")
+    return out
