@@ -6,19 +6,21 @@ in one statement. Invariant 4 (priority first) lives in ``_may_shrink`` and
 ``_may_suspend``: a waiting job may take every worker above the minimum of each
 preemptible job ranked below it, regardless of cool-downs, and whole lower jobs where the
 policy allows suspension. Victims are taken one replica (or one whole job) at a time,
-lowest priority first, then the most fulfilled; once the gang fits, victims that turn out
-not to be needed are given back, so a plan names exactly enough of them.
+node by node (first the nodes that could hold most of the gang, preferring those whose
+victims have the lowest priority), and on each node lowest priority first, then the most
+fulfilled; once the gang fits, victims that turn out not to be needed are given back, so a
+plan names exactly enough of them.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Admission, Preemption
+from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import may_shrink_voluntarily
@@ -197,42 +199,65 @@ class Admitter:
             return False
         return self._preempt(js, needs)
 
-    def _candidates(self, js: JobState) -> Iterator[_Victim]:
-        """Victim units in the order they are taken: single workers above the minimum
-        (lowest priority, then most fulfilled first), then whole jobs (lowest first)."""
-        cluster, classes = self.s.cluster, js.classes
-
-        def useful(replica: Replica) -> bool:
-            return cluster.node_class[cluster.index[replica.node]] in classes
-
+    def _candidates(self, js: JobState, needs: dict[Role, int]) -> Iterator[_Victim]:
+        """Victim units in the order they are taken: single workers above their job's
+        minimum, node by node (the nodes that could hold most of the gang first), then
+        whole jobs (lowest priority first). The caller takes each unit before asking for
+        the next, so budgets and fulfillment are read fresh."""
         if self.shrink_ok:
-            heap: list[tuple[int, float, int, JobState]] = []
-            for v in self.s.jobs:
-                if v.size() > v.lo and _may_shrink(self.s, js, v):
-                    heapq.heappush(heap, (v.priority, -v.fulfillment(), -v.rank, v))
-            while heap:
-                _, _, _, v = heapq.heappop(heap)
-                gone = set(map(id, v.removed[Role.WORKER]))
-                spare = [r for r in v.live[Role.WORKER] if id(r) not in gone and useful(r)]
-                if not spare or v.size() <= v.lo:
-                    continue
-                yield _Victim(v, (spare[-1],), whole=False)
-                if v.size() > v.lo:
-                    heapq.heappush(heap, (v.priority, -v.fulfillment(), -v.rank, v))
+            yield from self._shrink_units(js, needs)
         if self.suspend_ok:
+            cluster, classes = self.s.cluster, js.classes
             whole = [v for v in self.s.jobs if _may_suspend(self.s, js, v)]
             for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
                 gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
                 rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
-                if any(useful(r) for r in rest):
+                if any(cluster.node_class[cluster.index[r.node]] in classes for r in rest):
                     yield _Victim(v, tuple(rest), whole=True)
+
+    def _shrink_units(self, js: JobState, needs: dict[Role, int]) -> Iterator[_Victim]:
+        cluster, res, need = self.s.cluster, js.resources(Role.WORKER), needs[Role.WORKER]
+        on_node: dict[int, list[tuple[JobState, Replica]]] = {}
+        for v in self.s.jobs:
+            if v.size() <= v.lo or not _may_shrink(self.s, js, v):
+                continue
+            gone = set(map(id, v.removed[Role.WORKER]))
+            for r in reversed(v.live[Role.WORKER]):  # newest first: rank 0 stays longest
+                n = cluster.index[r.node]
+                if id(r) not in gone and cluster.node_class[n] in js.classes:
+                    on_node.setdefault(n, []).append((v, r))
+
+        def potential(n: int) -> int:
+            """Room for the gang on ``n`` if every worker there that may go went."""
+            freed = Resources()
+            for v, _ in on_node[n]:
+                freed = freed + v.resources(Role.WORKER)
+            cluster.give(n, freed)
+            room = cluster.room(n, res, js.name, js.rank)
+            cluster.take(n, freed)
+            return room
+
+        def order(n: int) -> tuple[int, int, int, int]:
+            lowest = min(v.priority for v, _ in on_node[n])
+            return (-min(potential(n), need), lowest, -cluster.room(n, res, js.name, js.rank), n)
+
+        for n in sorted(on_node, key=order):
+            units = sorted(
+                on_node[n], key=lambda vr: (vr[0].priority, -vr[0].fulfillment(), -vr[0].rank)
+            )
+            for v, r in units:
+                if v.size() <= v.lo:
+                    continue  # its budget is spent
+                yield _Victim(v, (r,), whole=False)
+                if cluster.room(n, res, js.name, js.rank) >= need:
+                    break
 
     def _preempt(self, js: JobState, needs: dict[Role, int]) -> bool:
         stmt = self.s.statement()
         taken: list[_Victim] = []
         target = _gpus(js, needs)
         fits = False
-        for victim in self._candidates(js):
+        for victim in self._candidates(js, needs):
             self._take(stmt, victim)
             taken.append(victim)
             free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
@@ -277,6 +302,10 @@ class Admitter:
             self._update_pools(v)
         js.started = True
         js.for_job = js.name if victims else None
+        for holds in self.s.cluster.holds.values():  # it runs now: what it held is free
+            for h in holds:
+                if h.job == js.name:
+                    h.count = 0
         js.reason = Reason.STARTED if not js.was_running else Reason.GREW
         via = f" after taking workers from {', '.join(names)}" if names else ""
         verb = "started" if not js.was_running else "restored to its minimum"

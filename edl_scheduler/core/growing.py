@@ -61,14 +61,12 @@ class Grower:
                 continue  # shrunk this cycle to admit another job: never grown back at once
             if js.size() >= js.hi:
                 continue
-            until = None if js.started else cooling_until(s, js)
+            until = None if js.newly_started else cooling_until(s, js)
             if until is not None:
-                js.reason = Reason.COOLING_DOWN
-                js.message = f"below maximum, cooling down until t={until:g}"
+                js.hold(Reason.COOLING_DOWN, f"below maximum, cooling down until t={until:g}")
                 continue
             if not js.job.preemptible and first_waiting is not None and first_waiting < js.rank:
-                js.reason = Reason.HELD_FOR_WAITING
-                js.message = "below maximum, held: a higher-ranked job is waiting"
+                js.hold(Reason.HELD_FOR_WAITING, "below maximum, held: a higher-ranked job waits")
                 continue
             found.append(js)
         return found
@@ -100,8 +98,10 @@ class Grower:
             if gpu and sum(s.cluster.class_free_gpu[c] for c in js.classes) < gpu:
                 continue  # no GPU free anywhere it may run
             if policy.max_load < 1.0 and gpu and s.allocated_gpus() + gpu > limit + 1e-9:
-                js.reason = Reason.LOAD_THRESHOLD
-                js.message = f"below maximum, held: cluster load at {policy.max_load:.0%}"
+                js.hold(
+                    Reason.LOAD_THRESHOLD,
+                    f"below maximum, held: cluster load at {policy.max_load:.0%}",
+                )
                 continue
             if js.name not in self.start:
                 self.start[js.name] = (_node_count(js, s), js.size())
@@ -127,7 +127,7 @@ class Grower:
 
     def _revert_if_unpaid(self, js: JobState) -> bool:
         """Undo a running job's growth whose gain does not pay for its pause."""
-        if js.started or js.name not in self.start:
+        if js.newly_started or js.name not in self.start:
             return False
         nodes0, workers0 = self.start[js.name]
         if js.size() == workers0:
@@ -138,10 +138,10 @@ class Grower:
         self.statements.pop(js.name).discard()
         del self.start[js.name]
         pause = self.s.policy.resize_pause_s
-        js.reason = Reason.GAIN_BELOW_PAUSE
-        js.message = (
+        js.hold(
+            Reason.GAIN_BELOW_PAUSE,
             f"below maximum, held: predicted gain {gain:.1%} over "
-            f"{self.s.policy.gain_horizon_s:g}s does not pay the {pause:g}s pause"
+            f"{self.s.policy.gain_horizon_s:g}s does not pay the {pause:g}s pause",
         )
         return True
 

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 
 from edl_scheduler.core.admitting import admit
 from edl_scheduler.core.growing import grow
-from edl_scheduler.core.plan import Action, JobDecision, Plan, Reason, RoleChange
+from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
@@ -68,9 +68,12 @@ def _action(js: JobState) -> Action:
 def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, str]:
     """The reason and one-line message of a job nobody has explained yet."""
     before, after = len(js.live[Role.WORKER]), js.size()
-    if action is Action.START:
+    if js.started and js.reason in HOLD_REASONS:
+        return js.reason, js.message  # started (or restored), then held below its maximum
+    if js.started:
         grown = f", then grown to {after} into idle GPUs" if after > js.lo else ""
-        return Reason.STARTED, js.message + grown
+        reason = Reason.STARTED if action is Action.START else Reason.GREW
+        return reason, js.message + grown
     if action is Action.GROW and js.reason is None:
         model = fit(js.job.throughput)
         nodes = len(set(js.nodes(Role.WORKER, session.cluster)))

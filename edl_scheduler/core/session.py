@@ -170,6 +170,16 @@ class JobState:
         return bool(self.live[Role.WORKER])
 
     @property
+    def newly_started(self) -> bool:
+        """Started from nothing this cycle (not a running job restored to its minimum)."""
+        return self.started and not self.was_running
+
+    def hold(self, reason: Reason, message: str) -> None:
+        """Explain why a job is held back; a job started this cycle keeps its start note."""
+        self.reason = reason
+        self.message = f"{self.message}; {message}" if self.started else message
+
+    @property
     def running(self) -> bool:
         return self.size() > 0
 

@@ -368,3 +368,49 @@ def test_a_job_suspended_this_cycle_keeps_its_reason_and_stays_suspended() -> No
     a = p.decision("a")
     assert a.action is Action.SUSPEND and a.reason is Reason.SUSPENDED_TO_ADMIT
     assert a.for_job == "b" and sizes(p) == {"a": 0, "b": 2}
+
+
+def test_a_job_that_starts_elsewhere_releases_its_reservation() -> None:
+    held = (Reservation("a", "n0", Role.WORKER, 2, 600.0),)
+    snap = snapshot(
+        [node("n0").gpus(3), node("n1").gpus(2)],
+        [job("a").min(2).max(2).submitted(0), job("b").min(1).max(1).gpus(2).submitted(1)],
+        held,
+    )
+    p = run(snap, now=0.0)
+    assert sizes(p) == {"a": 2, "b": 1}
+    assert plan(apply_plan(snap, p), EDL, 0.0).is_empty
+
+
+def test_a_started_job_held_below_its_maximum_says_why() -> None:
+    snap = snapshot(
+        [node("n0").gpus(4), node("n1").gpus(4).used(gpu=2)],
+        [
+            job("a").min(2).max(2).gpus(3).submitted(0),
+            job("b").min(1).max(2).submitted(1).not_preemptible(),
+        ],
+    )
+    b = run(snap, now=0.0).decision("b")
+    assert b.action is Action.START and b.reason is Reason.HELD_FOR_WAITING
+    assert b.message.startswith("started with 1 workers;")
+
+
+def test_a_restored_job_is_not_grown_during_its_cooldown() -> None:
+    snap = snapshot(nodes(1), [job("a").min(2).max(6).running(("n0", 1)).started(at=90.0)])
+    a = run(snap, now=100.0).decision("a")
+    assert a.workers.target == 2 and a.reason is Reason.COOLING_DOWN
+    assert "restored to its minimum" in a.message
+
+
+def test_victims_are_chosen_on_the_node_where_they_help() -> None:
+    snap = snapshot(
+        [node("n0").gpus(2), node("n1").gpus(1)],
+        [
+            job("v").min(1).max(2).running(("n0", 1), ("n1", 1)),
+            job("w").priority(1).min(1).max(1).gpus(2),
+        ],
+    )
+    p = run(snap)
+    assert sizes(p) == {"v": 1, "w": 1}
+    assert p.decision("w").workers.add_nodes == ("n0",)
+    assert p.decision("v").workers.remove == ("v-w0",)
