@@ -186,16 +186,16 @@ class Admitter:
         return True
 
     def _admit(self, js: JobState, needs: dict[Role, int]) -> bool:
-        stmt = self.s.statement()
-        if place_gang(self.s, stmt, js, needs):
-            stmt.commit()
-            self._started(js, [])
-            return True
-        stmt.discard()
-        if not (self.shrink_ok or self.suspend_ok):
-            return False
+        gpus = _gpus(js, needs)
         free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
-        if free + self._pool(js) < _gpus(js, needs):
+        if free >= gpus:  # else no placement can succeed: skip the search
+            stmt = self.s.statement()
+            if place_gang(self.s, stmt, js, needs):
+                stmt.commit()
+                self._started(js, [])
+                return True
+            stmt.discard()
+        if not (self.shrink_ok or self.suspend_ok) or free + self._pool(js) < gpus:
             return False
         return self._preempt(js, needs)
 
