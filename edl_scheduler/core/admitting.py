@@ -115,8 +115,13 @@ class Admitter:
         for js in session.jobs:
             self.level_start.setdefault(js.priority, js.rank)
             self.level_end[js.priority] = js.rank + 1
-        self.shrinkable = _Fenwick([self._pools(js)[0] for js in session.jobs])
-        self.suspendable = _Fenwick([self._pools(js)[1] for js in session.jobs])
+        self.refresh_pools()
+
+    def refresh_pools(self) -> None:
+        """Recount what preemption could free (after growth changed the jobs' sizes)."""
+        pools = [self._pools(js) for js in self.s.jobs]
+        self.shrinkable = _Fenwick([shrink for shrink, _ in pools])
+        self.suspendable = _Fenwick([suspend for _, suspend in pools])
 
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
@@ -143,9 +148,11 @@ class Admitter:
             total += self.suspendable.range(start, n)
         return total
 
-    def run(self) -> None:
+    def run(self) -> int:
+        """One pass over the jobs in rank order; returns how many started (or were
+        restored to their minimum)."""
         blocked_by: JobState | None = None
-        ahead = 0
+        ahead = started = 0
         for js in self.s.jobs:
             if js.job.suspended:
                 js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
@@ -162,6 +169,7 @@ class Admitter:
             if self._too_large(js, needs):
                 continue
             if self._admit(js, needs):
+                started += 1
                 continue
             free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
             what = "to restore its minimum" if js.was_running else "for its gang"
@@ -173,6 +181,7 @@ class Admitter:
             ahead += 1
             if self.s.policy.admission is Admission.HEAD_OF_LINE:
                 blocked_by = js
+        return started
 
     def _too_large(self, js: JobState, needs: dict[Role, int]) -> bool:
         capacity = sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes)
@@ -313,6 +322,6 @@ class Admitter:
         self._update_pools(js)
 
 
-def admit(session: Session) -> None:
+def admit(session: Session) -> int:
     """The admission action: every waiting job, in rank order, starts or says why not."""
-    Admitter(session).run()
+    return Admitter(session).run()

@@ -24,7 +24,8 @@ from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
 from edl_scheduler.core.throughput import fit
 
-_WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
+#: Reasons of a job that is waiting to start or to be restored to its minimum.
+WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
 
 
 def _node_count(js: JobState, session: Session) -> int:
@@ -52,7 +53,7 @@ class Grower:
 
     def candidates(self) -> list[JobState]:
         s = self.s
-        first_waiting = min((js.rank for js in s.jobs if js.reason in _WAITING), default=None)
+        first_waiting = min((js.rank for js in s.jobs if js.reason in WAITING), default=None)
         found = []
         for js in s.jobs:
             if js.suspended or js.job.suspended or not js.running or js.size() < js.lo:
@@ -112,6 +113,7 @@ class Grower:
                 heapq.heappush(heap, (_score(js, s), i, js))
 
     def run(self) -> None:
+        """Hand out idle GPUs; may be called again after admission changed the picture."""
         s = self.s
         if not s.policy.elastic or s.policy.growth is Growth.NONE:
             return

@@ -10,7 +10,10 @@ The cycle, in order:
    workers (or whole jobs) from lower-ranked ones where the policy allows; or it says why
    it waits.
 4. Grow (``growing``): idle GPUs go to running jobs below their maximum, unless a
-   stability rule holds a job back.
+   stability rule holds a job back. Growth can give a worker to a job ranked below one
+   that waits; since a job's workers are interchangeable, another of its workers may then
+   be the one that lets the waiting gang start. So 3 and 4 repeat (a bounded number of
+   times) while they still start jobs.
 5. Write the plan: per job and role the target, the node of each new replica, the named
    replicas to remove, the reason; and the reservations that keep freed GPUs for the job
    they were freed for.
@@ -25,14 +28,17 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from edl_scheduler.core.admitting import admit
-from edl_scheduler.core.growing import grow
+from edl_scheduler.core.admitting import Admitter
+from edl_scheduler.core.growing import WAITING, Grower
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
 from edl_scheduler.core.throughput import fit
 from edl_scheduler.core.validating import validate
+
+#: Admission-growth rounds after the first; each must start a job to go on.
+_EXTRA_ROUNDS = 3
 
 
 class PlanningError(RuntimeError):
@@ -154,8 +160,16 @@ def plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
 def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     validate(snapshot)  # 1
     session = Session(snapshot, policy, now)  # 2
-    admit(session)  # 3
-    grow(session)  # 4
+    admitter, grower = Admitter(session), Grower(session)
+    admitter.run()  # 3
+    grower.run()  # 4
+    for _ in range(_EXTRA_ROUNDS):  # 3-4 again, while growth opened a way for a waiting job
+        if not any(js.reason in WAITING for js in session.jobs):
+            break
+        admitter.refresh_pools()
+        if admitter.run() == 0:
+            break
+        grower.run()
     decisions = []  # 5
     for js in session.jobs:
         action = _action(js)

@@ -176,6 +176,8 @@ class JobState:
 
     def hold(self, reason: Reason, message: str) -> None:
         """Explain why a job is held back; a job started this cycle keeps its start note."""
+        if self.reason is reason:
+            return  # said already, in an earlier round of this cycle
         self.reason = reason
         self.message = f"{self.message}; {message}" if self.started else message
 

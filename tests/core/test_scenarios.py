@@ -414,3 +414,29 @@ def test_victims_are_chosen_on_the_node_where_they_help() -> None:
     assert sizes(p) == {"v": 1, "w": 1}
     assert p.decision("w").workers.add_nodes == ("n0",)
     assert p.decision("v").workers.remove == ("v-w0",)
+
+
+def test_growth_of_a_lower_job_that_opens_a_way_is_followed_by_admission() -> None:
+    # "v" fills n0's CPU with a worker and a parameter server; "w" (ranked above) needs two
+    # workers and finds one GPU on n0 without CPU and one on n1. Growth gives v a worker on
+    # n1; v's worker on n0 is then above its minimum, and taking it lets w start on n0.
+    snap = snapshot(
+        [node("n0").gpus(2).cpu(8000), node("n1").gpus(1).cpu(8000)],
+        [
+            job("w").min(2).max(2).cpu(500).submitted(0),
+            job("v")
+            .min(1)
+            .max(2)
+            .cpu(4000)
+            .submitted(1)
+            .running(("n0", 1))
+            .started(0)
+            .pservers(0, 1, 4000, "n0"),
+        ],
+    )
+    p = run(snap)
+    assert p.decision("w").workers.add_nodes == ("n0", "n0")
+    v = p.decision("v")
+    assert v.workers.add_nodes == ("n1",) and v.workers.remove == ("v-w0",)
+    assert v.for_job == "w" and v.workers.target == 1 + 1 - 1
+    assert plan(apply_plan(snap, p), EDL, 1000.0).is_empty
