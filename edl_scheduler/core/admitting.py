@@ -148,12 +148,12 @@ class Admitter:
             total += self.suspendable.range(start, n)
         return total
 
-    def run(self) -> int:
-        """One pass over the jobs in rank order; returns how many started (or were
-        restored to their minimum)."""
+    def run(self, jobs: list[JobState] | None = None) -> int:
+        """One pass over ``jobs`` (default: all) in rank order; returns how many started
+        (or were restored to their minimum)."""
         blocked_by: JobState | None = None
         ahead = started = 0
-        for js in self.s.jobs:
+        for js in self.s.jobs if jobs is None else jobs:
             if js.job.suspended:
                 js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue

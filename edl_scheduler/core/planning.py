@@ -164,10 +164,11 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     admitter.run()  # 3
     grower.run()  # 4
     for _ in range(_EXTRA_ROUNDS):  # 3-4 again, while growth opened a way for a waiting job
-        if not any(js.reason in WAITING for js in session.jobs):
+        waiting = [js for js in session.jobs if js.reason in WAITING]
+        if not waiting:
             break
         admitter.refresh_pools()
-        if admitter.run() == 0:
+        if admitter.run(waiting) == 0:
             break
         grower.run()
     decisions = []  # 5
