@@ -7,8 +7,9 @@ Aspects:
   epochs, and the survivors keep their PIDs;
 - with a fixed global batch, the final parameters equal those of a fixed-size run over the
   same sample sequence, through a join and a SIGKILL;
-- bad input: an empty dataset, a global batch larger than the dataset, an unreachable
-  coordinator: a clear error or a normal end, within the timeout.
+- bad input: an empty dataset, a global batch larger than the dataset, more workers than
+  shards (and than samples in a step), an unreachable coordinator: a clear error or a
+  normal end, within the timeout.
 """
 
 from __future__ import annotations
@@ -177,3 +178,22 @@ def test_global_batch_larger_than_the_dataset_trains_each_sample_once(
     assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")
     counts = torch.load(out / "w0.pt")["counts"]
     assert torch.equal(counts, torch.ones(samples, dtype=torch.float64))
+
+
+@pytest.mark.slow
+def test_more_workers_than_shards_trains_each_sample_once_per_epoch(cluster: Cluster) -> None:
+    samples, epochs = 20, 2  # two shards of 10; three workers, two samples a step
+    # a join window shorter than the workers' 20 s timeout, closed early by the target
+    cluster.starting_coordinator(*coordinator_args(samples, epochs), "--join-window-s", "12")
+    cluster.client().set_target(3)
+    out = cluster.root / "out"
+    for name in ("w0", "w1", "w2"):
+        cluster.starting_worker(name, job_args("ledger", samples, out, batch=2, sleep_s=0.2))
+    for name in ("w0", "w1", "w2"):
+        assert cluster.waiting_exit(name, 90) == 0, cluster.log(name)[-3000:]
+    worlds = set()
+    for name in ("w0", "w1", "w2"):
+        counts = torch.load(out / f"{name}.pt")["counts"]
+        assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
+        worlds.update(json.loads((out / f"{name}.json").read_text())["worlds"])
+    assert 3 in worlds, "a rank had no sample in some steps"

@@ -52,7 +52,9 @@ def main() -> None:
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--trace", type=Path, help="append 'ready TIME' and 'step TIME GEN'")
+    parser.add_argument(
+        "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     worker = os.environ["EDL_WORKER_ID"]
@@ -65,6 +67,7 @@ def main() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         dataset = mlp_data(args.samples)
     steps = 0
+    worlds: set[int] = set()
     trace = args.trace.open("a", buffering=1) if args.trace else None
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
         if trace:
@@ -78,11 +81,17 @@ def main() -> None:
                 loss = nn.functional.cross_entropy(s.model(inputs), targets)
             s.step(loss)
             steps += 1
+            worlds.add(s.world_size)
             if trace:
-                trace.write(f"step {time.time()} {s.generation}\n")
+                trace.write(f"step {time.time()} g{s.generation} {s.world_size} {os.getpid()}\n")
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
-        summary = {"steps": steps, "step": s.step_count, "generations": s.generations_formed}
+        summary = {
+            "steps": steps,
+            "step": s.step_count,
+            "generations": s.generations_formed,
+            "worlds": sorted(worlds),
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {k: v.detach().clone() for k, v in model.state_dict().items()}, args.out / f"{worker}.pt"

@@ -3,7 +3,14 @@
 `session(model, optimizer, dataset, batch_policy=...)` is the whole API; see `session.py`.
 """
 
-from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, ScaleBatch
+from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, LrRule, ScaleBatch
 from trainer_runtime.torch.session import ElasticSession, session
 
-__all__ = ["BatchPolicy", "ElasticSession", "KeepGlobalBatch", "ScaleBatch", "session"]
+__all__ = [
+    "BatchPolicy",
+    "ElasticSession",
+    "KeepGlobalBatch",
+    "LrRule",
+    "ScaleBatch",
+    "session",
+]

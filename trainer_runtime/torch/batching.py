@@ -5,20 +5,25 @@ A job chooses one policy:
   takes its slice of the step's window, so the sample sequence and, within float tolerance,
   the trained parameters are those of a fixed-size run.
 - `ScaleBatch(per_worker, base_lr, ...)`: the global batch is `per_worker * world_size`;
-  the learning rate follows the linear scaling rule (`base_lr * world / base_workers`),
-  reached over `warmup_steps` after each resize, and momentum buffers are rescaled by
-  `old_lr / new_lr` whenever the rate changes (momentum compensation, as in "Dynamic
-  Mini-batch SGD for Elastic Distributed Training"), so that a resize does not kick the
-  effective update.
+  the learning rate follows the linear scaling rule (`base_lr * world / base_workers`) or
+  the square-root rule (`base_lr * sqrt(world / base_workers)`, `rule=LrRule.SQRT`),
+  reached linearly over `warmup_steps` steps after each resize, and momentum buffers are
+  rescaled by `old_lr / new_lr` whenever the rate changes (momentum compensation, as in
+  "Dynamic Mini-batch SGD for Elastic Distributed Training"), so that a resize does not
+  kick the effective update.
 
-What must stay true: a policy is a pure function of (world size, steps since the resize)
-for the batch size, and touches only `lr` and `momentum_buffer` of the optimizer.
+What must stay true: the batch size is a pure function of the world size; a policy touches
+only `lr` and `momentum_buffer` of the optimizer; every rank of a generation holds the same
+policy state (rank 0 sends `shared_state()` with the model, every rank `adopting` it), so a
+newcomer ramps the rate exactly as the survivors do.
 """
 
 from __future__ import annotations
 
+import enum
+import math
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -28,6 +33,19 @@ class BatchPolicy(Protocol):
 
     def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
         """Called before every optimizer step."""
+
+    def shared_state(self) -> dict[str, Any]:
+        """What rank 0 sends to every member when a generation forms."""
+
+    def adopting(self, state: dict[str, Any]) -> None:
+        """Take rank 0's `shared_state()`."""
+
+
+class LrRule(enum.Enum):
+    """How the learning rate follows the global batch (no transitions: chosen per job)."""
+
+    LINEAR = "linear"
+    SQRT = "sqrt"
 
 
 @dataclass(slots=True)
@@ -46,16 +64,27 @@ class KeepGlobalBatch:
     def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
         return None
 
+    def shared_state(self) -> dict[str, Any]:
+        return {}
+
+    def adopting(self, state: dict[str, Any]) -> None:
+        return None
+
 
 @dataclass(slots=True)
 class ScaleBatch:
-    """Each rank takes `per_worker` samples a step; the learning rate scales linearly."""
+    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`.
+
+    The job's first size takes its rate at once; every later resize ramps from the rate in
+    force to the new target over `warmup_steps` steps.
+    """
 
     per_worker: int
     base_lr: float
     base_workers: int = 1
     warmup_steps: int = 0
     momentum_compensation: bool = True
+    rule: LrRule = LrRule.LINEAR
     _world_size: int = field(default=0, init=False)
     _from_lr: float = field(default=0.0, init=False)
     _since_resize: int = field(default=0, init=False)
@@ -68,7 +97,8 @@ class ScaleBatch:
         return self.per_worker * world_size
 
     def target_lr(self, world_size: int) -> float:
-        return self.base_lr * world_size / self.base_workers
+        ratio = world_size / self.base_workers
+        return self.base_lr * (math.sqrt(ratio) if self.rule is LrRule.SQRT else ratio)
 
     def current_lr(self) -> float:
         target = self.target_lr(self._world_size)
@@ -91,6 +121,18 @@ class ScaleBatch:
             group["lr"] = new_lr
         if self.momentum_compensation and new_lr > 0:
             compensating_momentum(optimizer, old_lr / new_lr)
+
+    def shared_state(self) -> dict[str, Any]:
+        return {
+            "world_size": self._world_size,
+            "from_lr": self._from_lr,
+            "since_resize": self._since_resize,
+        }
+
+    def adopting(self, state: dict[str, Any]) -> None:
+        self._world_size = int(state["world_size"])
+        self._from_lr = float(state["from_lr"])
+        self._since_resize = int(state["since_resize"])
 
 
 def compensating_momentum(optimizer: torch.optim.Optimizer, factor: float) -> None:

@@ -8,7 +8,9 @@ with session(model, optimizer, dataset, batch_policy=KeepGlobalBatch(64)) as s:
 `s.model` is the model wrapped in DistributedDataParallel for the current generation; call
 through it each step (it changes object on a resize). At every step boundary the session
 reads, from memory, whether a new generation opened; if so it re-forms the process group,
-reconciles the ledger and broadcasts rank 0's state, then goes on.
+reconciles the ledger and broadcasts rank 0's state, then goes on. A rank whose slice of a
+step is empty (more ranks than samples in the step) gets one stand-in sample whose loss is
+weighted 0, so that every rank takes part in every allreduce.
 
 Exactly-once: a generation walks the todo list in order (every rank cuts the same windows);
 rank 0 commits each applied step's window in the background; a step whose collective fails
@@ -45,17 +47,22 @@ from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissol
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
+COMMIT_INTERVAL_S = 0.2
+COMMIT_BATCH = 64
 
 
 class Committer:
-    """Rank 0's background sender of step windows; a fenced batch is dropped (the next
-    generation's reconcile carries it)."""
+    """Rank 0's background sender of step windows, in batches: one `Commit` call carries the
+    windows of up to `COMMIT_INTERVAL_S` (or `COMMIT_BATCH` windows), so the coordinator sees
+    a few calls a second whatever the step time, and the training thread never waits for an
+    RPC. A fenced batch is dropped (the next generation's reconcile carries it)."""
 
     def __init__(self, agent: WorkerAgent) -> None:
         self.agent = agent
         self.queue: queue.Queue[tuple[int, StepWindow, float]] = queue.Queue()
         self.idle = threading.Event()
         self.idle.set()
+        self.hurry = threading.Event()
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self.sending, name="edl-commit", daemon=True)
         self.thread.start()
@@ -63,10 +70,14 @@ class Committer:
     def enqueue(self, generation: int, window: StepWindow, step_time_s: float) -> None:
         self.idle.clear()
         self.queue.put((generation, window, step_time_s))
+        if self.queue.qsize() >= COMMIT_BATCH:
+            self.hurry.set()
 
     def sending(self) -> None:
         while True:
             batch = [self.queue.get()]
+            self.hurry.wait(COMMIT_INTERVAL_S)
+            self.hurry.clear()
             while not self.queue.empty():
                 batch.append(self.queue.get_nowait())
             generation = batch[-1][0]
@@ -83,6 +94,8 @@ class Committer:
                 self.idle.set()
 
     def flushing(self, timeout_s: float) -> bool:
+        """Send what is queued now; whether it was all sent within `timeout_s`."""
+        self.hurry.set()
         return self.idle.wait(timeout_s)
 
 
@@ -201,8 +214,10 @@ class ElasticSession:
                 "epoch": view.epoch,
                 "todo": [(r.start, r.stop) for r in view.todo],
                 "plan": (view.samples, view.shard_size, view.epochs, view.seed),
+                "policy": self.policy.shared_state(),
             }
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
+        self.policy.adopting(sent["policy"])
         self.step_count = int(sent["step"])
         self.walk = Walk(
             DatasetPlan(*sent["plan"]),
@@ -220,11 +235,12 @@ class ElasticSession:
     # ----- steps -----
 
     def fetching(self, ranges: Sequence[SampleRange]) -> Any:
-        indices = [i for r in ranges for i in r.indices()]
-        if isinstance(self.dataset, TensorDataset):
-            index = torch.tensor(indices, dtype=torch.long)
-            return tuple(t[index] for t in self.dataset.tensors)
-        return default_collate([self.dataset[i] for i in indices])
+        """This rank's batch: fresh tensors (a copy, never a view of the dataset)."""
+        if isinstance(self.dataset, TensorDataset):  # ranges are contiguous: copy slices
+            return tuple(
+                torch.cat([t[r.start : r.stop] for r in ranges]) for t in self.dataset.tensors
+            )
+        return default_collate([self.dataset[i] for r in ranges for i in r.indices()])
 
     def batches(self) -> Iterator[Any]:
         """This rank's slice of every step's window, until the job ends or it is drained."""
@@ -243,8 +259,10 @@ class ElasticSession:
             self.window, self.window_size = window, sum(len(r) for r in window.ranges)
             self.local_samples = sum(len(r) for r in mine)
             if self.local_samples == 0:
-                self.stepping(None)
-                continue
+                # more ranks than samples in this step: a stand-in sample whose loss weighs
+                # nothing, so that this rank still runs DDP's forward and its allreduce
+                first = window.ranges[0].start
+                mine = [SampleRange(first, first + 1)]
             self.stepped = False
             yield self.fetching(mine)
 
@@ -254,15 +272,12 @@ class ElasticSession:
             raise RuntimeError("s.step(loss) called twice for one batch")
         self.stepping(loss)
 
-    def stepping(self, loss: torch.Tensor | None) -> None:
+    def stepping(self, loss: torch.Tensor) -> None:
         self.stepped = True
         assert self.window is not None
         try:
-            if loss is None:
-                assert self.ddp is not None
-                loss = sum((p.sum() * 0.0 for p in self.ddp.parameters()), torch.zeros(()))
             scale = self.local_samples * self.world_size / self.window_size
-            torch.autograd.backward(loss * scale)
+            torch.autograd.backward(loss if scale == 1.0 else loss * scale)
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
         except RuntimeError as error:
