@@ -13,7 +13,10 @@ What must stay true (each rule is checked by `tests/api/test_crd.py`):
 - Open blocks (models that keep unknown fields, `dict[str, Any]`) become
   `x-kubernetes-preserve-unknown-fields: true`; closed models list their properties and are
   pruned by the API server; `additionalProperties` never sits beside `properties`.
-- `default` appears only as a non-null scalar and never inside a preserve-unknown subtree.
+- `default` appears only as a non-null scalar and never inside a preserve-unknown subtree;
+  never as the empty string, which the 1.20 API server's validator takes for null and
+  refuses on a non-nullable string (the models' own default still fills it in; the real
+  server checks this rule, in tests/kube).
 - Bounds (`minimum`, `maximum`, lengths, patterns, `minItems`) are carried over; JSON
   Schema's numeric `exclusiveMinimum` becomes OpenAPI v3's boolean form.
 - No CEL (`x-kubernetes-validations`): cross-field rules are enforced in Python.
@@ -143,5 +146,5 @@ def _keep_default_if_allowed(result: Schema, open_: bool) -> None:
     if "default" not in result:
         return
     value = result["default"]
-    if open_ or value is None or isinstance(value, dict | list):
+    if open_ or value is None or value == "" or isinstance(value, dict | list):
         del result["default"]
