@@ -15,4 +15,5 @@ ruff check .
 ruff format --check .
 lint-imports
 mypy edl_scheduler trainer_runtime simulations
+bash scripts/kube-testenv.sh  # the Kubernetes 1.20 control plane of tests/kube, built once
 pytest
