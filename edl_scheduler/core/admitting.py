@@ -157,8 +157,9 @@ class Admitter:
             if js.job.suspended:
                 js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue
-            if js.suspended:
-                continue  # suspended this cycle to admit a job ranked above it
+            if js.suspended:  # this cycle, to admit a job ranked above it
+                self._move_if_room(js)
+                continue
             needs = needs_of(js)
             if not any(needs.values()):
                 continue
@@ -187,12 +188,28 @@ class Admitter:
         capacity = sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes)
         if _gpus(js, needs) <= capacity and js.classes:
             return False
-        js.reason = Reason.TOO_LARGE
+        js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.TOO_LARGE
         js.message = (
-            f"cannot start: needs {_gpus(js, needs)} GPUs, the nodes it may run on "
-            f"have {capacity} in all"
+            f"cannot {'be restored' if js.was_running else 'start'}: needs "
+            f"{_gpus(js, needs)} GPUs, the nodes it may run on have {capacity} in all"
         )
         return True
+
+    def _move_if_room(self, js: JobState) -> None:
+        """A job just suspended whose gang fits elsewhere on free capacity moves there now
+        (it would restart there on the very next plan anyway)."""
+        needs = needs_of(js)
+        if sum(self.s.cluster.class_free_gpu[c] for c in js.classes) < _gpus(js, needs):
+            return
+        stmt = self.s.statement()
+        if not place_gang(self.s, stmt, js, needs):
+            stmt.discard()
+            return
+        stmt.commit()
+        js.suspended = False
+        js.reason = Reason.MOVED_TO_ADMIT
+        js.message = f"moved to other nodes to admit {js.for_job}"
+        self._update_pools(js)
 
     def _admit(self, js: JobState, needs: dict[Role, int]) -> bool:
         gpus = _gpus(js, needs)

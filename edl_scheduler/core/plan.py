@@ -40,6 +40,7 @@ class Reason(Enum):
     GREW = "Grew"
     SHRUNK_TO_ADMIT = "ShrunkToAdmit"
     SUSPENDED_TO_ADMIT = "SuspendedToAdmit"
+    MOVED_TO_ADMIT = "MovedToAdmit"
     AT_MAXIMUM = "AtMaximum"
     STEADY = "Steady"
     NO_ROOM = "NoRoom"

@@ -175,11 +175,13 @@ class JobState:
         return self.started and not self.was_running
 
     def hold(self, reason: Reason, message: str) -> None:
-        """Explain why a job is held back; a job started this cycle keeps its start note."""
+        """Explain why a job is held back, after what this cycle already did to it (started,
+        or shrunk to admit another job)."""
         if self.reason is reason:
             return  # said already, in an earlier round of this cycle
+        moved = self.started or self.for_job is not None
         self.reason = reason
-        self.message = f"{self.message}; {message}" if self.started else message
+        self.message = f"{self.message}; {message}" if moved else message
 
     @property
     def running(self) -> bool:

@@ -440,3 +440,25 @@ def test_growth_of_a_lower_job_that_opens_a_way_is_followed_by_admission() -> No
     assert v.workers.add_nodes == ("n1",) and v.workers.remove == ("v-w0",)
     assert v.for_job == "w" and v.workers.target == 1 + 1 - 1
     assert plan(apply_plan(snap, p), EDL, 1000.0).is_empty
+
+
+def test_a_suspended_job_that_fits_elsewhere_moves_in_the_same_plan() -> None:
+    snap = snapshot(
+        [node("n0").gpus(2), node("n1").gpus(1)],
+        [
+            job("old").min(1).max(1).running(("n0", 1)).attained(10_000),
+            job("fresh").min(1).max(1).gpus(2).submitted(5),
+        ],
+    )
+    p = run(snap, policy_name="tiresias")
+    old = p.decision("old")
+    assert old.reason is Reason.MOVED_TO_ADMIT and old.for_job == "fresh"
+    assert old.workers.add_nodes == ("n1",) and old.workers.remove == ("old-w0",)
+    assert p.decision("fresh").workers.add_nodes == ("n0",)
+    assert plan(apply_plan(snap, p), preset("tiresias"), 1000.0).is_empty
+
+
+def test_a_running_job_that_can_no_longer_reach_its_minimum_says_so() -> None:
+    snap = snapshot([node("n0").gpus(2)], [job("j").min(4).max(4).running(("n0", 1))])
+    j = run(snap).decision("j")
+    assert j.reason is Reason.BELOW_MINIMUM and j.message.startswith("cannot be restored")
