@@ -11,7 +11,7 @@ about 25M float32 parameters. One JSON line per model:
 
 `{"model": "tiny", "ddp_step_s": ..., "ours_step_s": ..., "ratio": ...}`
 
-Run: `python benchmarks/step_overhead.py [--models tiny 25m] [--rounds 3]`. Each round runs
+Run: `python benchmarks/step_overhead.py [--models tiny 25m] [--rounds 4]`. Each round runs
 both sides once, alternating which side goes first; the reported medians are over all kept
 steps of all rounds. Worker mode (`--role ddp|ours`) is internal.
 """
@@ -48,8 +48,8 @@ class Setting:
 
 
 SETTINGS = {
-    "tiny": Setting("tiny", steps=1500, warmup=300, per_rank=16),
-    "25m": Setting("25m", steps=50, warmup=10, per_rank=32),
+    "tiny": Setting("tiny", steps=800, warmup=200, per_rank=16),
+    "25m": Setting("25m", steps=25, warmup=5, per_rank=32),
 }
 
 
@@ -242,7 +242,7 @@ def measuring(name: str, rounds: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--models", nargs="+", choices=sorted(SETTINGS), default=["tiny", "25m"])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--role", choices=["ddp", "ours"], help=argparse.SUPPRESS)
     parser.add_argument("--model", choices=sorted(SETTINGS), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)

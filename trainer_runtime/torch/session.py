@@ -90,6 +90,9 @@ class Committer:
                 )
             except CoordinatorError as error:
                 self.failure = error
+            except ValueError:  # the session closed its channel: nothing more to send
+                self.idle.set()
+                return
             if self.queue.empty():
                 self.idle.set()
 
