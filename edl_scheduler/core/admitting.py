@@ -58,9 +58,13 @@ class _Fenwick:
 
 @dataclass(slots=True)
 class _Victim:
+    """What is taken from one job: live replicas, or one worker that growth added to it
+    this cycle on ``withdrawn`` (node index), which is then simply not added."""
+
     js: JobState
     replicas: tuple[Replica, ...]
     whole: bool
+    withdrawn: int | None = None
 
 
 def needs_of(js: JobState) -> dict[Role, int]:
@@ -80,7 +84,9 @@ def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
     for every preemptible job ranked below; an equal-priority job ranked above gives up its
     borrowed workers only when the policy lets equals reclaim and it is past its cool-down."""
-    if victim is js or not victim.job.preemptible or victim.started:
+    # A job started this cycle may still be one: growth may have given it workers above
+    # its minimum in this very cycle, and those are as reclaimable as any.
+    if victim is js or not victim.job.preemptible:
         return False
     if victim.rank > js.rank:
         return True
@@ -126,10 +132,10 @@ class Admitter:
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
         """GPUs that shrinking, and suspending, ``js`` could free."""
-        if not js.job.preemptible or js.started:
+        if not js.job.preemptible:
             return 0, 0
         gpu = js.job.worker.resources.gpu
-        return max(0, js.size() - js.lo) * gpu, js.size() * gpu
+        return max(0, js.size() - js.lo) * gpu, 0 if js.started else js.size() * gpu
 
     def _update_pools(self, js: JobState) -> None:
         shrink, suspend = self._pools(js)
@@ -158,7 +164,7 @@ class Admitter:
                 js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue
             if js.suspended:  # this cycle, to admit a job ranked above it
-                self._move_if_room(js)
+                self._move(js)
                 continue
             needs = needs_of(js)
             if not any(needs.values()):
@@ -195,21 +201,20 @@ class Admitter:
         )
         return True
 
-    def _move_if_room(self, js: JobState) -> None:
-        """A job just suspended whose gang fits elsewhere on free capacity moves there now
-        (it would restart there on the very next plan anyway)."""
+    def _move(self, js: JobState) -> None:
+        """A job just suspended is admitted again like any waiting job of its rank: where
+        its gang fits elsewhere (on free capacity, or by taking from jobs ranked below it)
+        it moves now, as it would on the very next plan anyway."""
+        beneficiary = js.for_job
         needs = needs_of(js)
-        if sum(self.s.cluster.class_free_gpu[c] for c in js.classes) < _gpus(js, needs):
+        if _gpus(js, needs) > sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes):
             return
-        stmt = self.s.statement()
-        if not place_gang(self.s, stmt, js, needs):
-            stmt.discard()
+        if not self._admit(js, needs):
             return
-        stmt.commit()
         js.suspended = False
+        js.for_job = beneficiary
         js.reason = Reason.MOVED_TO_ADMIT
-        js.message = f"moved to other nodes to admit {js.for_job}"
-        self._update_pools(js)
+        js.message = js.message.replace("restored to its minimum", f"moved to admit {beneficiary},")
 
     def _admit(self, js: JobState, needs: dict[Role, int]) -> bool:
         gpus = _gpus(js, needs)
@@ -243,10 +248,13 @@ class Admitter:
 
     def _shrink_units(self, js: JobState, needs: dict[Role, int]) -> Iterator[_Victim]:
         cluster, res, need = self.s.cluster, js.resources(Role.WORKER), needs[Role.WORKER]
-        on_node: dict[int, list[tuple[JobState, Replica]]] = {}
+        on_node: dict[int, list[tuple[JobState, Replica | None]]] = {}
         for v in self.s.jobs:
             if v.size() <= v.lo or not _may_shrink(self.s, js, v):
                 continue
+            for n in v.added[Role.WORKER]:  # growth of this cycle goes back first
+                if cluster.node_class[n] in js.classes:
+                    on_node.setdefault(n, []).append((v, None))
             gone = set(map(id, v.removed[Role.WORKER]))
             for r in reversed(v.live[Role.WORKER]):  # newest first: rank 0 stays longest
                 n = cluster.index[r.node]
@@ -269,12 +277,21 @@ class Admitter:
 
         for n in sorted(on_node, key=order):
             units = sorted(
-                on_node[n], key=lambda vr: (vr[0].priority, -vr[0].fulfillment(), -vr[0].rank)
+                on_node[n],
+                key=lambda vr: (
+                    vr[0].priority,
+                    -vr[0].fulfillment(),
+                    -vr[0].rank,
+                    vr[1] is not None,
+                ),
             )
-            for v, r in units:
+            for v, replica in units:
                 if v.size() <= v.lo:
                     continue  # its budget is spent
-                yield _Victim(v, (r,), whole=False)
+                if replica is None:
+                    yield _Victim(v, (), whole=False, withdrawn=n)
+                else:
+                    yield _Victim(v, (replica,), whole=False)
                 if cluster.room(n, res, js.name, js.rank) >= need:
                     break
 
@@ -298,6 +315,8 @@ class Admitter:
         for victim in reversed(taken):
             for replica in victim.replicas:
                 stmt.restore(victim.js, replica)
+            if victim.withdrawn is not None:
+                stmt.add(victim.js, Role.WORKER, victim.withdrawn)
             if gang_fits(self.s, js, needs):
                 continue
             self._take(stmt, victim)
@@ -312,6 +331,8 @@ class Admitter:
     def _take(self, stmt: Statement, victim: _Victim) -> None:
         for replica in victim.replicas:
             stmt.remove(victim.js, replica)
+        if victim.withdrawn is not None:
+            stmt.cancel(victim.js, Role.WORKER, victim.withdrawn)
 
     def _started(self, js: JobState, victims: list[_Victim]) -> None:
         names = sorted({v.js.name for v in victims})
@@ -327,7 +348,7 @@ class Admitter:
             )
             self._update_pools(v)
         js.started = True
-        js.for_job = js.name if victims else None
+        js.reserve = bool(victims)
         for holds in self.s.cluster.holds.values():  # it runs now: what it held is free
             for h in holds:
                 if h.job == js.name:

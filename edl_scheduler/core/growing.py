@@ -58,11 +58,12 @@ class Grower:
         for js in s.jobs:
             if js.suspended or js.job.suspended or not js.running or js.size() < js.lo:
                 continue
-            if js.removed[Role.WORKER]:
-                continue  # shrunk this cycle to admit another job: never grown back at once
             if js.size() >= js.hi:
                 continue
-            until = None if js.newly_started else cooling_until(s, js)
+            # A job started, or shrunk to admit another, this cycle is being resized now:
+            # its cool-down starts after this cycle, and it may take leftover idle GPUs.
+            resized_now = js.newly_started or bool(js.removed[Role.WORKER])
+            until = None if resized_now else cooling_until(s, js)
             if until is not None:
                 js.hold(Reason.COOLING_DOWN, f"below maximum, cooling down until t={until:g}")
                 continue
@@ -111,6 +112,14 @@ class Grower:
                 continue
             if js.size() < js.hi:
                 heapq.heappush(heap, (_score(js, s), i, js))
+
+    def settle(self) -> None:
+        """Make this round's growth final, so that admission may take part of it back (a
+        later round judges only its own growth against the pause)."""
+        for stmt in self.statements.values():
+            stmt.commit()
+        self.statements.clear()
+        self.start.clear()
 
     def run(self) -> None:
         """Hand out idle GPUs; may be called again after admission changed the picture."""

@@ -74,7 +74,7 @@ def _action(js: JobState) -> Action:
 def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, str]:
     """The reason and one-line message of a job nobody has explained yet."""
     before, after = len(js.live[Role.WORKER]), js.size()
-    if js.started and js.reason in HOLD_REASONS:
+    if js.started and js.reason in HOLD_REASONS | {Reason.MOVED_TO_ADMIT}:
         return js.reason, js.message  # started (or restored), then held below its maximum
     if js.started:
         grown = f", then grown to {after} into idle GPUs" if after > js.lo else ""
@@ -104,7 +104,7 @@ def _reservations(session: Session) -> tuple[Reservation, ...]:
     names = session.cluster.names
     expires = session.now + session.policy.reservation_timeout_s
     for js in session.jobs:
-        if js.for_job != js.name:
+        if not js.reserve:
             continue
         for role in Role:
             counts: dict[int, int] = {}
@@ -167,6 +167,7 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
         waiting = [js for js in session.jobs if js.reason in WAITING]
         if not waiting:
             break
+        grower.settle()
         admitter.refresh_pools()
         if admitter.run(waiting) == 0:
             break
@@ -184,7 +185,7 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
                 message=message,
                 workers=_role_change(js, Role.WORKER, session),
                 pservers=pservers,
-                for_job=js.for_job if js.for_job != js.name else None,
+                for_job=js.for_job,
             )
         )
     _guard(session)  # 6

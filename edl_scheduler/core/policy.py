@@ -123,14 +123,15 @@ PRESETS: dict[str, Policy] = {
         min_run_s=0.0,
         resize_pause_s=0.0,
         max_load=0.97,
+        # Paddle EDL's autoscaler has no cool-down and reclaims from the most fulfilled job
+        # whatever its rank, so a job grown in one plan can be shrunk by the next at the same
+        # instant: it promises neither rank-based priority (4) nor idempotence (6).
         promises=frozenset(
             {
                 Invariant.NO_OVERCOMMIT,
                 Invariant.GANG,
                 Invariant.MIN_KEPT,
-                Invariant.PRIORITY_FIRST,
                 Invariant.WORK_CONSERVING,
-                Invariant.IDEMPOTENT,
             }
         ),
     ),

@@ -148,7 +148,10 @@ class JobState:
     pservers: int = 0
     reason: Reason | None = None
     message: str = ""
+    #: The job this one was shrunk, suspended or moved to admit.
     for_job: str | None = None
+    #: Whether its new replicas stand on capacity taken from others (so the plan holds it).
+    reserve: bool = False
     suspended: bool = False
     started: bool = False
 
@@ -247,6 +250,22 @@ class Statement:
 
         self._undo.append(undo)
 
+    def cancel(self, js: JobState, role: Role, node: int) -> None:
+        """Withdraw one replica that this cycle added to ``js`` on ``node``."""
+        res = js.resources(role)
+        added = js.added[role]
+        at = len(added) - 1 - added[::-1].index(node)
+        added.pop(at)
+        js.count(role, -1)
+        self._cluster.give(node, res)
+
+        def undo() -> None:
+            self._cluster.take(node, res)
+            js.count(role, 1)
+            added.insert(at, node)
+
+        self._undo.append(undo)
+
     def restore(self, js: JobState, replica: Replica) -> None:
         """Take back a removal made earlier in this statement (the replica stays)."""
         node = self._cluster.index[replica.node]
@@ -338,6 +357,8 @@ class Session:
             node = self.cluster.index.get(r.node)
             if js is None or node is None or r.expires_at <= self.now or js.job.suspended:
                 continue
+            if js.size() >= js.lo:
+                continue  # it runs already: nothing is left to hold for it
             spec = js.job.role_spec(r.role)
             if spec is None:
                 continue

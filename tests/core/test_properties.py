@@ -11,9 +11,14 @@ Aspects tested:
 - 2: a job starts only with its whole gang (workers and parameter servers);
 - 3: a running job never drops below its minimum, except whole-job suspension where the
   policy allows it; a job already below it is never shrunk further;
+- 4: priority first: no waiting job's gang would start on free capacity plus the workers
+  above the minimum of the preemptible jobs ranked below it;
+- 5: work-conserving: a running job below its maximum with room for one more worker says,
+  in its reason, what holds it back;
 - 6: idempotence: planning again at the same instant on the applied plan moves nothing;
-- 7: stability: reservations keep freed GPUs for the job they were freed for, and two
-  elastic jobs of equal priority never ping-pong over 100 cycles.
+- 7: stability: cool-downs, minimum run times and resize pauses are respected, shrinks
+  name the job they admit, reservations keep freed GPUs for their job, and two elastic
+  jobs of equal priority never ping-pong over 100 cycles.
 
 The checkers are in ``oracles`` (independent of the planner's own capacity and placement
 code), the strategies in ``strategies``.
@@ -133,6 +138,26 @@ def test_invariant_3_running_jobs_keep_their_minimum(policy: Policy, data: st.Da
         assert not violations, explain(violations, p)
 
 
+@pytest.mark.parametrize("policy", promising(Invariant.PRIORITY_FIRST))
+@MANY
+@given(data=st.data())
+def test_invariant_4_priority_first(policy: Policy, data: st.DataObject) -> None:
+    """Checked for waiting jobs without parameter servers (see
+    ``oracles.check_priority_first``)."""
+    for snap, p, after, now in cycles(draw_scenario(data, policy), policy):
+        violations = oracles.check_priority_first(snap, p, after, policy, now)
+        assert not violations, explain(violations, p)
+
+
+@pytest.mark.parametrize("policy", promising(Invariant.WORK_CONSERVING))
+@MANY
+@given(data=st.data())
+def test_invariant_5_work_conserving(policy: Policy, data: st.DataObject) -> None:
+    for snap, p, after, now in cycles(draw_scenario(data, policy), policy):
+        violations = oracles.check_work_conserving(snap, p, after, policy, now)
+        assert not violations, explain(violations, p)
+
+
 @pytest.mark.parametrize("policy", promising(Invariant.IDEMPOTENT))
 @SOME
 @given(data=st.data())
@@ -140,6 +165,17 @@ def test_invariant_6_idempotent(policy: Policy, data: st.DataObject) -> None:
     for _, p, after, now in cycles(draw_scenario(data, policy), policy):
         again = plan(after, policy, now)
         assert again.is_empty, "first plan:\n" + p.describe() + "\nsecond:\n" + again.describe()
+
+
+@pytest.mark.parametrize("policy", promising(Invariant.STABLE))
+@MANY
+@given(data=st.data())
+def test_invariant_7_resizes_respect_cooldown_min_run_pause_and_holds(
+    policy: Policy, data: st.DataObject
+) -> None:
+    for snap, p, after, now in cycles(draw_scenario(data, policy), policy):
+        violations = oracles.check_stable_step(snap, p, after, policy, now)
+        assert not violations, explain(violations, p)
 
 
 @st.composite

@@ -462,3 +462,15 @@ def test_a_running_job_that_can_no_longer_reach_its_minimum_says_so() -> None:
     snap = snapshot([node("n0").gpus(2)], [job("j").min(4).max(4).running(("n0", 1))])
     j = run(snap).decision("j")
     assert j.reason is Reason.BELOW_MINIMUM and j.message.startswith("cannot be restored")
+
+
+def test_a_reservation_of_a_job_already_running_holds_nothing() -> None:
+    held = (Reservation("a", "n0", Role.WORKER, 1, expires_at=5000.0),)
+    snap = snapshot(
+        [node("n0").gpus(1), node("n1").gpus(1)],
+        [job("a").min(1).max(1).running(("n1", 1)), job("b").min(1).max(2).submitted(1)],
+        held,
+    )
+    p = run(snap)
+    assert sizes(p) == {"a": 1, "b": 1} and p.decision("b").workers.add_nodes == ("n0",)
+    assert p.reservations == ()
