@@ -8,8 +8,10 @@ preemptible job ranked below it, regardless of cool-downs, and whole lower jobs 
 policy allows suspension. Victims are taken one replica (or one whole job) at a time,
 node by node (first the nodes that could hold most of the gang, preferring those whose
 victims have the lowest priority), and on each node lowest priority first, then the most
-fulfilled; once the gang fits, victims that turn out not to be needed are given back, so a
-plan names exactly enough of them.
+fulfilled; workers that growth added earlier in this cycle go back first (they are then
+simply not added). Once the gang fits, victims that turn out not to be needed are given
+back, so a plan names exactly enough of them. A job suspended this cycle is admitted again
+like any waiting job of its rank, which moves it where it fits.
 """
 
 from __future__ import annotations
