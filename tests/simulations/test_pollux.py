@@ -29,8 +29,6 @@ ROUNDS = SimConfig(
     tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
 )
 
-pytestmark = pytest.mark.skipif(not POLLUX.exists(), reason="needs ../shared/traces/pollux")
-
 
 def test_application_profile() -> None:
     bert = load_application(PROFILES, "bert")

@@ -102,7 +102,6 @@ def test_golden_summaries_on_the_tiresias_sample(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (TRACES / "philly-derived").exists(), reason="needs ../shared/traces")
 def test_philly_1d_fidelity_against_the_tiresias_simulator() -> None:
     """Only 2D-LAS here (thresholds, suspensions, resumes); benchmarks/sim_fidelity.py runs
     every check. Measured: 10,248.2 s against the reference 10,236.8 s."""
