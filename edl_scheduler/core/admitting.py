@@ -360,8 +360,3 @@ class Admitter:
         verb = "started" if not js.was_running else "restored to its minimum"
         js.message = f"{verb} with {js.size()} workers{via}"
         self._update_pools(js)
-
-
-def admit(session: Session) -> int:
-    """The admission action: every waiting job, in rank order, starts or says why not."""
-    return Admitter(session).run()

@@ -28,19 +28,12 @@ from edl_scheduler.core.throughput import fit
 WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
 
 
-def _node_count(js: JobState, session: Session) -> int:
-    """Distinct nodes the job's workers are on, after this cycle's moves."""
-    if not js.added[Role.WORKER] and not js.removed[Role.WORKER]:
-        return len({r.node for r in js.live[Role.WORKER]})
-    return len(set(js.nodes(Role.WORKER, session.cluster)))
-
-
 def _score(js: JobState, session: Session) -> tuple[float, ...]:
     fulfilled = js.fulfillment()
     if session.policy.growth is Growth.FULFILLMENT:
         return (-js.priority, fulfilled, js.rank)
     model = fit(js.job.throughput)
-    nodes, workers = max(1, _node_count(js, session)), js.size()
+    nodes, workers = max(1, js.node_count(session.cluster)), js.size()
     gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)
 
@@ -106,7 +99,7 @@ class Grower:
                 )
                 continue
             if js.name not in self.start:
-                self.start[js.name] = (_node_count(js, s), js.size())
+                self.start[js.name] = (js.node_count(s.cluster), js.size())
             stmt = self.statements.setdefault(js.name, s.statement())
             if not place(s, stmt, js, Role.WORKER, 1):
                 continue
@@ -143,7 +136,7 @@ class Grower:
         nodes0, workers0 = self.start[js.name]
         if js.size() == workers0:
             return False
-        gain = resize_gain(js, (nodes0, _node_count(js, self.s)), (workers0, js.size()))
+        gain = resize_gain(js, (nodes0, js.node_count(self.s.cluster)), (workers0, js.size()))
         if worth_the_pause(self.s, gain):
             return False
         self.statements.pop(js.name).discard()
@@ -168,7 +161,3 @@ class Grower:
         for _ in range(max(0, more)):
             if not place(self.s, stmt, js, Role.PSERVER, 1):
                 break
-
-
-def grow(session: Session) -> None:
-    Grower(session).run()

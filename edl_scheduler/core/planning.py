@@ -82,11 +82,11 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
         return reason, js.message + grown
     if action is Action.GROW and js.reason is None:
         model = fit(js.job.throughput)
-        nodes = len(set(js.nodes(Role.WORKER, session.cluster)))
+        nodes_before = len({r.node for r in js.live[Role.WORKER]})
         return Reason.GREW, (
             f"grew {before}->{after} into idle GPUs "
-            f"(predicted speed-up {model.speedup(1, before):.2f}x -> "
-            f"{model.speedup(nodes, after):.2f}x)"
+            f"(predicted speed-up {model.speedup(nodes_before, before):.2f}x -> "
+            f"{model.speedup(js.node_count(session.cluster), after):.2f}x)"
         )
     if js.reason is not None:
         return js.reason, js.message

@@ -200,6 +200,12 @@ class JobState:
         span = self.hi - self.lo
         return 1.0 if span <= 0 else (self.size() - self.lo) / span
 
+    def node_count(self, cluster: Cluster) -> int:
+        """Distinct nodes the job's workers are on, after this cycle's moves."""
+        if not self.added[_W] and not self.removed[_W]:
+            return len({r.node for r in self.live[_W]})
+        return len(set(self.nodes(_W, cluster)))
+
     def nodes(self, role: Role, cluster: Cluster) -> list[int]:
         gone = {r.name for r in self.removed[role]}
         used = [cluster.index[r.node] for r in self.live[role] if r.name not in gone]
@@ -280,10 +286,6 @@ class Statement:
             js.count(replica.role, -1)
 
         self._undo.append(undo)
-
-    def hold(self, node: int, hold: Hold) -> None:
-        self._cluster.holds.setdefault(node, []).append(hold)
-        self._undo.append(lambda: self._cluster.holds[node].remove(hold))
 
     def commit(self) -> None:
         self._undo.clear()

@@ -21,6 +21,7 @@ import pytest
 from edl_scheduler.core import (
     Action,
     Plan,
+    Preemption,
     Reason,
     Reservation,
     Role,
@@ -29,6 +30,7 @@ from edl_scheduler.core import (
     plan,
     preset,
 )
+from edl_scheduler.core.policy import with_overrides
 from tests.core.builders import job, node, nodes, snapshot
 
 EDL = preset("edl")
@@ -98,21 +100,11 @@ def test_suspend_whole_jobs_only_when_the_policy_allows() -> None:
         ],
     )
     assert sizes(run(snap)) == {"urgent": 0, "rigid": 8}
-    suspending = EDL.__class__(**{**_fields(EDL), "preemption": _suspend_mode()})
+    suspending = with_overrides(EDL, preemption=Preemption.SHRINK_THEN_SUSPEND)
     p = plan(snap, suspending, 1000.0)
     assert sizes(p) == {"urgent": 4, "rigid": 0}
     assert p.decision("rigid").action is Action.SUSPEND
     assert p.decision("rigid").for_job == "urgent"
-
-
-def _fields(policy: object) -> dict[str, object]:
-    return {f: getattr(policy, f) for f in policy.__dataclass_fields__}  # type: ignore[attr-defined]
-
-
-def _suspend_mode() -> object:
-    from edl_scheduler.core import Preemption
-
-    return Preemption.SHRINK_THEN_SUSPEND
 
 
 def test_equal_priority_elastic_jobs_do_not_ping_pong() -> None:
