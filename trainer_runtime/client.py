@@ -138,8 +138,15 @@ class CoordinatorClient:
 
     # ----- worker side -----
 
-    def register(self, worker_id: str, node: str, store_address: str) -> int:
-        request = pb.RegisterRequest(worker_id=worker_id, node=node, store_address=store_address)
+    def register(self, worker_id: str, node: str, store_address: str, server: bool = False) -> int:
+        """Join the job as a worker, or (`server`) as a parameter server serving at
+        `store_address`."""
+        request = pb.RegisterRequest(
+            worker_id=worker_id,
+            node=node,
+            store_address=store_address,
+            role=pb.SERVER if server else pb.WORKER,
+        )
         reply = self.calling("Register", request)
         return int(reply.generation)
 
@@ -190,6 +197,10 @@ class CoordinatorClient:
             worker_id=worker_id, lease_ids=list(lease_ids), step_time_s=step_time_s
         )
         return self.calling("CommitLeases", request)
+
+    def view_ledger(self) -> Any:
+        """The dataset plan, epoch and committed step (read-only; any member may ask)."""
+        return self.calling("ViewLedger", pb.Empty())
 
     def leave(self, worker_id: str) -> None:
         self.calling("Leave", pb.LeaveRequest(worker_id=worker_id))

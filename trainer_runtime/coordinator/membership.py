@@ -11,6 +11,10 @@ What must stay true:
 - A departure (leave, drain, failure) opens a new generation at once, with any pending
   newcomers in it.
 - A worker that is neither a member, pending, nor drained is fenced: it must stop.
+- Parameter servers (strategy: ps) share the namespace of ids, liveness and generations with
+  the workers, but never take a worker rank: a generation lists them apart, oldest first (the
+  partition layout order). A drained server is `retiring` until it leaves, so that the new
+  generation's leader can still move its partition out.
 """
 
 from __future__ import annotations
@@ -56,6 +60,9 @@ class Membership:
     workers: dict[str, Worker] = field(default_factory=dict)
     pending_since: float | None = None
     drained: set[str] = field(default_factory=set)
+    servers: dict[str, Worker] = field(default_factory=dict)
+    server_ranked: list[str] = field(default_factory=list)
+    retiring: dict[str, Worker] = field(default_factory=dict)
     target: int | None = None
     departed: bool = False
     next_seniority: int = 0
@@ -63,13 +70,16 @@ class Membership:
     # ----- reading -----
 
     def phase_of(self, worker_id: str) -> WorkerPhase:
-        if worker_id in self.drained:
+        if worker_id in self.drained or worker_id in self.retiring:
             return WorkerPhase.DRAINED
-        if worker_id in self.ranked:
+        if worker_id in self.ranked or worker_id in self.server_ranked:
             return WorkerPhase.MEMBER
-        if worker_id in self.workers:
+        if worker_id in self.workers or worker_id in self.servers:
             return WorkerPhase.PENDING
         return WorkerPhase.FENCED
+
+    def is_server(self, worker_id: str) -> bool:
+        return worker_id in self.servers or worker_id in self.retiring
 
     def rank_of(self, worker_id: str) -> int:
         return self.ranked.index(worker_id)
@@ -78,10 +88,12 @@ class Membership:
         return [self.workers[worker_id] for worker_id in self.ranked]
 
     def pending(self) -> list[Worker]:
-        return sorted(
-            (w for w in self.workers.values() if w.worker_id not in self.ranked),
-            key=lambda w: w.seniority,
-        )
+        waiting = [w for w in self.workers.values() if w.worker_id not in self.ranked]
+        waiting += [s for s in self.servers.values() if s.worker_id not in self.server_ranked]
+        return sorted(waiting, key=lambda w: w.seniority)
+
+    def server_members(self) -> list[Worker]:
+        return [self.servers[server_id] for server_id in self.server_ranked]
 
     def nodes(self) -> int:
         return len({w.node for w in self.members()})
@@ -92,7 +104,7 @@ class Membership:
         """A worker asks to join; a known worker re-registering (after a reconnect) keeps
         its place."""
         self.drained.discard(worker_id)
-        known = self.workers.get(worker_id)
+        known = self.workers.get(worker_id) or self.servers.get(worker_id)
         if known is not None:
             known.node, known.store_address, known.last_seen = node, store_address, now
             return
@@ -103,8 +115,29 @@ class Membership:
         if self.pending_since is None:
             self.pending_since = now
 
+    def registering_server(self, server_id: str, node: str, address: str, now: float) -> None:
+        """A parameter server asks to join; like a worker, it enters at the next generation."""
+        if server_id in self.workers:
+            raise ValueError(f"{server_id} is registered as a worker: a server needs its own id")
+        if server_id in self.retiring:
+            raise ValueError(f"{server_id} is retiring: a replacement needs a new id")
+        known = self.servers.get(server_id)
+        if known is not None:
+            known.node, known.store_address, known.last_seen = node, address, now
+            return
+        self.servers[server_id] = Worker(
+            server_id, node, address, self.next_seniority, last_seen=now
+        )
+        self.next_seniority += 1
+        if self.pending_since is None:
+            self.pending_since = now
+
     def seeing(self, worker_id: str, now: float, connected: bool | None = None) -> None:
-        worker = self.workers.get(worker_id)
+        worker = (
+            self.workers.get(worker_id)
+            or self.servers.get(worker_id)
+            or self.retiring.get(worker_id)
+        )
         if worker is None:
             return
         worker.last_seen = now
@@ -112,7 +145,14 @@ class Membership:
             worker.connected = connected
 
     def draining(self, worker_id: str) -> bool:
-        """Ask a member to leave at its next step boundary; False if it is not a member."""
+        """Ask a member to leave at its next step boundary; False if it is not a member. A
+        drained server retires: it leaves the next generation but stays listed (and alive)
+        until the leader has moved its partition and released it."""
+        server = self.servers.get(worker_id)
+        if server is not None:
+            self.removing(worker_id)
+            self.retiring[worker_id] = server
+            return True
         if worker_id not in self.workers:
             return False
         self.removing(worker_id)
@@ -122,6 +162,15 @@ class Membership:
     def removing(self, worker_id: str) -> bool:
         """Forget a worker (it left or failed); True if it was a member of the generation."""
         self.drained.discard(worker_id)
+        self.retiring.pop(worker_id, None)
+        if self.servers.pop(worker_id, None) is not None:
+            if worker_id in self.server_ranked:
+                self.server_ranked.remove(worker_id)
+                self.departed = True
+                return True
+            if not self.pending():
+                self.pending_since = None
+            return False
         if self.workers.pop(worker_id, None) is None:
             return False
         if worker_id in self.ranked:
@@ -134,9 +183,10 @@ class Membership:
 
     def expiring(self, now: float) -> list[str]:
         """Remove the workers not heard from within the lease timeout; returns their ids."""
+        everyone = [*self.workers.values(), *self.servers.values(), *self.retiring.values()]
         expired = [
             w.worker_id
-            for w in self.workers.values()
+            for w in everyone
             if not w.connected and now - w.last_seen > self.lease_timeout_s
         ]
         for worker_id in expired:
@@ -161,6 +211,9 @@ class Membership:
         self.ranked = [
             w.worker_id for w in sorted(self.workers.values(), key=lambda w: w.seniority)
         ]
+        self.server_ranked = [
+            s.worker_id for s in sorted(self.servers.values(), key=lambda s: s.seniority)
+        ]
         self.generation += 1
         self.pending_since = None
         self.departed = False
@@ -168,7 +221,7 @@ class Membership:
 
     def restoring_after_restart(self, now: float) -> None:
         """After a coordinator restart, give every worker a full lease to reconnect."""
-        for worker in self.workers.values():
+        for worker in [*self.workers.values(), *self.servers.values(), *self.retiring.values()]:
             worker.connected = False
             worker.last_seen = now
 
@@ -185,6 +238,13 @@ class Membership:
             ],
             "pending": self.pending_since is not None,
             "drained": sorted(self.drained),
+            "servers": [
+                [s.worker_id, s.node, s.store_address, s.seniority] for s in self.servers.values()
+            ],
+            "server_ranked": list(self.server_ranked),
+            "retiring": [
+                [s.worker_id, s.node, s.store_address, s.seniority] for s in self.retiring.values()
+            ],
             "target": self.target,
             "departed": self.departed,
             "next_seniority": self.next_seniority,
@@ -192,10 +252,13 @@ class Membership:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], now: float) -> Membership:
-        workers = {
-            str(wid): Worker(str(wid), str(node), str(address), int(seniority), last_seen=now)
-            for wid, node, address, seniority in data["workers"]
-        }
+        def reading(rows: list[list[Any]]) -> dict[str, Worker]:
+            return {
+                str(wid): Worker(str(wid), str(node), str(address), int(seniority), last_seen=now)
+                for wid, node, address, seniority in rows
+            }
+
+        workers = reading(data["workers"])
         return cls(
             join_window_s=float(data["join_window_s"]),
             lease_timeout_s=float(data["lease_timeout_s"]),
@@ -204,6 +267,9 @@ class Membership:
             workers=workers,
             pending_since=now if data["pending"] else None,
             drained={str(w) for w in data["drained"]},
+            servers=reading(data.get("servers", [])),
+            server_ranked=[str(s) for s in data.get("server_ranked", [])],
+            retiring=reading(data.get("retiring", [])),
             target=data["target"],
             departed=bool(data["departed"]),
             next_seniority=int(data["next_seniority"]),

@@ -43,6 +43,10 @@ PHASE_STATUS = {
 }
 
 
+def member_messages(rows: tuple[tuple[str, int, str, str], ...]) -> list[Any]:
+    return [pb.Member(worker_id=w, rank=r, node=n, store_address=a) for w, r, n, a in rows]
+
+
 def windows_from(messages: Any) -> list[StepWindow]:
     return [
         StepWindow(m.step, m.epoch, tuple(SampleRange(r.start, r.stop) for r in m.ranges))
@@ -121,7 +125,11 @@ class CoordinatorService:
     def Register(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
             self.state.registering(
-                request.worker_id, request.node, request.store_address, self.clock()
+                request.worker_id,
+                request.node,
+                request.store_address,
+                self.clock(),
+                server=request.role == pb.SERVER,
             )
             self.saving()
             return pb.RegisterReply(generation=self.state.membership.generation)
@@ -175,12 +183,13 @@ class CoordinatorService:
                 if view.phase in (WorkerPhase.DRAINED, WorkerPhase.FENCED):
                     return pb.Generation(status=PHASE_STATUS[view.phase], number=view.number)
                 if view.phase is WorkerPhase.MEMBER and view.number > request.after:
-                    members = [
-                        pb.Member(worker_id=w, rank=r, node=n, store_address=a)
-                        for w, r, n, a in view.members
-                    ]
                     return pb.Generation(
-                        status=pb.MEMBER, number=view.number, rank=view.rank, members=members
+                        status=pb.MEMBER,
+                        number=view.number,
+                        rank=view.rank,
+                        members=member_messages(view.members),
+                        servers=member_messages(view.servers),
+                        retiring=member_messages(view.retiring),
                     )
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not context.is_active():
@@ -193,17 +202,24 @@ class CoordinatorService:
                 request.worker_id, request.generation, request.step, windows_from(request.windows)
             )
             self.saving()
-            ledger = self.state.ledger
-            return pb.LedgerView(
-                epoch=ledger.epoch,
-                committed_step=ledger.committed_step,
-                todo=[pb.SampleRange(start=r.start, stop=r.stop) for r in ledger.todo],
-                finished=ledger.finished,
-                samples=ledger.plan.samples,
-                shard_size=ledger.plan.shard_size,
-                epochs=ledger.plan.epochs,
-                seed=ledger.plan.seed,
-            )
+            return self.ledger_view()
+
+    def ledger_view(self) -> Any:
+        ledger = self.state.ledger
+        return pb.LedgerView(
+            epoch=ledger.epoch,
+            committed_step=ledger.committed_step,
+            todo=[pb.SampleRange(start=r.start, stop=r.stop) for r in ledger.todo],
+            finished=ledger.finished,
+            samples=ledger.plan.samples,
+            shard_size=ledger.plan.shard_size,
+            epochs=ledger.plan.epochs,
+            seed=ledger.plan.seed,
+        )
+
+    def ViewLedger(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            return self.ledger_view()
 
     def Commit(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
@@ -280,10 +296,8 @@ class CoordinatorService:
                 samples_done=state.ledger.samples_done,
                 samples_per_epoch=state.ledger.plan.samples,
                 finished=state.ledger.finished,
-                members=[
-                    pb.Member(worker_id=w, rank=r, node=n, store_address=a)
-                    for w, r, n, a in view.members
-                ],
+                members=member_messages(view.members),
+                servers=member_messages(view.servers),
                 draining=sorted(state.membership.drained),
                 throughput=[
                     pb.Throughput(

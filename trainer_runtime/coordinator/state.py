@@ -73,6 +73,8 @@ class GenerationView:
     rank: int
     members: tuple[tuple[str, int, str, str], ...]  # (worker_id, rank, node, store_address)
     finished: bool
+    servers: tuple[tuple[str, int, str, str], ...] = ()  # parameter servers, layout order
+    retiring: tuple[tuple[str, int, str, str], ...] = ()  # drained servers not yet released
 
 
 @dataclass(slots=True)
@@ -99,10 +101,22 @@ class CoordinatorState:
 
     # ----- membership -----
 
-    def registering(self, worker_id: str, node: str, store_address: str, now: float) -> None:
+    def registering(
+        self, worker_id: str, node: str, store_address: str, now: float, server: bool = False
+    ) -> None:
         if self.ledger.finished:
             raise FencedError("the job is finished")
-        self.membership.registering(worker_id, node, store_address, now)
+        if not server:
+            if worker_id in self.membership.servers:
+                raise FencedError(f"{worker_id} is registered as a parameter server")
+            self.membership.registering(worker_id, node, store_address, now)
+            return
+        if self.mode is not ConsumptionMode.GROUP:
+            raise FencedError("parameter servers need a coordinator in group mode")
+        try:
+            self.membership.registering_server(worker_id, node, store_address, now)
+        except ValueError as error:
+            raise FencedError(str(error)) from error
 
     def departing(self, worker_id: str) -> None:
         """A worker left, failed or expired: forget it and take back its leases."""
@@ -131,9 +145,23 @@ class CoordinatorState:
             (w.worker_id, rank, w.node, w.store_address)
             for rank, w in enumerate(self.membership.members())
         )
-        rank = self.membership.rank_of(worker_id) if phase is WorkerPhase.MEMBER else -1
+        is_worker = worker_id in self.membership.ranked
+        rank = self.membership.rank_of(worker_id) if is_worker else -1
+        servers = tuple(
+            (s.worker_id, rank, s.node, s.store_address)
+            for rank, s in enumerate(self.membership.server_members())
+        )
+        retiring = tuple(
+            (s.worker_id, -1, s.node, s.store_address) for s in self.membership.retiring.values()
+        )
         return GenerationView(
-            phase, self.membership.generation, rank, members, self.ledger.finished
+            phase,
+            self.membership.generation,
+            rank,
+            members,
+            self.ledger.finished,
+            servers,
+            retiring,
         )
 
     # ----- group mode -----

@@ -40,6 +40,7 @@ METHODS: dict[str, MethodShape] = {
     "LeaseShard": MethodShape(pb.LeaseRequest, pb.LeaseReply),
     "CommitLeases": MethodShape(pb.CommitLeasesRequest, pb.CommitReply),
     "Leave": MethodShape(pb.LeaveRequest, pb.Empty),
+    "ViewLedger": MethodShape(pb.Empty, pb.LedgerView),
     "Drain": MethodShape(pb.DrainRequest, pb.Empty),
     "SetTarget": MethodShape(pb.TargetRequest, pb.Empty),
     "GetProgress": MethodShape(pb.Empty, pb.Progress),

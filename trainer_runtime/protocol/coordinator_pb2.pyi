@@ -7,6 +7,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WORKER: _ClassVar[Role]
+    SERVER: _ClassVar[Role]
+
 class GenerationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     GENERATION_STATUS_UNSPECIFIED: _ClassVar[GenerationStatus]
@@ -15,6 +20,8 @@ class GenerationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FENCED: _ClassVar[GenerationStatus]
     PENDING: _ClassVar[GenerationStatus]
     FINISHED: _ClassVar[GenerationStatus]
+WORKER: Role
+SERVER: Role
 GENERATION_STATUS_UNSPECIFIED: GenerationStatus
 MEMBER: GenerationStatus
 DRAINED: GenerationStatus
@@ -31,14 +38,16 @@ class SampleRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "node", "store_address")
+    __slots__ = ("worker_id", "node", "store_address", "role")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     node: str
     store_address: str
-    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
+    role: Role
+    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("generation",)
@@ -85,16 +94,20 @@ class AwaitGenerationRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., after: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class Generation(_message.Message):
-    __slots__ = ("status", "number", "rank", "members")
+    __slots__ = ("status", "number", "rank", "members", "servers", "retiring")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
+    RETIRING_FIELD_NUMBER: _ClassVar[int]
     status: GenerationStatus
     number: int
     rank: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, status: _Optional[_Union[GenerationStatus, str]] = ..., number: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
+    servers: _containers.RepeatedCompositeFieldContainer[Member]
+    retiring: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, status: _Optional[_Union[GenerationStatus, str]] = ..., number: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., retiring: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
 
 class LedgerView(_message.Message):
     __slots__ = ("epoch", "committed_step", "todo", "finished", "samples", "shard_size", "epochs", "seed")
@@ -233,7 +246,7 @@ class Throughput(_message.Message):
     def __init__(self, nodes: _Optional[int] = ..., workers: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput")
+    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput", "servers")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +257,7 @@ class Progress(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
+    SERVERS_FIELD_NUMBER: _ClassVar[int]
     generation: int
     epoch: int
     epochs: int
@@ -254,7 +268,8 @@ class Progress(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[Member]
     draining: _containers.RepeatedScalarFieldContainer[str]
     throughput: _containers.RepeatedCompositeFieldContainer[Throughput]
-    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ...) -> None: ...
+    servers: _containers.RepeatedCompositeFieldContainer[Member]
+    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("state_json",)
