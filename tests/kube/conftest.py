@@ -21,7 +21,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _binaries
     if session.config.option.collectonly:
         return
-    if any("kube_api" in getattr(item, "fixturenames", ()) for item in session.items):
+    wanted = {"kube_api", "kube_bin_dir"}
+    if any(wanted & set(getattr(item, "fixturenames", ())) for item in session.items):
         try:
             _binaries = ensure_binaries()
         except ControlPlaneError as error:
@@ -29,10 +30,17 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def kube_api() -> Iterator[KubeAPI]:
-    """etcd, kube-apiserver and kube-controller-manager 1.20 on 127.0.0.1 for the session."""
+def kube_bin_dir() -> Path:
+    """The directory of the built binaries, for tests that start a control plane of their own
+    (`testenv.running_control_plane`)."""
     bin_dir = _binaries if _binaries is not None else ensure_binaries()
     if isinstance(bin_dir, ControlPlaneError):
         raise bin_dir
-    with running_control_plane(bin_dir) as api:
+    return bin_dir
+
+
+@pytest.fixture(scope="session")
+def kube_api(kube_bin_dir: Path) -> Iterator[KubeAPI]:
+    """etcd, kube-apiserver and kube-controller-manager 1.20 on 127.0.0.1 for the session."""
+    with running_control_plane(kube_bin_dir) as api:
         yield api

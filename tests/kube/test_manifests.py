@@ -1,0 +1,458 @@
+"""The manifests in `manifests/`, applied with kubectl 1.20 to a real API server of their own.
+
+Aspects tested:
+- `kubectl apply -k manifests/base` on a fresh cluster creates every object kustomize builds
+  (CRD Established, namespace, ServiceAccount, RBAC, policy ConfigMap, metrics Service,
+  Deployment), and applying it again changes nothing;
+- the Deployment is admitted as far as a cluster with no scheduler goes: its ReplicaSet
+  creates two pods that run as the controller's ServiceAccount, mount the generated policy
+  ConfigMap, and probe and expose port 8080;
+- the policy in the ConfigMap is a valid policy file for the planner;
+- the RBAC, checked with the ServiceAccount's own token (a 1.20-style token Secret): every
+  verb the controller needs is allowed; Secrets may only be created (never read, listed or
+  deleted, in any namespace); nodes, RBAC, CRDs, workloads, exec and other Leases are
+  denied; no rule is a wildcard and nothing binds cluster-admin;
+- `kubectl apply -k manifests/examples` creates the PriorityClasses, namespaces and jobs;
+- `kubectl apply -k manifests/monitoring` applies the ServiceMonitor (against a stand-in CRD
+  that declares the Prometheus Operator's fields we use, since its own CRD is not in a bare
+  cluster) and the Grafana dashboard ConfigMap;
+- the dashboard is valid Grafana JSON that charts each of the controller's metrics, and only
+  those.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+import pytest
+import yaml
+from kubernetes.client import ApiException
+
+from edl_scheduler.api.policy import load_policy_config
+from edl_scheduler.core.building import policy_from_config
+
+from .testenv import REPO, KubeAPI, running_control_plane
+
+MANIFESTS = REPO / "manifests"
+NAMESPACE = "edl-system"
+ACCOUNT = "edl-controller"
+LEASE = "edl-controller"
+DASHBOARD = MANIFESTS / "monitoring" / "grafana-dashboard.json"
+
+#: The controller's metrics (issue 5); the dashboard charts each of them and nothing else.
+METRICS = {
+    "edl_planner_cycle_seconds": "histogram",
+    "edl_jobs": "gauge",
+    "edl_gpus_capacity": "gauge",
+    "edl_gpus_allocated": "gauge",
+    "edl_resizes_total": "counter",
+    "edl_preemptions_total": "counter",
+    "edl_job_wait_seconds": "histogram",
+    "edl_job_completion_seconds": "histogram",
+}
+
+# (verb, group, resource, namespace, name): "" namespace means cluster-wide.
+Access = tuple[str, str, str, str, str]
+
+#: What the controller does, each of which the ServiceAccount must be allowed.
+NEEDED: list[Access] = [
+    *[(v, "edl.dev", "trainingjobs", "", "") for v in ("list", "watch")],
+    *[(v, "edl.dev", "trainingjobs", "research", "") for v in ("get", "patch")],
+    *[(v, "edl.dev", "trainingjobs/status", "research", "") for v in ("get", "patch", "update")],
+    ("update", "edl.dev", "trainingjobs/finalizers", "research", ""),
+    *[(v, "", "pods", "", "") for v in ("list", "watch")],
+    *[(v, "", "pods", "research", "") for v in ("get", "create", "patch", "delete")],
+    ("create", "", "pods/binding", "research", ""),
+    *[(v, "", "services", "research", "") for v in ("get", "list", "watch", "create", "delete")],
+    *[
+        (v, "", "configmaps", "research", "")
+        for v in ("get", "list", "watch", "create", "patch", "update", "delete")
+    ],
+    ("create", "", "secrets", "research", ""),
+    ("create", "", "secrets", "ads", ""),
+    *[(v, "", "nodes", "", "") for v in ("get", "list", "watch")],
+    *[(v, "scheduling.k8s.io", "priorityclasses", "", "") for v in ("get", "list", "watch")],
+    *[(v, "", "events", "research", "") for v in ("create", "patch")],
+    *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "", "") for v in ("list", "watch")],
+    ("create", "coordination.k8s.io", "leases", NAMESPACE, ""),
+    *[
+        (v, "coordination.k8s.io", "leases", NAMESPACE, LEASE)
+        for v in ("get", "watch", "update", "patch")
+    ],
+]
+
+#: What a least-privilege controller must not be able to do.
+DENIED: list[Access] = [
+    *[(v, "", "secrets", ns, "") for v in ("get", "list", "watch") for ns in ("research", "")],
+    *[(v, "", "secrets", NAMESPACE, "") for v in ("get", "list", "update", "patch", "delete")],
+    ("get", "", "secrets", "kube-system", ""),
+    *[(v, "", "nodes", "", "") for v in ("create", "update", "patch", "delete")],
+    ("patch", "", "nodes/status", "", ""),
+    ("create", "", "pods/exec", "research", ""),
+    ("create", "", "pods/eviction", "research", ""),
+    ("update", "", "pods/status", "research", ""),
+    *[(v, "edl.dev", "trainingjobs", "research", "") for v in ("create", "update", "delete")],
+    ("delete", "", "namespaces", "", ""),
+    ("create", "apps", "deployments", "research", ""),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", "", ""),
+    ("bind", "rbac.authorization.k8s.io", "clusterroles", "", ""),
+    ("escalate", "rbac.authorization.k8s.io", "clusterroles", "", ""),
+    ("impersonate", "", "serviceaccounts", NAMESPACE, ""),
+    ("create", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+    ("delete", "apiextensions.k8s.io", "customresourcedefinitions", "", ""),
+    ("create", "scheduling.k8s.io", "priorityclasses", "", ""),
+    ("update", "coordination.k8s.io", "leases", NAMESPACE, "another-lease"),
+    ("update", "coordination.k8s.io", "leases", "kube-node-lease", "node-1"),
+    ("create", "coordination.k8s.io", "leases", "kube-system", ""),
+]
+
+#: The fields of the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1) that our
+#: manifest uses; a structural schema prunes any field not declared, so a misspelt one shows.
+SERVICE_MONITOR_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "names": {
+            "kind": "ServiceMonitor",
+            "listKind": "ServiceMonitorList",
+            "plural": "servicemonitors",
+            "singular": "servicemonitor",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "properties": {
+                            "spec": {
+                                "type": "object",
+                                "required": ["selector", "endpoints"],
+                                "properties": {
+                                    "selector": {
+                                        "type": "object",
+                                        "properties": {
+                                            "matchLabels": {
+                                                "type": "object",
+                                                "additionalProperties": {"type": "string"},
+                                            }
+                                        },
+                                    },
+                                    "namespaceSelector": {
+                                        "type": "object",
+                                        "properties": {
+                                            "matchNames": {
+                                                "type": "array",
+                                                "items": {"type": "string"},
+                                            }
+                                        },
+                                    },
+                                    "endpoints": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "properties": {
+                                                "port": {"type": "string"},
+                                                "path": {"type": "string"},
+                                                "interval": {"type": "string"},
+                                            },
+                                        },
+                                    },
+                                },
+                            }
+                        },
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def eventually(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Polls `check` until it returns something truthy, and returns that."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def built(api: KubeAPI, directory: Path) -> list[dict[str, Any]]:
+    """The objects `kubectl kustomize` builds from `directory`."""
+    out = api.kubectl("kustomize", str(directory)).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def crd_established(api: KubeAPI, name: str) -> bool:
+    ext = kubernetes.client.ApiextensionsV1Api(api.api_client)
+    conditions = ext.read_custom_resource_definition(name).status.conditions or []
+    return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_bin_dir: Path) -> Iterator[KubeAPI]:
+    """A control plane of its own, so that the Deployment and the example jobs applied here
+    never meet another test's controller, with `manifests/base` applied."""
+    with running_control_plane(kube_bin_dir) as api:
+        api.kubectl("apply", "-k", str(MANIFESTS / "base"))
+        eventually(
+            lambda: crd_established(api, "trainingjobs.edl.dev"), 30, "the CRD to be Established"
+        )
+        yield api
+
+
+@pytest.fixture(scope="module")
+def account_client(cluster: KubeAPI) -> Iterator[kubernetes.client.ApiClient]:
+    """A client that authenticates with the controller's ServiceAccount token."""
+    token = service_account_token(cluster, NAMESPACE, ACCOUNT)
+    config = kubernetes.client.Configuration()
+    config.host = cluster.server
+    config.ssl_ca_cert = str(cluster.ca_file)
+    config.api_key = {"authorization": f"Bearer {token}"}
+    client = kubernetes.client.ApiClient(config)
+    yield client
+    client.close()
+
+
+def service_account_token(api: KubeAPI, namespace: str, account: str) -> str:
+    """Creates a token Secret for the account, 1.20 style, and returns the token the token
+    controller fills in."""
+    core = kubernetes.client.CoreV1Api(api.api_client)
+    name = f"{account}-test-token"
+    core.create_namespaced_secret(
+        namespace,
+        {
+            "metadata": {
+                "name": name,
+                "annotations": {"kubernetes.io/service-account.name": account},
+            },
+            "type": "kubernetes.io/service-account-token",
+        },
+    )
+
+    def token() -> str | None:
+        data = core.read_namespaced_secret(name, namespace).data or {}
+        return base64.b64decode(data["token"]).decode() if "token" in data else None
+
+    result: str = eventually(token, 30, f"the token controller to fill {namespace}/{name}")
+    return result
+
+
+def test_base_creates_everything_it_builds(cluster: KubeAPI) -> None:
+    objects = built(cluster, MANIFESTS / "base")
+    kinds = sorted(o["kind"] for o in objects)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Namespace",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    for obj in objects:
+        meta = obj["metadata"]
+        args = ["get", obj["kind"].lower(), meta["name"], "-o", "name"]
+        if "namespace" in meta:
+            args += ["-n", meta["namespace"]]
+        assert cluster.kubectl(*args).stdout.strip(), f"{obj['kind']} {meta['name']} missing"
+    again = cluster.kubectl("apply", "-k", str(MANIFESTS / "base")).stdout.splitlines()
+    assert again and all(line.endswith(" unchanged") for line in again), again
+
+
+def test_deployment_pods_run_as_the_account_with_the_policy(cluster: KubeAPI) -> None:
+    core = kubernetes.client.CoreV1Api(cluster.api_client)
+    selector = "app.kubernetes.io/name=edl-controller,app.kubernetes.io/component=controller"
+    pods = eventually(
+        lambda: (
+            items
+            if len(items := core.list_namespaced_pod(NAMESPACE, label_selector=selector).items) == 2
+            else None
+        ),
+        60,
+        "the ReplicaSet to create two controller pods",
+    )
+    (policy_map,) = [o for o in built(cluster, MANIFESTS / "base") if o["kind"] == "ConfigMap"]
+    for pod in pods:
+        assert pod.spec.service_account_name == ACCOUNT
+        (container,) = pod.spec.containers
+        assert [p.container_port for p in container.ports] == [8080]
+        assert container.liveness_probe.http_get.port == "metrics"
+        assert container.resources.requests and container.resources.limits
+        assert container.security_context.read_only_root_filesystem
+        volumes = {v.name: v for v in pod.spec.volumes}
+        assert volumes["policy"].config_map.name == policy_map["metadata"]["name"]
+    stored = core.read_namespaced_config_map(policy_map["metadata"]["name"], NAMESPACE)
+    assert stored.data == policy_map["data"]
+
+
+def test_policy_config_map_is_a_valid_policy() -> None:
+    config = load_policy_config((MANIFESTS / "base" / "policy.yaml").read_text())
+    policy = policy_from_config(config)
+    assert config.base == "edl"
+    assert policy.cooldown_s == config.cooldown_seconds
+
+
+def _review(client: kubernetes.client.ApiClient, access: Access) -> bool:
+    verb, group, resource, namespace, name = access
+    resource, _, subresource = resource.partition("/")
+    review = kubernetes.client.AuthorizationV1Api(client).create_self_subject_access_review(
+        {
+            "spec": {
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "subresource": subresource,
+                    "namespace": namespace,
+                    "name": name,
+                }
+            }
+        }
+    )
+    return bool(review.status.allowed)
+
+
+def test_account_may_do_what_the_controller_needs(
+    account_client: kubernetes.client.ApiClient,
+) -> None:
+    refused = [access for access in NEEDED if not _review(account_client, access)]
+    assert refused == []
+
+
+def test_account_may_not_do_more(account_client: kubernetes.client.ApiClient) -> None:
+    allowed = [access for access in DENIED if _review(account_client, access)]
+    assert allowed == []
+
+
+def test_account_token_really_creates_but_never_reads_secrets(
+    cluster: KubeAPI, account_client: kubernetes.client.ApiClient
+) -> None:
+    """Not only the reviews: real requests with the token, and kubectl with it."""
+    as_account = kubernetes.client.CoreV1Api(account_client)
+    assert as_account.list_pod_for_all_namespaces(limit=1).kind == "PodList"
+    as_account.create_namespaced_secret(
+        NAMESPACE, {"metadata": {"name": "job-token"}, "stringData": {"token": "s3cret"}}
+    )
+    for read in (
+        lambda: as_account.read_namespaced_secret("job-token", NAMESPACE),
+        lambda: as_account.list_namespaced_secret("kube-system"),
+        lambda: as_account.delete_namespaced_secret("job-token", NAMESPACE),
+    ):
+        with pytest.raises(ApiException) as denied:
+            read()
+        assert denied.value.status == 403
+    token = account_client.configuration.api_key["authorization"].removeprefix("Bearer ")
+    can_i = cluster.kubectl(
+        "--token", token, "auth", "can-i", "get", "secrets", "-n", "kube-system", check=False
+    )
+    assert (can_i.returncode, can_i.stdout.strip()) == (1, "no")
+
+
+def test_rbac_has_no_wildcards_and_no_cluster_admin(cluster: KubeAPI) -> None:
+    objects = built(cluster, MANIFESTS / "base")
+    roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"{role['metadata']['name']}: {key} has *"
+    bindings = [o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    assert {b["roleRef"]["name"] for b in bindings} == {"edl-controller", "edl-controller-leader"}
+    secrets = [
+        sorted(rule["verbs"])
+        for role in roles
+        for rule in role["rules"]
+        if "secrets" in rule["resources"]
+    ]
+    assert secrets == [["create"]]
+
+
+def test_examples_apply(cluster: KubeAPI) -> None:
+    cluster.kubectl("apply", "-k", str(MANIFESTS / "examples"))
+    scheduling = kubernetes.client.SchedulingV1Api(cluster.api_client)
+    objects = kubernetes.client.CustomObjectsApi(cluster.api_client)
+    for obj in built(cluster, MANIFESTS / "examples"):
+        meta = obj["metadata"]
+        if obj["kind"] == "TrainingJob":
+            stored = objects.get_namespaced_custom_object(
+                "edl.dev", "v1alpha1", meta["namespace"], "trainingjobs", meta["name"]
+            )
+            assert stored["spec"]["maxReplicas"] == obj["spec"]["maxReplicas"]
+            name = obj["spec"].get("priorityClassName")
+            if name is not None:
+                assert scheduling.read_priority_class(name).value > 0
+        elif obj["kind"] == "PriorityClass":
+            assert scheduling.read_priority_class(meta["name"]).value == obj["value"]
+
+
+def test_monitoring_overlay_applies(cluster: KubeAPI) -> None:
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
+    eventually(
+        lambda: crd_established(cluster, "servicemonitors.monitoring.coreos.com"),
+        30,
+        "the ServiceMonitor CRD to be Established",
+    )
+    cluster.kubectl("apply", "-k", str(MANIFESTS / "monitoring"))
+    objects = kubernetes.client.CustomObjectsApi(cluster.api_client)
+    monitor = objects.get_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", NAMESPACE, "servicemonitors", "edl-controller"
+    )
+    (expected,) = [
+        o for o in built(cluster, MANIFESTS / "monitoring") if o["kind"] == "ServiceMonitor"
+    ]
+    assert monitor["spec"] == expected["spec"]  # nothing pruned: every field is a known one
+    service = kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_service(
+        "edl-controller-metrics", NAMESPACE
+    )
+    assert expected["spec"]["endpoints"][0]["port"] in [p.name for p in service.spec.ports]
+    assert service.spec.selector.items() >= expected["spec"]["selector"]["matchLabels"].items()
+    dashboard = kubernetes.client.CoreV1Api(cluster.api_client).read_namespaced_config_map(
+        "edl-grafana-dashboard", NAMESPACE
+    )
+    assert dashboard.metadata.labels["grafana_dashboard"] == "1"
+    assert json.loads(dashboard.data["edl.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_dashboard_charts_every_metric_and_only_those() -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    used = set(re.findall(r"\bedl_[a-z_]+", " ".join(exprs)))
+    known: set[str] = set()
+    for name, kind in METRICS.items():
+        known |= (
+            {f"{name}_bucket", f"{name}_count", f"{name}_sum"} if kind == "histogram" else {name}
+        )
+    assert used <= known, used - known
+    for name in METRICS:
+        assert any(u == name or u.startswith(f"{name}_") for u in used), f"{name} not charted"
+    histograms = [n for n, k in METRICS.items() if k == "histogram"]
+    for name in histograms:
+        assert any("histogram_quantile" in e and f"{name}_bucket" in e for e in exprs), name
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    assert "datasource" in variables
+    for panel in panels:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
