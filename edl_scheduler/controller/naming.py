@@ -24,3 +24,35 @@ ANNOTATION_DRAINING: Final = f"{PREFIX}/draining"
 ANNOTATION_DRAIN_SINCE: Final = f"{PREFIX}/drain-since"
 
 GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+#: The value of LABEL_ROLE on a job's coordinator pod (workers use ``core.Role`` values).
+ROLE_COORDINATOR: Final = "coordinator"
+
+#: On a TrainingJob: the coordinator's dataset options (``--samples N --epochs E ...``), as a
+#: shell-quoted string. The API has no field for them yet; the coordinator needs them to plan
+#: the shards.
+ANNOTATION_COORDINATOR_ARGS: Final = f"{PREFIX}/coordinator-args"
+#: On a coordinator pod: the port it listens on (unique per job where all pods share a host).
+ANNOTATION_COORDINATOR_PORT: Final = f"{PREFIX}/coordinator-port"
+#: On a worker pod whose failure was already charged to the job's restart budget.
+ANNOTATION_FAILURE_COUNTED: Final = f"{PREFIX}/failure-counted"
+
+#: The key of the job's token in its Secret.
+TOKEN_KEY: Final = "token"
+#: The key of the coordinator's state in the job's state ConfigMap.
+STATE_KEY: Final = "state.json"
+#: The environment variable that hands a restarted coordinator its last saved state.
+STATE_ENV: Final = "EDL_COORDINATOR_STATE"
+
+
+def coordinator_name(job: str) -> str:
+    """The coordinator pod's and its Service's name."""
+    return f"{job}-coordinator"
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-token"
+
+
+def state_config_map_name(job: str) -> str:
+    return f"{job}-coordinator-state"

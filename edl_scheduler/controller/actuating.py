@@ -1,0 +1,324 @@
+"""Intents -> Kubernetes API calls and coordinator calls: the only module that writes to the
+cluster on a job's behalf (``leading`` writes the controller's own Lease, nothing else does).
+
+What must stay true:
+- every write is idempotent: a pod or object that already exists (409) counts as created, one
+  already gone (404) as deleted, so a cycle repeated after a crash does no harm;
+- a failed write is logged and left to the next cycle, which sees the world again and decides
+  again (level-triggered); nothing is retried in a loop here;
+- writes go in dependency order: a job's Secret and Service, then pods, then coordinator
+  calls (a drain only after the pod is marked draining), then statuses and Events;
+- what was just written is remembered (``Expectations``) until the watch shows it, so that
+  the next cycle does not plan on a view that lacks the pods just created (no duplicates)
+  or still shows the ones just deleted as live.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from edl_scheduler.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.coordinating import (
+    CoordinatorCallError,
+    CoordinatorPort,
+    GrpcCoordinator,
+)
+from edl_scheduler.controller.deciding import (
+    CreateCoordinator,
+    CreatePod,
+    DeletePod,
+    Drain,
+    Emit,
+    EnsureObjects,
+    Intent,
+    MarkDraining,
+    PatchStatus,
+    SetTarget,
+)
+from edl_scheduler.controller.kubeapi import MERGE_PATCH, Kube, KubeError, namespaced
+from edl_scheduler.controller.naming import (
+    ANNOTATION_DRAIN_SINCE,
+    ANNOTATION_DRAINING,
+    STATE_KEY,
+    state_config_map_name,
+)
+from edl_scheduler.controller.shaping import coordinator_pod, state_config_map
+
+log = logging.getLogger("edl.controller.actuating")
+
+Obj = Mapping[str, Any]
+JSON_PATCH = "application/json-patch+json"
+#: How long a written change is assumed, if the watch never shows it.
+EXPECTATION_TTL_S = 30.0
+
+
+def _iso_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class Expectations:
+    """Writes not yet seen through the watch, laid over the cached pods and job statuses."""
+
+    created: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
+    deleted: dict[tuple[str, str], float] = field(default_factory=dict)
+    annotated: dict[tuple[str, str], tuple[dict[str, str], float]] = field(default_factory=dict)
+    #: job key -> (status written, resourceVersion the write replaced, when)
+    statuses: dict[str, tuple[dict[str, Any], str, float]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def overlay_pods(self, pods: Iterable[Obj], now: float) -> list[Obj]:
+        with self.lock:
+            self._expire(now)
+            out: list[Obj] = []
+            seen: set[tuple[str, str]] = set()
+            for pod in pods:
+                meta = pod.get("metadata", {})
+                key = (str(meta.get("namespace")), str(meta.get("name")))
+                seen.add(key)
+                self.created.pop(key, None)
+                if key in self.deleted and not meta.get("deletionTimestamp"):
+                    pod = copy.deepcopy(dict(pod))
+                    pod["metadata"]["deletionTimestamp"] = _iso_now()
+                elif key in self.annotated:
+                    wanted = self.annotated[key][0]
+                    have = meta.get("annotations") or {}
+                    if all(have.get(k) == v for k, v in wanted.items()):
+                        del self.annotated[key]
+                    else:
+                        pod = copy.deepcopy(dict(pod))
+                        pod["metadata"]["annotations"] = dict(have) | wanted
+                out.append(pod)
+            for key, (manifest, _) in self.created.items():
+                if key not in seen and key not in self.deleted:
+                    out.append(manifest)
+            return out
+
+    def overlay_job(self, body: Obj) -> Obj:
+        meta = body.get("metadata", {})
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        with self.lock:
+            found = self.statuses.get(key)
+            if found is None:
+                return body
+            status, replaced_rv, _ = found
+            if str(meta.get("resourceVersion")) != replaced_rv:
+                del self.statuses[key]
+                return body
+        return dict(body) | {"status": status}
+
+    def _expire(self, now: float) -> None:
+        for table in (self.created, self.annotated):
+            for key in [k for k, (_, t) in table.items() if now - t > EXPECTATION_TTL_S]:
+                del table[key]
+        for key in [k for k, t in self.deleted.items() if now - t > EXPECTATION_TTL_S]:
+            del self.deleted[key]
+        for job in [k for k, (_, _, t) in self.statuses.items() if now - t > EXPECTATION_TTL_S]:
+            del self.statuses[job]
+
+
+class Actuator:
+    """Carries out one cycle's intents."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        config: ControllerConfig,
+        coordinators: Callable[[str], CoordinatorPort | None],
+        resource_versions: Callable[[str], str],
+        workers: int = 16,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.coordinators = coordinators
+        self.resource_versions = resource_versions
+        self.expectations = Expectations()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="actuate")
+        self.errors = 0
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def run(self, intents: Sequence[Intent]) -> None:
+        """All intents, in dependency order; each stage in parallel."""
+        stages: list[list[Callable[[], None]]] = [[], [], [], []]
+        for intent in intents:
+            stage, call = self._call(intent)
+            stages[stage].append(call)
+        for calls in stages:
+            for future in [self.pool.submit(self._guarded, c) for c in calls]:
+                future.result()
+
+    def _guarded(self, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except KubeError as error:
+            self.errors += 1
+            log.warning("API call failed, left to the next cycle: %s", error)
+        except CoordinatorCallError as error:
+            log.info("coordinator call failed, left to the next cycle: %s", error)
+        except Exception:
+            self.errors += 1
+            log.exception("unexpected failure while acting")
+
+    def _call(self, intent: Intent) -> tuple[int, Callable[[], None]]:
+        if isinstance(intent, EnsureObjects):
+            return 0, lambda: self._ensure(intent)
+        if isinstance(intent, CreatePod):
+            return 1, lambda: self._create_pod(intent.manifest)
+        if isinstance(intent, CreateCoordinator):
+            return 1, lambda: self._create_coordinator(intent)
+        if isinstance(intent, DeletePod):
+            return 1, lambda: self._delete_pod(intent)
+        if isinstance(intent, MarkDraining):
+            return 1, lambda: self._mark_draining(intent)
+        if isinstance(intent, Drain):
+            return 2, lambda: self._coordinator(intent.job, lambda c: c.drain(intent.worker_id))
+        if isinstance(intent, SetTarget):
+            return 2, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
+        if isinstance(intent, PatchStatus):
+            return 3, lambda: self._patch_status(intent)
+        return 3, lambda: self._emit(intent)
+
+    # ----- objects -----
+
+    def _ensure(self, intent: EnsureObjects) -> None:
+        for manifest in intent.manifests:
+            ns = manifest["metadata"]["namespace"]
+            plural = {"Secret": "secrets", "Service": "services", "ConfigMap": "configmaps"}[
+                manifest["kind"]
+            ]
+            try:
+                self.kube.request("POST", namespaced(ns, plural), manifest)
+            except KubeError as error:
+                if error.status != 409:
+                    raise
+
+    def _create_pod(self, manifest: dict[str, Any]) -> None:
+        meta = manifest["metadata"]
+        key = (meta["namespace"], meta["name"])
+        shown = copy.deepcopy(manifest)
+        shown["metadata"]["creationTimestamp"] = _iso_now()
+        shown["status"] = {"phase": "Pending"}
+        with self.expectations.lock:
+            self.expectations.created[key] = (shown, time.monotonic())
+        try:
+            self.kube.request("POST", namespaced(key[0], "pods"), manifest)
+        except KubeError as error:
+            if error.status != 409:
+                with self.expectations.lock:
+                    self.expectations.created.pop(key, None)
+                raise
+
+    def _create_coordinator(self, intent: CreateCoordinator) -> None:
+        tj = intent.job
+        saved: str | None = None
+        try:
+            found = self.kube.request(
+                "GET",
+                namespaced(
+                    tj.metadata.namespace, "configmaps", state_config_map_name(tj.metadata.name)
+                ),
+            )
+            saved = (found.get("data") or {}).get(STATE_KEY) or None
+        except KubeError as error:
+            if error.status != 404:
+                raise
+        self._create_pod(coordinator_pod(tj, intent.node, intent.port, self.config, saved))
+
+    def _delete_pod(self, intent: DeletePod) -> None:
+        key = (intent.namespace, intent.name)
+        with self.expectations.lock:
+            self.expectations.deleted[key] = time.monotonic()
+        try:
+            self.kube.request("DELETE", namespaced(intent.namespace, "pods", intent.name))
+        except KubeError as error:
+            if error.status != 404:
+                raise
+
+    def _mark_draining(self, intent: MarkDraining) -> None:
+        annotations = {ANNOTATION_DRAINING: "true", ANNOTATION_DRAIN_SINCE: f"{intent.since:.3f}"}
+        with self.expectations.lock:
+            self.expectations.annotated[(intent.namespace, intent.name)] = (
+                annotations,
+                time.monotonic(),
+            )
+        self.kube.request(
+            "PATCH",
+            namespaced(intent.namespace, "pods", intent.name),
+            {"metadata": {"annotations": annotations}},
+            content_type=MERGE_PATCH,
+        )
+
+    def save_state(self, namespace: str, name: str, job_manifest_of: Callable[[], Any]) -> None:
+        """Keeps a coordinator snapshot in the job's ConfigMap (created on first use)."""
+        cm = job_manifest_of()
+        path = namespaced(namespace, "configmaps", cm["metadata"]["name"])
+        try:
+            self.kube.request("PATCH", path, {"data": cm["data"]}, content_type=MERGE_PATCH)
+        except KubeError as error:
+            if error.status != 404:
+                raise
+            self.kube.request("POST", namespaced(namespace, "configmaps"), cm)
+
+    def _coordinator(self, job: str, call: Callable[[CoordinatorPort], None]) -> None:
+        port = self.coordinators(job)
+        if port is not None:
+            call(port)
+
+    # ----- status and events -----
+
+    def _patch_status(self, intent: PatchStatus) -> None:
+        key = f"{intent.namespace}/{intent.name}"
+        path = namespaced(intent.namespace, PLURAL, intent.name, group=f"{GROUP}/{VERSION}")
+        replaced = self.resource_versions(key)
+        answer = self.kube.request(
+            "PATCH",
+            f"{path}/status",
+            [{"op": "add", "path": "/status", "value": intent.status}],
+            content_type=JSON_PATCH,
+        )
+        if answer is not None:
+            with self.expectations.lock:
+                self.expectations.statuses[key] = (intent.status, replaced, time.monotonic())
+
+    def _emit(self, intent: Emit) -> None:
+        now = _iso_now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{intent.name}.", "namespace": intent.namespace},
+            "involvedObject": {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": intent.name,
+                "namespace": intent.namespace,
+                "uid": intent.uid,
+            },
+            "reason": intent.reason.value,
+            "message": intent.message[:1024],
+            "type": intent.type.value,
+            "source": {"component": "edl-controller"},
+            "reportingComponent": "edl.dev/controller",
+            "reportingInstance": self.config.identity,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self.kube.request("POST", namespaced(intent.namespace, "events"), event)
+
+
+def coordinator_client(address: str, token: str, timeout_s: float) -> CoordinatorPort:
+    return GrpcCoordinator(address, token, timeout_s)
+
+
+__all__ = ["Actuator", "Expectations", "coordinator_client", "state_config_map"]

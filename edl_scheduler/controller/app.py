@@ -1,0 +1,242 @@
+"""The kopf operator: watches, indexes, the planning loop's start and stop, and the CLI.
+
+kopf does the watching: cluster-wide indexes of Nodes, Pods (all of them, so that what other
+workloads use is counted), TrainingJobs and PriorityClasses, kept current from the watch
+streams. kopf calls no regular handler before every index has its initial listing, so the
+first event handler call means the whole world has been seen once: only then may the loop
+plan (planning on a partial listing would create duplicate workers after a restart). Every
+event marks the world dirty. kopf's peering is off (standalone): leader election is ours
+(``leading``). Nothing here writes to Kubernetes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import os
+import shlex
+import socket
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import click
+import kopf
+import kubernetes
+
+from edl_scheduler.api import GROUP, PLURAL, VERSION, TrainingJobError
+from edl_scheduler.api.policy import load_policy_config
+from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.kubeapi import Kube
+from edl_scheduler.controller.looping import PlanningLoop, World
+from edl_scheduler.controller.metrics import Metrics, serve
+from edl_scheduler.core import preset
+from edl_scheduler.core.building import policy_from_config
+
+log = logging.getLogger("edl.controller")
+
+_RESOURCES: dict[str, tuple[str, ...]] = {
+    "nodes": ("v1", "nodes"),
+    "pods": ("v1", "pods"),
+    "jobs": (GROUP, VERSION, PLURAL),
+    "priority_classes": ("scheduling.k8s.io", "v1", "priorityclasses"),
+}
+
+
+def _values(index: Any) -> Iterable[dict[str, Any]]:
+    for store in list(index.values()):
+        yield from list(store)
+
+
+def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    holder: dict[str, Any] = {}
+
+    def keep(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        loop = holder.get("loop")
+        if loop is not None:
+            loop.mark_dirty()
+        meta = body.get("metadata", {})
+        return {(meta.get("namespace"), meta.get("name")): _plain(body)}
+
+    for name, resource in _RESOURCES.items():
+        kopf.index(*resource, id=name, registry=registry)(keep)
+
+    async def seen(**_: Any) -> None:
+        loop = holder.get("loop")
+        if loop is not None:
+            loop.synced.set()
+            loop.mark_dirty()
+
+    for name, resource in _RESOURCES.items():
+        kopf.on.event(*resource, id=f"{name}-event", registry=registry)(seen)
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        if os.environ.get("KUBECONFIG"):
+            return kopf.login_with_kubeconfig(**kwargs)
+        return kopf.login_with_service_account(**kwargs)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
+        settings.posting.enabled = False
+        settings.scanning.disabled = True
+        settings.watching.server_timeout = 120
+        settings.watching.client_timeout = 150
+        indices = {name: kwargs[name] for name in _RESOURCES}
+
+        def world() -> World:
+            classes: dict[str, int] = {}
+            for pc in _values(indices["priority_classes"]):
+                classes[str(pc["metadata"]["name"])] = int(pc.get("value", 0))
+            return World(
+                nodes=list(_values(indices["nodes"])),
+                pods=list(_values(indices["pods"])),
+                jobs=list(_values(indices["jobs"])),
+                priority_classes=classes,
+            )
+
+        loop = PlanningLoop(config, kube, world, metrics)
+        holder["loop"] = loop
+        holder["task"] = asyncio.create_task(loop.run(), name="planning-loop")
+        holder["web"] = await serve(
+            metrics, config.metrics_host, config.metrics_port, config.liveness_stale_s
+        )
+        log.info("controller %s started", config.identity)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        loop = holder.get("loop")
+        if loop is not None:
+            loop.stopping.set()
+            loop.actuator.close()
+        task = holder.get("task")
+        if task is not None:
+            task.cancel()
+        web = holder.get("web")
+        if web is not None:
+            await web.cleanup()
+
+    return registry
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    """A detached copy of a watched object (kopf's Body is a live view)."""
+    raw = getattr(body, "_src", None)
+    return copy.deepcopy(dict(raw if raw is not None else body))
+
+
+def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
+    if kubeconfig is not None:
+        client: kubernetes.client.ApiClient = kubernetes.config.new_client_from_config(  # type: ignore[no-untyped-call]
+            config_file=str(kubeconfig)
+        )
+        return client
+    kubernetes.config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return kubernetes.client.ApiClient()
+
+
+@click.command(name="edl-controller")
+@click.option(
+    "--kubeconfig",
+    type=click.Path(exists=True, path_type=Path),
+    help="Kubeconfig file; default: the pod's service account.",
+)
+@click.option(
+    "--policy",
+    "policy_file",
+    type=click.Path(exists=True, path_type=Path),
+    help="Policy file (a preset and overrides); default: the edl preset.",
+)
+@click.option(
+    "--token-key-file",
+    type=click.Path(exists=True, path_type=Path),
+    required=True,
+    help="Random bytes from which each job's token is derived.",
+)
+@click.option("--identity", default=None, help="This replica's name in the Lease (hostname).")
+@click.option("--lease-namespace", default="edl-system", show_default=True)
+@click.option("--lease-name", default="edl-controller", show_default=True)
+@click.option("--lease-duration", type=float, default=10.0, show_default=True)
+@click.option("--metrics-host", default="0.0.0.0", show_default=True)
+@click.option("--metrics-port", type=int, default=8080, show_default=True)
+@click.option("--min-period", type=float, default=0.3, show_default=True)
+@click.option("--max-period", type=float, default=3.0, show_default=True)
+@click.option(
+    "--coordinator-command",
+    default="python -m trainer_runtime.coordinator",
+    show_default=True,
+    help="The coordinator's command line before its options.",
+)
+@click.option("--coordinator-bind", default="0.0.0.0", show_default=True)
+@click.option(
+    "--coordinator-host",
+    default=None,
+    help="Reach coordinators at this host instead of their Service (one-host clusters).",
+)
+@click.option(
+    "--coordinator-ports",
+    default="7070",
+    show_default=True,
+    help="A port, or a range A-B giving each job its own (one-host clusters).",
+)
+@click.option("-v", "--verbose", is_flag=True)
+def main(
+    kubeconfig: Path | None,
+    policy_file: Path | None,
+    token_key_file: Path,
+    identity: str | None,
+    lease_namespace: str,
+    lease_name: str,
+    lease_duration: float,
+    metrics_host: str,
+    metrics_port: int,
+    min_period: float,
+    max_period: float,
+    coordinator_command: str,
+    coordinator_bind: str,
+    coordinator_host: str | None,
+    coordinator_ports: str,
+    verbose: bool,
+) -> None:
+    """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    try:
+        policy = preset("edl")
+        if policy_file is not None:
+            policy = policy_from_config(load_policy_config(policy_file.read_text()))
+        key = token_key_file.read_bytes().strip()
+        if len(key) < 16:
+            raise ConfigError(
+                f"--token-key-file {token_key_file}: {len(key)} bytes; give at least 16 "
+                "random bytes"
+            )
+        config = ControllerConfig(
+            policy=policy,
+            token_key=key,
+            identity=identity or socket.gethostname(),
+            lease_name=lease_name,
+            lease_namespace=lease_namespace,
+            lease_duration_s=lease_duration,
+            min_period_s=min_period,
+            max_period_s=max_period,
+            coordinator_command=tuple(shlex.split(coordinator_command)),
+            coordinator_bind=coordinator_bind,
+            coordinator_host=coordinator_host,
+            coordinator_ports=PortRange.parse(coordinator_ports),
+            metrics_host=metrics_host,
+            metrics_port=metrics_port,
+        )
+    except (ConfigError, TrainingJobError) as error:
+        raise click.UsageError(str(error)) from None
+    if kubeconfig is not None:
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+    kube = Kube(_api_client(kubeconfig))
+    metrics = Metrics()
+    registry = build_registry(config, kube, metrics)
+    kopf.run(registry=registry, clusterwide=True, standalone=True)

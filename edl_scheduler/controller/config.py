@@ -1,0 +1,99 @@
+"""The operator's settings, in one frozen value that every module reads.
+
+Why this exists: the entry point parses the command line once; everything else receives a
+``ControllerConfig`` and never reads the environment or global state. What must stay true:
+the defaults are what a cluster admin deploys (coordinators reached through their Service,
+one port for all, binding every interface of the pod); the single-host knobs
+(``coordinator_host``, a port range) exist for clusters whose pods share one address, such as
+the kubelet in miniature of the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass, field
+
+from edl_scheduler.core import Policy, preset
+
+
+class ConfigError(ValueError):
+    """A setting is malformed; the message names the option and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class PortRange:
+    """Ports coordinators listen on: one port shared by all (pods have addresses of their
+    own) or a range, each job taking the lowest free port (pods share one address)."""
+
+    first: int
+    last: int
+
+    @classmethod
+    def parse(cls, text: str) -> PortRange:
+        try:
+            first, _, last = text.partition("-")
+            low, high = int(first), int(last or first)
+        except ValueError:
+            raise ConfigError(
+                f"--coordinator-ports {text!r} is not a port or a range: write 7070 or 21000-21999"
+            ) from None
+        if not 0 < low <= high < 65536:
+            raise ConfigError(
+                f"--coordinator-ports {text!r}: ports must lie in 1-65535, lowest first"
+            )
+        return cls(low, high)
+
+    @property
+    def shared(self) -> bool:
+        return self.first == self.last
+
+
+@dataclass(frozen=True, slots=True)
+class ControllerConfig:
+    """Everything the operator is told at start."""
+
+    policy: Policy = field(default_factory=lambda: preset("edl"))
+    #: Key from which each job's token is derived (HMAC of the job's UID), so that the
+    #: controller never needs to read a Secret back: it may only create them.
+    token_key: bytes = b""
+    #: Who this instance is, in the leader-election Lease.
+    identity: str = "edl-controller"
+    lease_name: str = "edl-controller"
+    lease_namespace: str = "edl-system"
+    lease_duration_s: float = 10.0
+    #: Plan at most this often (events mark the world dirty in between) ...
+    min_period_s: float = 0.3
+    #: ... and at least this often, even when nothing was reported.
+    max_period_s: float = 3.0
+    #: How often each job's coordinator is asked for its progress.
+    progress_period_s: float = 1.0
+    #: How often each job's coordinator state is copied into its ConfigMap.
+    snapshot_period_s: float = 5.0
+    #: How often a running job's attained GPU-time is written to its status.
+    attained_period_s: float = 15.0
+    #: The coordinator's command line, before its options.
+    coordinator_command: tuple[str, ...] = ("python", "-m", "trainer_runtime.coordinator")
+    #: The address the coordinator binds inside its pod.
+    coordinator_bind: str = "0.0.0.0"
+    #: Where coordinators are reached; None: through each job's Service DNS name.
+    coordinator_host: str | None = None
+    coordinator_ports: PortRange = PortRange(7070, 7070)
+    coordinator_cpu: str = "100m"
+    coordinator_memory: str = "256Mi"
+    #: Deadline of one call to a coordinator.
+    coordinator_timeout_s: float = 1.0
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = 8080
+    #: The liveness endpoint fails when no cycle has completed for this long.
+    liveness_stale_s: float = 60.0
+
+    def token_for(self, uid: str) -> str:
+        """The job's token: derived, so a restarted controller knows it without reading the
+        Secret it created."""
+        if not self.token_key:
+            raise ConfigError(
+                "no token key: pass --token-key-file (a file of random bytes, e.g. a Secret "
+                "mounted into the controller's pod)"
+            )
+        return hmac.new(self.token_key, uid.encode(), hashlib.sha256).hexdigest()

@@ -1,0 +1,113 @@
+"""Leader election on a coordination.k8s.io Lease: of several replicas, exactly one acts.
+
+Why not kopf's peering: it freezes every peer of equal priority, and the replicas of one
+Deployment share one priority, so all of them would stand still. Here every replica watches
+and keeps its caches warm; before each cycle the planning loop asks ``is_leader()`` and only
+the holder of the Lease acts.
+
+The protocol: the Lease names its holder, when it was last renewed and for how long it holds.
+A replica takes the Lease when it is free or its holder let it lapse; it renews it while
+it holds it. Every write carries the resourceVersion it read, so two replicas racing for the
+Lease cannot both win (the loser gets 409). What must stay true: a replica believes it leads
+only until ``renewTime + leaseDuration`` as it last wrote it, minus a safety margin, so an
+old leader stops acting before a new one may start.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import UTC, datetime
+
+from edl_scheduler.controller.kubeapi import Kube, KubeError, namespaced
+
+log = logging.getLogger("edl.controller.leading")
+
+LEASES_GROUP = "coordination.k8s.io/v1"
+
+
+def _micro(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse(raw: object) -> float:
+    if not raw:
+        return 0.0
+    return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
+
+
+class LeaderElector:
+    """Holds or waits for one Lease. ``try_lead`` is called by the loop every cycle."""
+
+    def __init__(
+        self, kube: Kube, name: str, namespace: str, identity: str, duration_s: float
+    ) -> None:
+        self.kube = kube
+        self.name = name
+        self.namespace = namespace
+        self.identity = identity
+        self.duration_s = duration_s
+        self._valid_until = 0.0
+        self._last_renew = 0.0
+
+    def is_leader(self, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return now < self._valid_until
+
+    def try_lead(self) -> bool:
+        """Renew (at most every third of the duration) or take the Lease; whether we lead."""
+        now = time.time()
+        if self.is_leader(now) and now - self._last_renew < self.duration_s / 3:
+            return True
+        path = namespaced(self.namespace, "leases", self.name, group=LEASES_GROUP)
+        try:
+            lease = self.kube.request("GET", path)
+        except KubeError as error:
+            if error.status != 404:
+                log.warning("cannot read the Lease: %s", error)
+                return self.is_leader()
+            lease = None
+        spec = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, int(self.duration_s)),
+            "renewTime": _micro(now),
+        }
+        try:
+            if lease is None:
+                spec["acquireTime"] = _micro(now)
+                body = {
+                    "apiVersion": LEASES_GROUP,
+                    "kind": "Lease",
+                    "metadata": {"name": self.name, "namespace": self.namespace},
+                    "spec": spec,
+                }
+                self.kube.request(
+                    "POST", namespaced(self.namespace, "leases", group=LEASES_GROUP), body
+                )
+            else:
+                held = lease.get("spec", {})
+                holder = held.get("holderIdentity")
+                expires = _parse(held.get("renewTime")) + float(
+                    held.get("leaseDurationSeconds", self.duration_s)
+                )
+                if holder and holder != self.identity and now < expires:
+                    self._valid_until = 0.0
+                    return False
+                if holder != self.identity:
+                    spec["acquireTime"] = _micro(now)
+                    spec["leaseTransitions"] = int(held.get("leaseTransitions", 0)) + 1
+                    log.info("taking the Lease from %s", holder or "nobody")
+                else:
+                    spec["acquireTime"] = held.get("acquireTime") or _micro(now)
+                    spec["leaseTransitions"] = int(held.get("leaseTransitions", 0))
+                lease["spec"] = spec
+                self.kube.request("PUT", path, lease)  # carries resourceVersion: 409 if raced
+        except KubeError as error:
+            log.info("did not get the Lease: %s", error)
+            if error.status == 409:
+                self._valid_until = 0.0
+            return self.is_leader()
+        self._last_renew = now
+        # Stop believing a little before the others may take over.
+        self._valid_until = now + self.duration_s * 0.8
+        return True

@@ -1,0 +1,303 @@
+"""The planning loop: one cycle at a time, when the world changed, within a min and max period.
+
+A cycle, in numbered steps:
+1. Leader check: only the holder of the Lease goes on (``leading``).
+2. Copy the watched objects (taken on the event loop, where kopf keeps its indexes up to
+   date) and lay over them what this process wrote and the watch has not shown yet.
+3. observe -> Snapshot (pure), plan (pure), decide -> intents (pure).
+4. Act (``actuating``): pods, coordinator calls, statuses, Events.
+5. Metrics.
+
+Events mark the world dirty; a cycle starts at most every ``min_period_s`` and at least every
+``max_period_s``. A background thread asks each coordinator for its progress (and copies its
+state into the job's ConfigMap); a change that matters (finished, members) marks the world
+dirty too. What must stay true: nothing is remembered across cycles that the API does not
+hold, except the planner's reservations and short-lived expectations of our own writes; a
+restarted controller rebuilds everything from the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from edl_scheduler.api import JobPhase, TrainingJob, TrainingJobError, load_training_job
+from edl_scheduler.controller.actuating import Actuator
+from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.coordinating import (
+    CoordinatorCallError,
+    CoordinatorPort,
+    GrpcCoordinator,
+    Progress,
+)
+from edl_scheduler.controller.deciding import JobView, coordinator_port_of, decide, group_pods
+from edl_scheduler.controller.kubeapi import Kube
+from edl_scheduler.controller.leading import LeaderElector
+from edl_scheduler.controller.metrics import Metrics
+from edl_scheduler.controller.observing import observe, pod_requests, replica_of
+from edl_scheduler.controller.shaping import coordinator_address, state_config_map
+from edl_scheduler.core import Plan, Reservation, plan
+
+log = logging.getLogger("edl.controller.loop")
+
+Obj = Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """The watched objects at one instant (copied from kopf's indexes)."""
+
+    nodes: Sequence[Obj]
+    pods: Sequence[Obj]
+    jobs: Sequence[Obj]
+    priority_classes: Mapping[str, int]
+
+
+def new_name(job: str, role: str) -> str:
+    return f"{job}-{role}-{secrets.token_hex(3)}"
+
+
+@dataclass(slots=True)
+class _Coordinated:
+    tj: TrainingJob
+    address: str
+    running: bool
+
+
+class PlanningLoop:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        kube: Kube,
+        world: Callable[[], World],
+        metrics: Metrics,
+    ) -> None:
+        self.config = config
+        self.kube = kube
+        self.world = world
+        self.metrics = metrics
+        self.elector = LeaderElector(
+            kube,
+            config.lease_name,
+            config.lease_namespace,
+            config.identity,
+            config.lease_duration_s,
+        )
+        self._clients: dict[str, tuple[str, CoordinatorPort]] = {}
+        self._clients_lock = threading.Lock()
+        self._progress: dict[str, Progress] = {}
+        self._coordinated: dict[str, _Coordinated] = {}
+        self._snapshots: dict[str, float] = {}
+        self._attained: dict[str, float] = {}
+        self._resource_versions: dict[str, str] = {}
+        self.actuator = Actuator(
+            kube, config, self._client_of, lambda key: self._resource_versions.get(key, "")
+        )
+        self.reservations: tuple[Reservation, ...] = ()
+        self.synced = asyncio.Event()
+        self.dirty = asyncio.Event()
+        self.stopping = threading.Event()
+        self.last_plan: Plan | None = None
+        self.cycles = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ----- triggers -----
+
+    def mark_dirty(self) -> None:
+        self.dirty.set()
+
+    def _mark_dirty_threadsafe(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.dirty.set)
+
+    # ----- the loop -----
+
+    async def run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        poller = threading.Thread(target=self._poll_forever, name="progress", daemon=True)
+        poller.start()
+        await self.synced.wait()
+        last = 0.0
+        while not self.stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.dirty.wait(), timeout=self.config.max_period_s)
+            wait = self.config.min_period_s - (time.monotonic() - last)
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self.dirty.clear()
+            last = time.monotonic()
+            world = self.world()  # 2: on the event loop, where the indexes change
+            try:
+                await asyncio.to_thread(self.cycle, world)
+            except Exception:
+                log.exception("planning cycle failed; the next one starts from the API again")
+
+    def cycle(self, world: World) -> Plan | None:
+        started = time.monotonic()
+        leader = self.elector.try_lead()  # 1
+        self.metrics.leader.set(1 if leader else 0)
+        if not leader:
+            self.metrics.last_cycle = time.monotonic()
+            return None
+        now = time.time()
+        pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
+        bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
+        for body in bodies:
+            meta = body.get("metadata", {})
+            self._resource_versions[f"{meta.get('namespace')}/{meta.get('name')}"] = str(
+                meta.get("resourceVersion", "")
+            )
+        observation = observe(
+            world.nodes, pods, bodies, world.priority_classes, self.reservations
+        )  # 3
+        result = plan(observation.snapshot, self.config.policy, now)
+        self.reservations = result.reservations
+        views = self._views(bodies, pods, observation.jobs, observation.rejected)
+        decisions = decide(views, result, self.config, now, new_name, self._attained_due)
+        if not self.elector.is_leader():
+            return None  # the Lease lapsed while planning: act on nothing
+        self.actuator.run(decisions.intents)  # 4
+        for key in decisions.attained_written:
+            self._attained[key] = now
+        self._remember_coordinators(views)
+        c = decisions.counts  # 5
+        self.metrics.count(c.resizes, c.preemptions, c.waited_s, c.completed_s)
+        self.metrics.set_jobs(str((b.get("status") or {}).get("phase", "Pending")) for b in bodies)
+        capacity = sum(n.allocatable.gpu for n in observation.snapshot.nodes if n.schedulable)
+        self.metrics.gpus_capacity.set(capacity)
+        self.metrics.gpus_allocated.set(_allocated(pods))
+        self.metrics.cycle_seconds.observe(time.monotonic() - started)
+        self.metrics.last_cycle = time.monotonic()
+        self.last_plan = result
+        self.cycles += 1
+        return result
+
+    def _attained_due(self, key: str) -> float:
+        now = time.time()
+        last = self._attained.setdefault(key, now)
+        elapsed = now - last
+        return elapsed if elapsed >= self.config.attained_period_s else 0.0
+
+    def _views(
+        self,
+        bodies: Sequence[Obj],
+        pods: Sequence[Obj],
+        parsed: Mapping[str, TrainingJob],
+        rejected: Mapping[str, str],
+    ) -> dict[str, JobView]:
+        grouped = group_pods(pods)
+        views: dict[str, JobView] = {}
+        for body in bodies:
+            meta = body.get("metadata", {})
+            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            replicas, coordinator = grouped.get(key, ([], None))
+            tj = parsed.get(key)
+            if tj is None and key not in rejected:
+                try:  # a job in a final phase: observe leaves it out of the snapshot
+                    tj = load_training_job(dict(body))
+                except TrainingJobError:
+                    continue
+            views[key] = JobView(
+                body,
+                tj,
+                rejected.get(key),
+                tuple(replicas),
+                coordinator,
+                self._progress.get(key),
+            )
+        return views
+
+    # ----- coordinators -----
+
+    def _remember_coordinators(self, views: Mapping[str, JobView]) -> None:
+        known: dict[str, _Coordinated] = {}
+        for key, view in views.items():
+            port = coordinator_port_of(view.coordinator)
+            if view.tj is None or port is None or view.coordinator is None:
+                continue
+            if JobPhase(view.body.get("status", {}).get("phase", "Pending")).final:
+                continue
+            running = view.coordinator.get("status", {}).get("phase") == "Running"
+            address = coordinator_address(view.tj, port, self.config)
+            known[key] = _Coordinated(view.tj, address, running)
+        self._coordinated = known
+        with self._clients_lock:
+            for key in [k for k in self._clients if k not in known]:
+                self._clients.pop(key)[1].close()
+                self._progress.pop(key, None)
+
+    def _client_of(self, key: str) -> CoordinatorPort | None:
+        found = self._coordinated.get(key)
+        if found is None:
+            return None
+        with self._clients_lock:
+            have = self._clients.get(key)
+            if have is not None and have[0] == found.address:
+                return have[1]
+            if have is not None:
+                have[1].close()
+            token = self.config.token_for(found.tj.metadata.uid or "")
+            client = GrpcCoordinator(found.address, token, self.config.coordinator_timeout_s)
+            self._clients[key] = (found.address, client)
+            return client
+
+    def _poll_forever(self) -> None:
+        pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
+        try:
+            while not self.stopping.wait(self.config.progress_period_s):
+                if not self.elector.is_leader():
+                    continue
+                jobs = [k for k, c in dict(self._coordinated).items() if c.running]
+                list(pool.map(self._poll_one, jobs))
+        finally:
+            pool.shutdown(wait=False)
+
+    def _poll_one(self, key: str) -> None:
+        client = self._client_of(key)
+        if client is None:
+            return
+        try:
+            progress = client.progress()
+        except CoordinatorCallError as error:
+            log.debug("no progress from %s: %s", key, error)
+            return
+        before = self._progress.get(key)
+        self._progress[key] = progress
+        if before is None or (
+            before.finished != progress.finished
+            or before.members != progress.members
+            or before.generation != progress.generation
+        ):
+            self._mark_dirty_threadsafe()
+        now = time.monotonic()
+        if now - self._snapshots.get(key, 0.0) >= self.config.snapshot_period_s:
+            self._snapshots[key] = now
+            found = self._coordinated.get(key)
+            if found is None:
+                return
+            try:
+                state = client.snapshot()
+                tj = found.tj
+                self.actuator.save_state(
+                    tj.metadata.namespace,
+                    tj.metadata.name,
+                    lambda: state_config_map(tj, state),
+                )
+            except Exception as error:
+                log.info("could not keep the state of %s: %s", key, error)
+
+
+def _allocated(pods: Sequence[Obj]) -> int:
+    total = 0
+    for pod in pods:
+        if replica_of(pod) is not None:
+            total += pod_requests(pod).gpu
+    return total

@@ -1,0 +1,284 @@
+"""The objects the controller creates for a TrainingJob, as pure functions returning manifests.
+
+For each job: worker (and parameter-server) pods, one coordinator pod, its Service, a Secret
+with the job's token, and a ConfigMap with the coordinator's last saved state. What must stay
+true of every one of them:
+- it carries the job's labels (``naming``), so that observing finds it again after a restart,
+  and an owner reference to the TrainingJob (controller, blockOwnerDeletion), so that deleting
+  the job removes it through garbage collection and nothing is ever orphaned;
+- replica pods are placed by ``spec.nodeName`` on the node the planner chose. The planner has
+  already decided; binding through the Binding API would cost a second call per pod and
+  leave a window where the pod exists unbound. The kubelet still admits the pod against the
+  node's resources, and a refusal comes back as a failed pod that the controller replaces
+  without charging the job (``deciding``). Other workloads keep the default scheduler;
+- worker pods carry the runtime's environment contract (``trainer_runtime/environment.py``,
+  docs/runtime.md), with the token read from the Secret, never written into the pod spec;
+- GPUs are both requested and limited (extended resources must be equal in both).
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from edl_scheduler.api import API_VERSION, KIND, Framework, ReplicaResources, TrainingJob
+from edl_scheduler.api.spec import StateKind
+from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.naming import (
+    ANNOTATION_COORDINATOR_ARGS,
+    ANNOTATION_COORDINATOR_PORT,
+    GPU_RESOURCE,
+    LABEL_JOB,
+    LABEL_MANAGED,
+    LABEL_ROLE,
+    ROLE_COORDINATOR,
+    STATE_ENV,
+    STATE_KEY,
+    TOKEN_KEY,
+    coordinator_name,
+    secret_name,
+    state_config_map_name,
+)
+from edl_scheduler.core import Role
+
+Manifest = dict[str, Any]
+
+#: Where a coordinator with ``state.kind: volume`` keeps its state inside its pod.
+VOLUME_MOUNT = "/var/lib/edl"
+#: Seeds a file from the saved state, then runs the coordinator with ``--state-file``; the
+#: coordinator's own arguments follow as "$0" "$@".
+_SEED_STATE = (
+    'd="$(mktemp -d)" && printf "%s" "$' + STATE_ENV + '" > "$d/state.json" && '
+    'exec "$0" "$@" --state-file "$d/state.json"'
+)
+
+
+class ShapingError(ValueError):
+    """The job lacks something its objects need; the message names the field and the fix."""
+
+
+def owner_reference(tj: TrainingJob) -> Manifest:
+    if not tj.metadata.uid:
+        raise ShapingError(f"TrainingJob {tj.key} has no metadata.uid: read it from the API")
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": tj.metadata.name,
+        "uid": tj.metadata.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def labels_for(tj: TrainingJob, role: str) -> dict[str, str]:
+    return {LABEL_JOB: tj.metadata.name, LABEL_ROLE: role, LABEL_MANAGED: "true"}
+
+
+def _metadata(
+    tj: TrainingJob, name: str, role: str, extra_labels: Mapping[str, str] | None = None
+) -> Manifest:
+    return {
+        "name": name,
+        "namespace": tj.metadata.namespace,
+        "labels": dict(extra_labels or {}) | labels_for(tj, role),
+        "ownerReferences": [owner_reference(tj)],
+    }
+
+
+def _resources(res: ReplicaResources) -> Manifest:
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if res.gpu:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = str(res.gpu)
+    if res.cpu is not None:
+        requests["cpu"] = str(res.cpu)
+    if res.memory is not None:
+        requests["memory"] = str(res.memory)
+    out: Manifest = {}
+    if requests:
+        out["requests"] = requests
+    if limits:
+        out["limits"] = limits
+    return out
+
+
+def coordinator_address(tj: TrainingJob, port: int, config: ControllerConfig) -> str:
+    """host:port where the job's workers and the controller reach its coordinator."""
+    host = config.coordinator_host
+    if host is None:
+        host = f"{coordinator_name(tj.metadata.name)}.{tj.metadata.namespace}.svc"
+    return f"{host}:{port}"
+
+
+def _token_env() -> Manifest:
+    return {
+        "name": "EDL_JOB_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "", "key": TOKEN_KEY}},
+    }
+
+
+def replica_pod(
+    tj: TrainingJob,
+    name: str,
+    node: str,
+    role: Role,
+    address: str,
+) -> Manifest:
+    """A worker or parameter-server pod on ``node``, from the job's template."""
+    template = tj.spec.template.model_dump(
+        mode="json", by_alias=True, exclude_none=True, exclude_unset=True
+    )
+    spec: Manifest = copy.deepcopy(template.get("spec", {}))
+    tmeta: Mapping[str, Any] = template.get("metadata", {}) or {}
+    meta = _metadata(tj, name, role.value, tmeta.get("labels"))
+    if tmeta.get("annotations"):
+        meta["annotations"] = dict(tmeta["annotations"])
+    res = tj.spec.resources
+    if role is Role.PSERVER and tj.spec.pserver is not None:
+        res = tj.spec.pserver.resources
+    containers: list[Manifest] = spec["containers"]
+    main = containers[0]
+    main["resources"] = _resources(res)
+    token = _token_env()
+    token["valueFrom"]["secretKeyRef"]["name"] = secret_name(tj.metadata.name)
+    contract = [
+        {"name": "EDL_COORDINATOR", "value": address},
+        token,
+        {"name": "EDL_JOB_ID", "value": tj.metadata.name},
+        {"name": "EDL_WORKER_ID", "value": name},
+        {"name": "EDL_NODE_NAME", "value": node},
+        {"name": "EDL_WORKER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "EDL_ROLE", "value": role.value},
+    ]
+    ours = {e["name"] for e in contract}
+    main["env"] = [e for e in main.get("env", []) if e.get("name") not in ours] + contract
+    spec["nodeName"] = node
+    spec["restartPolicy"] = "Never"
+    spec.pop("schedulerName", None)
+    if tj.spec.priority_class_name is not None:
+        spec["priorityClassName"] = tj.spec.priority_class_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def coordinator_args(tj: TrainingJob) -> list[str]:
+    """The dataset options of the job's coordinator, from its annotation."""
+    raw = tj.metadata.annotations.get(ANNOTATION_COORDINATOR_ARGS)
+    if not raw:
+        raise ShapingError(
+            f"metadata.annotations[{ANNOTATION_COORDINATOR_ARGS!r}] is missing: give the "
+            "coordinator's dataset options, e.g. '--samples 50000 --epochs 3'"
+        )
+    try:
+        return shlex.split(raw)
+    except ValueError as error:
+        raise ShapingError(
+            f"metadata.annotations[{ANNOTATION_COORDINATOR_ARGS!r}] is not valid shell "
+            f"quoting ({error}): fix the quotes"
+        ) from None
+
+
+def coordinator_pod(
+    tj: TrainingJob,
+    node: str,
+    port: int,
+    config: ControllerConfig,
+    saved_state: str | None,
+) -> Manifest:
+    """The job's coordinator on ``node``. With ``state.kind: snapshot`` a replacement starts
+    from ``saved_state`` (the last snapshot the controller kept); with ``volume`` it reads and
+    writes its state on the claim the job names."""
+    name = coordinator_name(tj.metadata.name)
+    mode = "independent" if tj.spec.framework is Framework.NONE else "group"
+    argv = [
+        *config.coordinator_command,
+        "--host",
+        config.coordinator_bind,
+        "--port",
+        str(port),
+        "--mode",
+        mode,
+        *coordinator_args(tj),
+    ]
+    token = _token_env()
+    token["valueFrom"]["secretKeyRef"]["name"] = secret_name(tj.metadata.name)
+    container: Manifest = {
+        "name": "coordinator",
+        "image": tj.spec.coordinator_image,
+        "env": [token],
+        "ports": [{"name": "grpc", "containerPort": port}],
+        "resources": {
+            "requests": {"cpu": config.coordinator_cpu, "memory": config.coordinator_memory}
+        },
+    }
+    spec: Manifest = {"nodeName": node, "restartPolicy": "Never", "containers": [container]}
+    state = tj.spec.coordinator.state
+    if state.kind is StateKind.VOLUME:
+        container["command"] = [*argv, "--state-file", f"{VOLUME_MOUNT}/state.json"]
+        container["volumeMounts"] = [{"name": "state", "mountPath": VOLUME_MOUNT}]
+        spec["volumes"] = [
+            {"name": "state", "persistentVolumeClaim": {"claimName": state.claim_name}}
+        ]
+    elif saved_state:
+        container["command"] = ["sh", "-c", _SEED_STATE, *argv]
+        container["env"].append({"name": STATE_ENV, "value": saved_state})
+    else:
+        container["command"] = argv
+    tolerations = tj.spec.template.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for key in ("tolerations", "nodeSelector"):
+        if tolerations.get(key):
+            spec[key] = tolerations[key]
+    if tj.spec.priority_class_name is not None:
+        spec["priorityClassName"] = tj.spec.priority_class_name
+    meta = _metadata(tj, name, ROLE_COORDINATOR)
+    meta["annotations"] = {ANNOTATION_COORDINATOR_PORT: str(port)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def coordinator_service(tj: TrainingJob, port: int) -> Manifest:
+    name = coordinator_name(tj.metadata.name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(tj, name, ROLE_COORDINATOR),
+        "spec": {
+            "selector": {LABEL_JOB: tj.metadata.name, LABEL_ROLE: ROLE_COORDINATOR},
+            "ports": [{"name": "grpc", "port": port, "targetPort": port}],
+        },
+    }
+
+
+def token_secret(tj: TrainingJob, token: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(tj, secret_name(tj.metadata.name), ROLE_COORDINATOR),
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def state_config_map(tj: TrainingJob, state: str) -> Manifest:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(tj, state_config_map_name(tj.metadata.name), ROLE_COORDINATOR),
+        "data": {STATE_KEY: state},
+    }
+
+
+def free_port(used: Sequence[int], config: ControllerConfig) -> int:
+    """The port of a new coordinator: the shared one, or the lowest one no coordinator
+    holds."""
+    ports = config.coordinator_ports
+    if ports.shared:
+        return ports.first
+    taken = set(used)
+    for port in range(ports.first, ports.last + 1):
+        if port not in taken:
+            return port
+    raise ShapingError(
+        f"every port of --coordinator-ports {ports.first}-{ports.last} is taken by a "
+        "coordinator: widen the range"
+    )
