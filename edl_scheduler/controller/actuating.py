@@ -281,12 +281,17 @@ class Actuator:
         key = f"{intent.namespace}/{intent.name}"
         path = namespaced(intent.namespace, PLURAL, intent.name, group=f"{GROUP}/{VERSION}")
         replaced = self.resource_versions(key)
-        answer = self.kube.request(
-            "PATCH",
-            f"{path}/status",
-            [{"op": "add", "path": "/status", "value": intent.status}],
-            content_type=JSON_PATCH,
-        )
+        try:
+            answer = self.kube.request(
+                "PATCH",
+                f"{path}/status",
+                [{"op": "add", "path": "/status", "value": intent.status}],
+                content_type=JSON_PATCH,
+            )
+        except KubeError as error:
+            if error.status == 422:
+                log.error("the API refused the status of %s: %s (%s)", key, error, intent.status)
+            raise
         if answer is not None:
             with self.expectations.lock:
                 self.expectations.statuses[key] = (intent.status, replaced, time.monotonic())

@@ -178,6 +178,8 @@ class JobView:
     replicas: tuple[Obj, ...] = ()
     coordinator: Obj | None = None
     progress: Progress | None = None
+    #: The job's effective priority (spec.priority or its PriorityClass's value).
+    priority: int | None = None
 
 
 @dataclass(slots=True)
@@ -656,6 +658,8 @@ def _status(
             "reason": decision.reason.value,
         }
     status["restarts"] = cycle.restarts
+    if view.priority is not None:
+        status["priority"] = view.priority
     progress = view.progress
     if progress is not None:
         status["progress"] = progress.as_status()
@@ -695,10 +699,13 @@ def _status(
             "type": "Admitted",
             "status": admitted,
             "reason": "Started" if admitted == "True" else "Waiting",
-            "message": "" if admitted == "True" else status.get("message", ""),
+            "message": "" if admitted == "True" else str(status.get("message") or ""),
             "lastTransitionTime": _condition_time(status, "Admitted", admitted, now),
         }
     )
+    for c in conditions:
+        if not c.get("message"):
+            c.pop("message", None)  # an empty string reads back as null on Kubernetes 1.20
     status["conditions"] = conditions
 
 

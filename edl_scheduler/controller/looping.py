@@ -160,7 +160,8 @@ class PlanningLoop:
         )  # 3
         result = plan(observation.snapshot, self.config.policy, now)
         self.reservations = result.reservations
-        views = self._views(bodies, pods, observation.jobs, observation.rejected)
+        priorities = {j.name: j.priority for j in observation.snapshot.jobs}
+        views = self._views(bodies, pods, observation.jobs, observation.rejected, priorities)
         decisions = decide(views, result, self.config, now, new_name, self._attained_due)
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
@@ -192,6 +193,7 @@ class PlanningLoop:
         pods: Sequence[Obj],
         parsed: Mapping[str, TrainingJob],
         rejected: Mapping[str, str],
+        priorities: Mapping[str, int],
     ) -> dict[str, JobView]:
         grouped = group_pods(pods)
         views: dict[str, JobView] = {}
@@ -212,6 +214,7 @@ class PlanningLoop:
                 tuple(replicas),
                 coordinator,
                 self._progress.get(key),
+                priorities.get(key),
             )
         return views
 

@@ -1,0 +1,272 @@
+"""Running the operator under test: ``python -m edl_scheduler.controller`` as a subprocess
+against the session's API server, plus builders for jobs and small waits.
+
+The controller runs as a real process (so that tests can SIGKILL it) with the test
+kubeconfig, a token key, coordinators reached at 127.0.0.1 on per-job ports (all pods of the
+kubelet in miniature share one address), and a fast planning period. Processes are stopped
+by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import kubernetes
+from kubernetes.client import ApiException
+
+from .testenv import REPO, KubeAPI
+
+GROUP, VERSION, PLURAL = "edl.dev", "v1alpha1", "trainingjobs"
+CRD_FILE = REPO / "manifests" / "crd" / "trainingjobs.edl.dev.yaml"
+
+
+def eventually(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """Polls ``check`` until it returns something truthy; bounded."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def ensure_namespace(api: KubeAPI, name: str) -> None:
+    core = kubernetes.client.CoreV1Api(api.api_client)
+    try:
+        core.create_namespace({"metadata": {"name": name}})
+    except ApiException as error:
+        if error.status != 409:
+            raise
+
+
+def apply_crd(api: KubeAPI) -> None:
+    api.kubectl("apply", "-f", str(CRD_FILE))
+    ext = kubernetes.client.ApiextensionsV1Api(api.api_client)
+
+    def established() -> bool:
+        found = ext.read_custom_resource_definition(f"{PLURAL}.{GROUP}")
+        return any(
+            c.type == "Established" and c.status == "True" for c in found.status.conditions or []
+        )
+
+    eventually(established, 30, "the TrainingJob CRD to become Established")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ControllerProcess:
+    """One operator process; ``kill()`` is SIGKILL, ``stop()`` SIGTERM then SIGKILL."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        workdir: Path,
+        identity: str,
+        lease_namespace: str,
+        extra: tuple[str, ...] = (),
+        ports: str = "21000-21999",
+    ) -> None:
+        self.api = api
+        self.workdir = workdir
+        self.identity = identity
+        self.metrics_port = free_port()
+        key = workdir / "token-key"
+        if not key.exists():
+            key.write_bytes(os.urandom(32).hex().encode())
+        policy = workdir / "policy.yaml"
+        if not policy.exists():
+            policy.write_text("base: edl\ncooldown_seconds: 0\nmin_run_seconds: 0\n")
+        self.argv = [
+            sys.executable, "-m", "edl_scheduler.controller",
+            "--kubeconfig", str(api.kubeconfig),
+            "--token-key-file", str(key),
+            "--policy", str(policy),
+            "--identity", identity,
+            "--lease-namespace", lease_namespace,
+            "--lease-duration", "4",
+            "--metrics-host", "127.0.0.1",
+            "--metrics-port", str(self.metrics_port),
+            "--min-period", "0.1",
+            "--max-period", "1",
+            "--coordinator-command", f"{sys.executable} -m trainer_runtime.coordinator",
+            "--coordinator-bind", "127.0.0.1",
+            "--coordinator-host", "127.0.0.1",
+            "--coordinator-ports", ports,
+            *extra,
+        ]  # fmt: skip
+        self.log_path = workdir / f"controller-{identity}.log"
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = self.log_path.open("ab")
+        self.popen = subprocess.Popen(
+            self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+        log.close()
+
+    def metrics(self) -> str:
+        import urllib.request
+
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2
+        ) as answer:
+            return str(answer.read().decode())
+
+    def healthy(self) -> bool:
+        import urllib.error
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(
+                f"http://127.0.0.1:{self.metrics_port}/healthz", timeout=2
+            ) as answer:
+                return bool(answer.status == 200)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def stop(self) -> None:
+        if self.popen is None or self.popen.poll() is not None:
+            return
+        os.kill(self.popen.pid, signal.SIGTERM)
+        try:
+            self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait(10)
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return ""
+
+
+@contextmanager
+def running_controller(
+    api: KubeAPI,
+    workdir: Path,
+    identity: str = "ctrl-a",
+    lease_namespace: str = "default",
+    **kwargs: Any,
+) -> Iterator[ControllerProcess]:
+    proc = ControllerProcess(api, workdir, identity, lease_namespace, **kwargs)
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+def training_job(
+    name: str,
+    namespace: str,
+    *,
+    min_replicas: int = 1,
+    max_replicas: int = 1,
+    gpus: int = 1,
+    priority: int | None = None,
+    priority_class: str | None = None,
+    samples: int = 1000,
+    command: list[str] | None = None,
+    framework: str = "none",
+    max_restarts: int = 3,
+    extra_spec: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
+        "framework": framework,
+        "resources": {"nvidia.com/gpu": gpus, "cpu": "1", "memory": "1Gi"},
+        "failurePolicy": {"maxRestarts": max_restarts},
+        "template": {
+            "spec": {
+                "containers": [
+                    {
+                        "name": "worker",
+                        "image": "edl/plain-worker:test",
+                        "command": command
+                        or [sys.executable, "-m", "trainer_runtime.plain_worker",
+                            "--step-time-s", "0.02"],
+                    }
+                ]
+            }
+        },
+    }  # fmt: skip
+    if priority is not None:
+        spec["priority"] = priority
+    if priority_class is not None:
+        spec["priorityClassName"] = priority_class
+    spec |= extra_spec or {}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "TrainingJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "annotations": {"edl.dev/coordinator-args": f"--samples {samples} --shard-size 10"},
+        },
+        "spec": spec,
+    }
+
+
+class Cluster:
+    """Reads and writes of the tests, through the admin client."""
+
+    def __init__(self, api: KubeAPI) -> None:
+        self.api = api
+        self.core = kubernetes.client.CoreV1Api(api.api_client)
+        self.custom = kubernetes.client.CustomObjectsApi(api.api_client)
+
+    def create_job(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        ns = manifest["metadata"]["namespace"]
+        found: dict[str, Any] = self.custom.create_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, manifest
+        )
+        return found
+
+    def job(self, ns: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name
+        )
+        return found
+
+    def delete_job(self, ns: str, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+
+    def pods(self, ns: str, job: str, role: str | None = None) -> list[Any]:
+        selector = f"edl.dev/job={job}" + (f",edl.dev/role={role}" if role else "")
+        return list(self.core.list_namespaced_pod(ns, label_selector=selector).items)
+
+    def events(self, ns: str, name: str) -> list[Any]:
+        return [
+            e
+            for e in self.core.list_namespaced_event(ns).items
+            if e.involved_object.name == name and e.involved_object.kind == "TrainingJob"
+        ]
+
+    def set_pod_phase(self, ns: str, name: str, phase: str, reason: str | None = None) -> None:
+        """Plays the kubelet's part: report a pod's phase through the status subresource."""
+        status: dict[str, Any] = {"phase": phase, "podIP": "127.0.0.1"}
+        if reason:
+            status["reason"] = reason
+        self.core.patch_namespaced_pod_status(name, ns, {"status": status})
