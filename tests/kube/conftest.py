@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from .kubelet import MiniKubelet, running_kubelet
 from .testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
 
 _binaries: Path | ControlPlaneError | None = None
@@ -21,7 +22,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     global _binaries
     if session.config.option.collectonly:
         return
-    wanted = {"kube_api", "kube_bin_dir"}
+    wanted = {"kube_api", "kube_bin_dir", "kubelet"}
     if any(wanted & set(getattr(item, "fixturenames", ())) for item in session.items):
         try:
             _binaries = ensure_binaries()
@@ -44,3 +45,30 @@ def kube_api(kube_bin_dir: Path) -> Iterator[KubeAPI]:
     """etcd, kube-apiserver and kube-controller-manager 1.20 on 127.0.0.1 for the session."""
     with running_control_plane(kube_bin_dir) as api:
         yield api
+
+
+@pytest.fixture(scope="session")
+def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniKubelet]:
+    """The kubelet in miniature (`kubelet.py`) for every node of the session's cluster.
+
+    Create nodes with `nodes.create_node`; each pod bound to one (the controller sets
+    `spec.nodeName`) has its containers' commands run as local processes, and its status
+    reported Running, Succeeded or Failed; a deleted pod's processes are stopped after its
+    grace period and the pod is then removed. For example::
+
+        def test_job_runs(kube_api, kubelet):
+            create_node(kube_api.api_client, "node-a", gpus=8)
+            ...  # create the TrainingJob, run the controller, wait for the pods
+            print(kubelet.logs("research", "job-worker-0"))  # what `kubectl logs` would show
+
+    Containers must give `command` (there are no images), run with this test interpreter's
+    `python` first on PATH, and all pods share 127.0.0.1. `kubelet.fail_node(name)` plays a
+    node that dies (processes SIGKILLed, nothing more reported). It runs on a client of its
+    own and stops, ending every process it started, when the session ends.
+    """
+    client = kube_api.new_client()
+    try:
+        with running_kubelet(client, tmp_path_factory.mktemp("kubelet")) as running:
+            yield running
+    finally:
+        client.close()

@@ -1,6 +1,8 @@
 """Node objects for a cluster with no kubelets: what a kubelet would register.
 
 The planner counts `status.allocatable` (GPUs as `nvidia.com/gpu`) of Ready, schedulable nodes.
+The kubelet in miniature (`kubelet.py`) keeps the nodes it serves alive with the two
+heartbeats below: the node's Lease in kube-node-lease, and its Ready condition.
 On creation the API server's TaintNodesByCondition admission adds the
 `node.kubernetes.io/not-ready` taint, which a kubelet's first Ready status would clear; with no
 kubelet, `create_node` sets the taints itself. The node-lifecycle controller is off in the
@@ -13,8 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes
+from kubernetes.client import ApiException
 
 GPU = "nvidia.com/gpu"
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+#: Taints that a kubelet's Ready status clears (admission and the node controller add them).
+CLEARED_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
 
 def node_manifest(
@@ -77,3 +83,52 @@ def create_node(
     core.create_node(manifest)
     # A list without a merge key: the strategic merge patch replaces it whole.
     return core.patch_node(name, {"spec": {"taints": taints or []}})
+
+
+def renew_node_lease(
+    coordination: kubernetes.client.CoordinationV1Api, name: str, uid: str, duration_s: int
+) -> None:
+    """Renews the node's Lease in kube-node-lease, creating it (owned by the node, so it goes
+    with it) when it does not exist yet, as a kubelet's heartbeat does."""
+    spec = {
+        "holderIdentity": name,
+        "leaseDurationSeconds": duration_s,
+        "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+    }
+    try:
+        coordination.patch_namespaced_lease(
+            name, NODE_LEASE_NAMESPACE, {"spec": spec}, _content_type="application/merge-patch+json"
+        )
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        owner = {"apiVersion": "v1", "kind": "Node", "name": name, "uid": uid}
+        coordination.create_namespaced_lease(
+            NODE_LEASE_NAMESPACE,
+            {"metadata": {"name": name, "ownerReferences": [owner]}, "spec": spec},
+        )
+
+
+def report_node_ready(core: kubernetes.client.CoreV1Api, name: str) -> None:
+    """Posts the node's Ready condition with a fresh heartbeat (keeping its transition time
+    while it stays Ready) and removes the taints that Ready clears."""
+    stored = core.read_node(name)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = [c for c in stored.status.conditions or [] if c.type == "Ready"]
+    since = ready[0].last_transition_time if ready and ready[0].status == "True" else None
+    condition = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "KubeletReady",
+        "message": "the kubelet in miniature is posting ready status",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ") if since else now,
+    }
+    # A strategic merge patch: conditions merge by type, so the other conditions stay.
+    core.patch_node_status(name, {"status": {"conditions": [condition]}})
+    taints = stored.spec.taints or []
+    kept = [t for t in taints if t.key not in CLEARED_TAINTS]
+    if len(kept) != len(taints):
+        # A list without a merge key: the strategic merge patch replaces it whole.
+        serialize = core.api_client.sanitize_for_serialization
+        core.patch_node(name, {"spec": {"taints": [serialize(t) for t in kept]}})

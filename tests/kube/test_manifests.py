@@ -69,7 +69,6 @@ NEEDED: list[Access] = [
     ("update", "edl.dev", "trainingjobs/finalizers", "research", ""),
     *[(v, "", "pods", "", "") for v in ("list", "watch")],
     *[(v, "", "pods", "research", "") for v in ("get", "create", "patch", "delete")],
-    ("create", "", "pods/binding", "research", ""),
     *[(v, "", "services", "research", "") for v in ("get", "list", "watch", "create", "delete")],
     *[
         (v, "", "configmaps", "research", "")
@@ -82,10 +81,7 @@ NEEDED: list[Access] = [
     *[(v, "", "events", "research", "") for v in ("create", "patch")],
     *[(v, "apiextensions.k8s.io", "customresourcedefinitions", "", "") for v in ("list", "watch")],
     ("create", "coordination.k8s.io", "leases", NAMESPACE, ""),
-    *[
-        (v, "coordination.k8s.io", "leases", NAMESPACE, LEASE)
-        for v in ("get", "watch", "update", "patch")
-    ],
+    *[(v, "coordination.k8s.io", "leases", NAMESPACE, LEASE) for v in ("get", "update")],
 ]
 
 #: What a least-privilege controller must not be able to do.
@@ -96,6 +92,7 @@ DENIED: list[Access] = [
     *[(v, "", "nodes", "", "") for v in ("create", "update", "patch", "delete")],
     ("patch", "", "nodes/status", "", ""),
     ("create", "", "pods/exec", "research", ""),
+    ("create", "", "pods/binding", "research", ""),
     ("create", "", "pods/eviction", "research", ""),
     ("update", "", "pods/status", "research", ""),
     *[(v, "edl.dev", "trainingjobs", "research", "") for v in ("create", "update", "delete")],
