@@ -1,0 +1,257 @@
+"""The controller's pure decisions: Plan + pods + progress -> intents, without an API server.
+
+Aspects:
+- a started job gets its Secret and Service, a coordinator, and one pod per planned node with
+  the environment contract, owner reference, labels and GPU limits; an Admitted Event;
+- a shrink drains running victims (annotation + coordinator drain) and deletes ones that never
+  started; a draining pod past its deadline is deleted; victims are named in the Event;
+- a failed worker is charged, one refused at admission is not; past maxRestarts the job
+  Fails and keeps no pods;
+- the coordinator's "finished" makes the job Succeeded and removes its pods;
+- an invalid job gets Valid=False and one Warning Event, and no second write when nothing
+  changed;
+- phases follow JobPhase's diagram (Suspended -> Pending -> Running);
+- status is written only when it changed; per-job coordinator ports are unique.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from edl_scheduler.api import JobPhase, load_training_job
+from edl_scheduler.controller.config import ControllerConfig, PortRange
+from edl_scheduler.controller.coordinating import Progress
+from edl_scheduler.controller.deciding import (
+    CreateCoordinator,
+    CreatePod,
+    DeletePod,
+    Drain,
+    Emit,
+    EnsureObjects,
+    JobView,
+    MarkDraining,
+    PatchStatus,
+    SetTarget,
+    decide,
+    group_pods,
+    step_toward,
+)
+from edl_scheduler.controller.observing import observe
+from edl_scheduler.core import Action, JobDecision, Plan, Reason, Role, RoleChange, plan, preset
+
+CONFIG = ControllerConfig(
+    token_key=b"k" * 32, coordinator_host="127.0.0.1", coordinator_ports=PortRange(21000, 21010)
+)
+NOW = 1_800_000_000.0
+
+
+def job_body(name: str = "j", min_r: int = 1, max_r: int = 2, **status: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "edl.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "creationTimestamp": "2027-01-01T00:00:00Z",
+            "annotations": {"edl.dev/coordinator-args": "--samples 100"},
+        },
+        "spec": {
+            "minReplicas": min_r,
+            "maxReplicas": max_r,
+            "framework": "none",
+            "resources": {"nvidia.com/gpu": 1},
+            "failurePolicy": {"maxRestarts": 1},
+            "timeouts": {"drainSeconds": 5},
+            "template": {"spec": {"containers": [{"name": "w", "image": "img"}]}},
+        },
+        "status": status,
+    }
+
+
+def pod(
+    name: str, job: str = "j", role: str = "worker", node: str = "n0", phase: str = "Running",
+    **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "labels": {"edl.dev/job": job, "edl.dev/role": role},
+        "creationTimestamp": "2027-01-01T00:00:01Z",
+    }
+    meta |= extra.pop("meta", {})
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node, "containers": [{"name": "w"}]},
+        "status": {"phase": phase, **extra},
+    }
+
+
+def coordinator(job: str = "j", port: int = 21000, phase: str = "Running") -> dict[str, Any]:
+    return pod(
+        f"{job}-coordinator", job, "coordinator", phase=phase,
+        meta={"annotations": {"edl.dev/coordinator-port": str(port)}},
+    )  # fmt: skip
+
+
+def names() -> Any:
+    counter = itertools.count()
+    return lambda job, role: f"{job}-{role}-{next(counter)}"
+
+
+def view(body: dict[str, Any], pods: list[dict[str, Any]] = (), **kw: Any) -> JobView:  # type: ignore[assignment]
+    replicas, coord = group_pods(pods).get("ns/" + body["metadata"]["name"], ([], None))
+    return JobView(body, load_training_job(body), None, tuple(replicas), coord, **kw)
+
+
+def decision(action: Action, cur: int, tgt: int, add=(), remove=(), for_job=None) -> JobDecision:  # type: ignore[no-untyped-def]
+    return JobDecision(
+        "ns/j", action, Reason.STARTED, "msg", RoleChange(Role.WORKER, cur, tgt, add, remove),
+        for_job=for_job,
+    )  # fmt: skip
+
+
+def of(kind: type, intents: list[Any]) -> list[Any]:
+    return [i for i in intents if isinstance(i, kind)]
+
+
+def test_start_creates_objects_coordinator_and_placed_workers() -> None:
+    body = job_body()
+    nodes = [
+        {"metadata": {"name": "n0"}, "spec": {},
+         "status": {"allocatable": {"nvidia.com/gpu": "1"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "n1"}, "spec": {},
+         "status": {"allocatable": {"nvidia.com/gpu": "1"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+    ]  # fmt: skip
+    obs = observe(nodes, [], [body], {})
+    p = plan(obs.snapshot, preset("edl"), NOW)
+    out = decide({"ns/j": view(body)}, p, CONFIG, NOW, names())
+    assert [type(i) for i in out.intents[:2]] == [EnsureObjects, CreateCoordinator]
+    kinds = [m["kind"] for m in of(EnsureObjects, out.intents)[0].manifests]
+    assert kinds == ["Secret", "Service"]
+    pods = [i.manifest for i in of(CreatePod, out.intents)]
+    assert sorted(p["spec"]["nodeName"] for p in pods) == ["n0", "n1"]
+    for manifest in pods:
+        env = {e["name"]: e for e in manifest["spec"]["containers"][0]["env"]}
+        assert env["EDL_COORDINATOR"]["value"] == "127.0.0.1:21000"
+        assert env["EDL_WORKER_ID"]["value"] == manifest["metadata"]["name"]
+        assert env["EDL_JOB_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j-token"
+        assert manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-j"
+        assert manifest["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert of(SetTarget, out.intents) == [SetTarget("ns/j", 2)]
+    assert [e.reason.value for e in of(Emit, out.intents)] == ["Admitted"]
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["phase"] == "Running" and status["replicas"] == 2
+
+
+def test_shrink_drains_running_victims_and_deletes_unstarted_ones() -> None:
+    body = job_body(max_r=3, phase="Running", startTime="2027-01-01T00:00:02Z")
+    pods = [pod("a"), pod("b"), pod("c", phase="Pending"), coordinator()]
+    d = decision(Action.SHRINK, 3, 1, remove=("b", "c"), for_job="ns/high")
+    out = decide({"ns/j": view(body, pods)}, Plan(NOW, (d,)), CONFIG, NOW, names())
+    assert of(MarkDraining, out.intents) == [MarkDraining("ns", "b", NOW)]
+    assert of(Drain, out.intents) == [Drain("ns/j", "b")]
+    assert of(DeletePod, out.intents) == [DeletePod("ns", "c")]
+    preempted = next(e for e in of(Emit, out.intents) if e.reason.value == "Preempted")
+    assert "b, c" in preempted.message and "ns/high" in preempted.message
+    assert out.counts.preemptions == 1
+    assert out.counts.resizes == {("down", "Started"): 1}
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["phase"] == "Resizing" and status["replicas"] == 1
+
+
+def test_draining_pod_is_deleted_at_its_deadline_only() -> None:
+    body = job_body(phase="Running")
+    draining = pod("a", meta={"annotations": {"edl.dev/draining": "true",
+                                              "edl.dev/drain-since": str(NOW - 4)}})  # fmt: skip
+    before = decide({"ns/j": view(body, [draining, coordinator()])}, None, CONFIG, NOW, names())
+    assert not of(DeletePod, before.intents)
+    after = decide({"ns/j": view(body, [draining, coordinator()])}, None, CONFIG, NOW + 2, names())
+    assert of(DeletePod, after.intents) == [DeletePod("ns", "a")]
+
+
+def test_failures_are_charged_refusals_are_not_and_the_budget_ends_the_job() -> None:
+    body = job_body(phase="Running")
+    refused = pod("a", phase="Failed", reason="OutOfnvidia.com/gpu")
+    out = decide({"ns/j": view(body, [refused, coordinator()])}, None, CONFIG, NOW, names())
+    assert of(DeletePod, out.intents) == [DeletePod("ns", "a")]
+    assert of(PatchStatus, out.intents)[0].status["restarts"] == 0
+    failed = pod("b", phase="Failed")
+    out = decide({"ns/j": view(body, [failed, coordinator()])}, None, CONFIG, NOW, names())
+    assert of(PatchStatus, out.intents)[0].status["restarts"] == 1
+    body = job_body(phase="Running", restarts=1)
+    out = decide(
+        {"ns/j": view(body, [failed, pod("c"), coordinator()])}, None, CONFIG, NOW, names()
+    )
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["phase"] == "Failed" and status["restarts"] == 2
+    assert {i.name for i in of(DeletePod, out.intents)} == {"b", "c", "j-coordinator"}
+    assert "Failed" in [e.reason.value for e in of(Emit, out.intents)]
+
+
+def test_finished_coordinator_makes_the_job_succeed() -> None:
+    body = job_body(phase="Running")
+    progress = Progress(3, 1, 1, 10, 100, 100, True, ("a",), (), ())
+    out = decide(
+        {"ns/j": view(body, [pod("a"), coordinator()], progress=progress)},
+        None, CONFIG, NOW, names(),
+    )  # fmt: skip
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["phase"] == "Succeeded" and status["completionTime"]
+    assert {i.name for i in of(DeletePod, out.intents)} == {"a", "j-coordinator"}
+    assert out.counts.completed_s
+
+
+def test_invalid_job_is_reported_once() -> None:
+    body = job_body(min_r=3, max_r=2)
+    bad = JobView(body, None, "spec.maxReplicas: 2 is below minReplicas (3)")
+    out = decide({"ns/j": bad}, None, CONFIG, NOW, names())
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["conditions"][0]["status"] == "False"
+    assert [e.type.value for e in of(Emit, out.intents)] == ["Warning"]
+    again = JobView(body | {"status": status}, None, bad.rejected)
+    assert decide({"ns/j": again}, None, CONFIG, NOW, names()).intents == []
+
+
+def test_unchanged_status_is_not_written_again() -> None:
+    body = job_body(phase="Running")
+    pods = [pod("a"), coordinator()]
+    first = of(PatchStatus, decide({"ns/j": view(body, pods)}, None, CONFIG, NOW, names()).intents)
+    body["status"] = first[0].status
+    second = decide({"ns/j": view(body, pods)}, None, CONFIG, NOW + 1, names())
+    assert not of(PatchStatus, second.intents)
+
+
+@pytest.mark.parametrize(
+    ("current", "desired", "expected"),
+    [
+        (JobPhase.SUSPENDED, JobPhase.RUNNING, JobPhase.PENDING),
+        (JobPhase.PENDING, JobPhase.RESIZING, JobPhase.RUNNING),
+        (JobPhase.RESIZING, JobPhase.PENDING, JobPhase.RUNNING),
+        (JobPhase.RUNNING, JobPhase.SUCCEEDED, JobPhase.SUCCEEDED),
+        (JobPhase.SUCCEEDED, JobPhase.RUNNING, JobPhase.SUCCEEDED),
+    ],
+)
+def test_phases_follow_the_diagram(
+    current: JobPhase, desired: JobPhase, expected: JobPhase
+) -> None:
+    assert step_toward(current, desired) is expected
+
+
+def test_each_new_coordinator_takes_a_free_port() -> None:
+    bodies = {f"ns/{n}": job_body(n) for n in ("a", "b")}
+    taken = [coordinator("c", port=21000)]
+    views = {k: view(b, taken) for k, b in bodies.items()}
+    decisions = tuple(
+        JobDecision(k, Action.START, Reason.STARTED, "m", RoleChange(Role.WORKER, 0, 1, ("n0",)))
+        for k in bodies
+    )
+    views["ns/c"] = view(job_body("c", phase="Running"), [*taken, pod("x", job="c")])
+    out = decide(views, Plan(NOW, decisions), CONFIG, NOW, names())
+    ports = sorted(i.port for i in of(CreateCoordinator, out.intents))
+    assert ports == [21001, 21002]
