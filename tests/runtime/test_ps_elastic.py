@@ -104,3 +104,85 @@ def test_sync_ledger_is_exact_through_worker_and_server_resizes(cluster: Cluster
         or json.loads((cluster.root / "out" / "w3.json").read_text())["rolled_back"] >= 1
     ), "the server kill should have rolled back"
     assert cluster.waiting_exit("ps2", 30) == 0
+
+
+@pytest.mark.slow
+def test_async_ledger_is_exact_through_worker_and_server_kills(cluster: Cluster) -> None:
+    samples, epochs = 400, 2
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    client = cluster.client()
+    args = job_args(
+        cluster, "ledger", samples, global_batch="4", consistency="async", staleness="2",
+        step_sleep_s="0.05",
+    )  # fmt: skip
+
+    def step() -> int:
+        return int(client.progress().committed_step)
+
+    def advancing(by: int) -> None:
+        target = step() + by
+        waiting_for(lambda: step() >= target, 90, f"step {target}")
+
+    for name in ("ps0", "ps1"):
+        cluster.starting_worker(name, server_args(cluster))
+    for name in ("w0", "w1", "w2"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(client.progress().members) == 3, 90, "three workers")
+    advancing(10)
+    cluster.killing("w2")
+    advancing(10)
+    cluster.killing("ps0")
+    cluster.starting_worker("ps2", server_args(cluster))
+    for name in ("w0", "w1"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    expected = torch.full((samples,), float(epochs), dtype=torch.float64)
+    for name in ("w0", "w1"):
+        assert torch.equal(counts_of(cluster, name), expected), name
+    assert client.progress().finished
+
+
+def reference_parameters(samples: int, epochs: int, batch: int) -> dict[str, torch.Tensor]:
+    """One process, the same sample sequence, the servers' update rule (torch's SGD)."""
+    from trainer_runtime.ps.layout import total_steps, window_of
+    from trainer_runtime.sharding import DatasetPlan
+
+    from .ps_job import mlp, mlp_data
+
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    inputs, targets = mlp_data(samples).tensors
+    plan = DatasetPlan(samples, 10, epochs)
+    for step in range(1, total_steps(plan, batch) + 1):
+        window = window_of(plan, batch, step)
+        index = torch.tensor([i for r in window.ranges for i in r.indices()])
+        loss = torch.nn.functional.cross_entropy(model(inputs[index]), targets[index])
+        optimizer.zero_grad()
+        torch.autograd.backward(loss)
+        optimizer.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.slow
+def test_sync_mode_equals_one_process_with_the_same_global_batch(cluster: Cluster) -> None:
+    samples, epochs, batch = 600, 2, 12
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    client = cluster.client()
+    args = job_args(cluster, "mlp", samples, global_batch=str(batch), step_sleep_s="0.1")
+    cluster.starting_worker("ps0", server_args(cluster))
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: client.progress().committed_step >= 5, 90, "first steps")
+    cluster.starting_worker("w2", args)
+    waiting_for(lambda: len(client.progress().members) == 3, 90, "w2 to join")
+    cluster.starting_worker("ps1", server_args(cluster))
+    waiting_for(lambda: len(client.progress().servers) == 2, 90, "ps1 to join")
+    assert not client.progress().finished, "the joins should land mid-job"
+    for name in ("w0", "w1", "w2"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    expected = reference_parameters(samples, epochs, batch)
+    for name in ("w0", "w1", "w2"):
+        final = torch.load(cluster.root / "out" / f"{name}.pt")
+        for key, value in expected.items():
+            torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
+    worlds = json.loads((cluster.root / "out" / "w0.json").read_text())["worlds"]
+    assert worlds == [2, 3]
