@@ -83,7 +83,7 @@ class PartitionStatus:
     adopted: int
 
 
-SnapshotHook = Callable[[int, int, int, Array, Array], None]
+SnapshotHook = Callable[[int, int, int, Array, Array, int], None]
 
 
 @dataclass(slots=True)
@@ -246,7 +246,8 @@ class Partition:
             self.params -= self.lr * gradient
         self.watermark = step
         if self.on_snapshot and self.snapshot_every and step % self.snapshot_every == 0:
-            self.on_snapshot(step, self.start, self.stop, self.params.copy(), self.velocity.copy())
+            copies = (self.params.copy(), self.velocity.copy())
+            self.on_snapshot(step, self.start, self.stop, *copies, self.size)
 
     def settling(self, through: int) -> PartitionStatus:
         """Apply the complete steps up to `through` (decided elsewhere), drop the rest."""

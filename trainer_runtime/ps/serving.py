@@ -68,13 +68,15 @@ class SnapshotWriter:
 
     def __init__(self, directory: SnapshotDirectory) -> None:
         self.directory = directory
-        self.queue: queue.Queue[tuple[int, int, int, Array, Array] | None] = queue.Queue(2)
+        self.queue: queue.Queue[tuple[int, int, int, Array, Array, int] | None] = queue.Queue(2)
         self.failure: BaseException | None = None
         self.thread = threading.Thread(target=self.writing, name="ps-snapshots", daemon=True)
         self.thread.start()
 
-    def enqueue(self, step: int, start: int, stop: int, params: Array, velocity: Array) -> None:
-        self.queue.put((step, start, stop, params, velocity))
+    def enqueue(
+        self, step: int, start: int, stop: int, params: Array, velocity: Array, size: int
+    ) -> None:
+        self.queue.put((step, start, stop, params, velocity, size))
 
     def writing(self) -> None:
         while (item := self.queue.get()) is not None:
@@ -267,7 +269,14 @@ class ParameterService:
             part = self.partition
             if not part.holding:
                 raise PartitionError("this server holds no partition to snapshot")
-            copy = (part.watermark, part.start, part.stop, part.params.copy(), part.velocity.copy())
+            copy = (
+                part.watermark,
+                part.start,
+                part.stop,
+                part.params.copy(),
+                part.velocity.copy(),
+                part.size,
+            )
             status = part.status()
         self.writer.flushing()
         self.directory.writing(*copy)

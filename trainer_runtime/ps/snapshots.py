@@ -7,8 +7,8 @@ any set of them that covers `[0, size)` is a consistent cut, whatever layouts wr
 Restoring a range reads the overlapping pieces of one cut.
 
 What must stay true: a file exists only complete; `latest_cut` names a step whose files cover
-every element; a partition keeps its own newest `KEEP` files (older ones are removed), so a
-complete cut within the last few snapshot intervals always remains.
+every element; a partition removes its own files only below the newest complete cut (keeping
+at least its `KEEP` newest), so a complete cut always remains once one was written.
 """
 
 from __future__ import annotations
@@ -42,8 +42,11 @@ class SnapshotDirectory:
     def step_dir(self, step: int) -> Path:
         return self.root / f"step-{step:012d}"
 
-    def writing(self, step: int, start: int, stop: int, params: Array, velocity: Array) -> None:
-        """Write one partition's state at `step`, then prune this range's older files."""
+    def writing(
+        self, step: int, start: int, stop: int, params: Array, velocity: Array, size: int = 0
+    ) -> None:
+        """Write one partition's state at `step`, then prune this range's files older than
+        the newest complete cut of a model of `size` elements (0: the range is the model)."""
         directory = self.step_dir(step)
         directory.mkdir(parents=True, exist_ok=True)
         target = directory / f"{start}-{stop}.npy"
@@ -55,7 +58,7 @@ class SnapshotDirectory:
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
-        self.pruning_range(start, stop)
+        self.pruning_range(start, stop, size or stop)
 
     def steps(self) -> list[int]:
         if not self.root.is_dir():
@@ -106,10 +109,16 @@ class SnapshotDirectory:
                 return params, velocity
         raise SnapshotMissing(f"the snapshot at step {step} lacks elements {reached}..{stop}")
 
-    def pruning_range(self, start: int, stop: int) -> None:
+    def pruning_range(self, start: int, stop: int, size: int) -> None:
         name = f"{start}-{stop}.npy"
+        try:
+            cut = self.latest_cut(size)
+        except SnapshotMissing:
+            return
         mine = [step for step in self.steps() if (self.step_dir(step) / name).exists()]
         for step in mine[:-KEEP]:
+            if step >= cut:
+                break
             (self.step_dir(step) / name).unlink(missing_ok=True)
             with contextlib.suppress(OSError):  # other pieces remain, or are being written
                 self.step_dir(step).rmdir()
