@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from .kubelet import MiniKubelet, running_kubelet
+from .nodes import KUBELET_LABELS
 from .testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
 
 _binaries: Path | ControlPlaneError | None = None
@@ -49,15 +50,17 @@ def kube_api(kube_bin_dir: Path) -> Iterator[KubeAPI]:
 
 @pytest.fixture(scope="session")
 def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniKubelet]:
-    """The kubelet in miniature (`kubelet.py`) for every node of the session's cluster.
+    """The kubelet in miniature (`kubelet.py`) for the session's cluster.
 
-    Create nodes with `nodes.create_node`; each pod bound to one (the controller sets
-    `spec.nodeName`) has its containers' commands run as local processes, and its status
-    reported Running, Succeeded or Failed; a deleted pod's processes are stopped after its
-    grace period and the pod is then removed. For example::
+    It serves the nodes made with `nodes.create_node(..., kubelet=True)` (labelled
+    `nodes.KUBELET_LABELS`; other nodes are left to tests that play the kubelet by hand).
+    Each pod bound to one (the controller sets `spec.nodeName`) has its containers'
+    commands run as local processes, and its status reported Running, Succeeded or Failed;
+    a deleted pod's processes are stopped after its grace period and the pod is then
+    removed. For example::
 
         def test_job_runs(kube_api, kubelet):
-            create_node(kube_api.api_client, "node-a", gpus=8)
+            create_node(kube_api.api_client, "node-a", gpus=8, kubelet=True)
             ...  # create the TrainingJob, run the controller, wait for the pods
             print(kubelet.logs("research", "job-worker-0"))  # what `kubectl logs` would show
 
@@ -68,7 +71,8 @@ def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """
     client = kube_api.new_client()
     try:
-        with running_kubelet(client, tmp_path_factory.mktemp("kubelet")) as running:
+        workdir = tmp_path_factory.mktemp("kubelet")
+        with running_kubelet(client, workdir, node_labels=KUBELET_LABELS) as running:
             yield running
     finally:
         client.close()

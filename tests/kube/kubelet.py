@@ -39,7 +39,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -84,7 +84,8 @@ class _Node:
 
 
 class MiniKubelet:
-    """Plays the kubelet for `nodes` (None: every node of the cluster).
+    """Plays the kubelet for the nodes named in `nodes` (None: every node) that carry all of
+    `node_labels`.
 
     Use as a context manager, or call `start()` and `stop()`. Threads: one watches the pods
     bound to nodes, one syncs (starts processes, reports status, renews Leases), and a small
@@ -97,6 +98,7 @@ class MiniKubelet:
         workdir: Path,
         *,
         nodes: Collection[str] | None = None,
+        node_labels: Mapping[str, str] | None = None,
         sync_interval_s: float = 0.1,
         lease_interval_s: float = 5.0,
         node_status_interval_s: float = 30.0,
@@ -107,6 +109,7 @@ class MiniKubelet:
         self.coordination = kubernetes.client.CoordinationV1Api(api_client)
         self.workdir = workdir
         self.only_nodes = frozenset(nodes) if nodes is not None else None
+        self.node_labels = dict(node_labels or {})
         self.sync_interval_s = sync_interval_s
         self.lease_interval_s = lease_interval_s
         self.node_status_interval_s = node_status_interval_s
@@ -457,6 +460,9 @@ class MiniKubelet:
                     del self._nodes[name]
             for name, node in listed.items():
                 if self.only_nodes is not None and name not in self.only_nodes:
+                    continue
+                labels = node.metadata.labels or {}
+                if any(labels.get(k) != v for k, v in self.node_labels.items()):
                     continue
                 known = self._nodes.get(name)
                 if known is None or known.uid != node.metadata.uid:

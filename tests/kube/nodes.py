@@ -19,6 +19,10 @@ from kubernetes.client import ApiException
 
 GPU = "nvidia.com/gpu"
 NODE_LEASE_NAMESPACE = "kube-node-lease"
+#: The label of the nodes that the session's kubelet in miniature (the `kubelet` fixture)
+#: serves: `create_node(..., kubelet=True)`. Nodes without it are left to tests that play
+#: the kubelet by hand, so the two never act on the same pod.
+KUBELET_LABELS = {"edl.test/kubelet": "miniature"}
 #: Taints that a kubelet's Ready status clears (admission and the node controller add them).
 CLEARED_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
 
@@ -75,10 +79,13 @@ def create_node(
     pods: int = 110,
     labels: dict[str, str] | None = None,
     taints: list[dict[str, str]] | None = None,
+    kubelet: bool = False,
 ) -> kubernetes.client.V1Node:
     """Creates the node, then replaces the taints admission added by `taints` (none by
-    default), as a kubelet reporting Ready would; returns the node as stored."""
+    default), as a kubelet reporting Ready would; returns the node as stored. With
+    `kubelet=True` the node carries `KUBELET_LABELS`, so the `kubelet` fixture runs its pods."""
     core = kubernetes.client.CoreV1Api(api_client)
+    labels = (labels or {}) | (KUBELET_LABELS if kubelet else {})
     manifest = node_manifest(name, gpus=gpus, cpu=cpu, memory=memory, pods=pods, labels=labels)
     core.create_node(manifest)
     # A list without a merge key: the strategic merge patch replaces it whole.

@@ -58,6 +58,7 @@ def core(kube_api: KubeAPI, kubelet: MiniKubelet) -> kubernetes.client.CoreV1Api
         NODE,
         gpus=2,
         taints=[{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}],
+        kubelet=True,
     )
     return api
 
