@@ -17,7 +17,7 @@ from __future__ import annotations
 import heapq
 
 from edl_scheduler.core.placing import place
-from edl_scheduler.core.plan import Reason
+from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
@@ -128,6 +128,25 @@ class Grower:
             jobs = [js for js in jobs if js not in reverted]
         for js in jobs:
             self._grow_pservers(js)
+            self._say_if_held(js)
+
+    def _say_if_held(self, js: JobState) -> None:
+        """A job left below its maximum although a node it may use has room, because that
+        room is held for a higher-ranked job, says so: invariant 5 allows only stated holds."""
+        if js.size() >= js.hi or js.reason in HOLD_REASONS:
+            return
+        cluster, res = self.s.cluster, js.resources(Role.WORKER)
+        for node, holds in cluster.holds.items():
+            if cluster.node_class[node] not in js.classes:
+                continue
+            if cluster.room(node, res, js.name, js.rank) == 0 and cluster.room(node, res, "", -1):
+                holders = sorted({h.job for h in holds if h.rank < js.rank and h.count > 0})
+                js.hold(
+                    Reason.HELD_FOR_WAITING,
+                    f"below maximum, held: room on {cluster.names[node]} is reserved for "
+                    f"{', '.join(holders)}, ranked above",
+                )
+                return
 
     def _revert_if_unpaid(self, js: JobState) -> bool:
         """Undo a running job's growth whose gain does not pay for its pause."""

@@ -112,11 +112,16 @@ def _reservations(session: Session) -> tuple[Reservation, ...]:
                 counts[node] = counts.get(node, 0) + 1
             for node, count in sorted(counts.items()):
                 out.append(Reservation(js.name, names[node], role, count, expires))
+    # Holds carried over keep holding while their job is still below its minimum (waiting,
+    # or running short after failures); a reservation counts the replicas already there.
     for node, holds in sorted(session.cluster.holds.items()):
         for h in holds:
             js = session.by_name[h.job]
-            if h.count > 0 and not js.running and not js.suspended:
-                out.append(Reservation(h.job, names[node], h.role, h.count, h.expires_at))
+            if h.count > 0 and not js.suspended and js.size() < js.lo:
+                there = js.added[h.role].count(node) + sum(
+                    1 for r in js.live[h.role] if r.node == names[node]
+                )
+                out.append(Reservation(h.job, names[node], h.role, h.count + there, h.expires_at))
     return tuple(out)
 
 

@@ -75,9 +75,12 @@ def priority(job: Job, policy: Policy) -> int:
     return job.priority if policy.use_priority else 0
 
 
-def unmet_holds(snap: Snapshot, plan_reservations: Iterable, now: float) -> list[tuple]:
+def unmet_holds(
+    snap: Snapshot, plan_reservations: Iterable, now: float, policy: Policy
+) -> list[tuple]:
     """(job, node, capacity) still held by reservations over ``snap``: the part of each live
-    reservation whose job does not yet have its replicas there."""
+    reservation whose job does not yet have its replicas there, for jobs still below their
+    minimum (a job at its minimum has nothing left to hold for)."""
     jobs = {j.name: j for j in snap.jobs}
     nodes = {n.name for n in snap.nodes}
     out = []
@@ -85,7 +88,7 @@ def unmet_holds(snap: Snapshot, plan_reservations: Iterable, now: float) -> list
         job = jobs.get(r.job)
         if job is None or r.node not in nodes or r.expires_at <= now or job.suspended:
             continue
-        if job.role_spec(r.role) is None:
+        if job.role_spec(r.role) is None or len(live(job)) >= effective_min(job, policy):
             continue
         there = sum(1 for rep in live(job, r.role) if rep.node == r.node)
         left = r.count - there
@@ -243,7 +246,7 @@ def check_priority_first(
     jobs_after = {j.name: j for j in after.jobs}
     free = free_capacity(after)
     nodes = {n.name: n for n in after.nodes}
-    holds = unmet_holds(after, plan.reservations, now)
+    holds = unmet_holds(after, plan.reservations, now, policy)
     suspend = policy.preemption is Preemption.SHRINK_THEN_SUSPEND
     for d in plan.decisions:
         job = jobs_after[d.job]
@@ -289,7 +292,7 @@ def check_work_conserving(
     out = []
     rank = ranks(before, policy, now)
     free = free_capacity(after)
-    holds = unmet_holds(after, plan.reservations, now)
+    holds = unmet_holds(after, plan.reservations, now, policy)
     for job in after.jobs:
         d = plan.decision(job.name)
         size = len(live(job))
@@ -367,7 +370,7 @@ def check_stable_step(
             if cooling:
                 out.append(f"{d.job} reclaimed within its cool-down (last resize {last})")
     # Reservations from the snapshot: a job ranked below a holder never takes held room.
-    holds = unmet_holds(after, before.reservations, now)
+    holds = unmet_holds(after, before.reservations, now, policy)
     free = free_capacity(after)
     for job, replica in _added(before, after):
         held = held_above(holds, rank, job.name).get(replica.node, NONE)

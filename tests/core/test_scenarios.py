@@ -466,3 +466,23 @@ def test_a_reservation_of_a_job_already_running_holds_nothing() -> None:
     p = run(snap)
     assert sizes(p) == {"a": 1, "b": 1} and p.decision("b").workers.add_nodes == ("n0",)
     assert p.reservations == ()
+
+
+def test_room_held_for_a_job_restoring_its_minimum_stays_held_and_growth_says_so() -> None:
+    held = (Reservation("r", "n0", Role.WORKER, 2, expires_at=5000.0),)
+    snap = snapshot(
+        [node("n0").gpus(3), node("n1").gpus(1), node("n2").gpus(1)],
+        [
+            job("r").min(2).max(2).gpus(2).priority(9).not_preemptible().running(("n0", 1)),
+            job("e").min(1).max(3).priority(1).submitted(5),
+        ],
+        held,
+    )
+    p = run(snap)
+    e = p.decision("e")
+    assert e.workers.target == 2 and "n0" not in e.workers.add_nodes
+    assert e.reason is Reason.HELD_FOR_WAITING and "reserved for r" in e.message
+    # The hold outlives this plan, counting the worker already there, until r is restored.
+    assert p.reservations == (Reservation("r", "n0", Role.WORKER, 2, 5000.0),)
+    later = plan(apply_plan(snap, p), EDL, 2000.0)
+    assert later.decision("e").workers.target == 2 and later.reservations == p.reservations
