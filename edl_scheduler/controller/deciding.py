@@ -13,7 +13,9 @@ The rules, per job, in order:
 4. Finished replica pods are removed. A failed one that was not leaving counts against
    ``failurePolicy.maxRestarts`` unless the kubelet refused it at admission (then the cluster
    changed under the plan: plan again, the job is not charged). Past the budget: Failed.
-5. A draining replica still there at its drain deadline is deleted.
+5. A replica on a deleted node is deleted, one on a cordoned (or not Ready) node drains;
+   the planner places their replacements elsewhere. A draining replica still there at its
+   drain deadline is deleted.
 6. The plan's moves: new replicas on the planned nodes (the coordinator, its Service and the
    token Secret first, if missing), named victims drained through the coordinator (a victim
    that never started is deleted at once), the new target sent to the coordinator.
@@ -50,7 +52,7 @@ from edl_scheduler.controller.shaping import (
     replica_pod,
     token_secret,
 )
-from edl_scheduler.core import Action, JobDecision, Plan, Role
+from edl_scheduler.core import Action, JobDecision, Plan, Resources, Role
 
 Obj = Mapping[str, Any]
 
@@ -297,6 +299,8 @@ class _JobCycle:
     restarts: int
     removed: set[str] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)
+    #: The plan's new replicas wait for capacity still held by leaving ones.
+    deferred: bool = False
 
     def delete(self, pod: Obj) -> None:
         name = str(_meta(pod)["name"])
@@ -341,6 +345,7 @@ def decide(
     now: float,
     namer: Callable[[str, str], str],
     attained_due: Callable[[str], float] = lambda _key: 0.0,
+    nodes: NodeStates | None = None,
 ) -> Decisions:
     """The intents of one cycle. ``namer(job, role)`` names a new replica pod;
     ``attained_due(key)`` is the time since the job's attained GPU-time was last written, when
@@ -355,7 +360,18 @@ def decide(
             _invalid(view, now, out)
             continue
         decision = decisions.get(key)
-        _decide_job(view, view.tj, decision, config, now, namer, used_ports, out, attained_due)
+        _decide_job(
+            view,
+            view.tj,
+            decision,
+            config,
+            now,
+            namer,
+            used_ports,
+            out,
+            attained_due,
+            nodes or NodeStates(),
+        )
     return out
 
 
@@ -402,6 +418,7 @@ def _decide_job(
     used_ports: list[int],
     out: Decisions,
     attained_due: Callable[[str], float],
+    nodes: NodeStates,
 ) -> None:
     old_status: dict[str, Any] = dict(view.body.get("status") or {})
     status = dict(old_status)
@@ -436,7 +453,8 @@ def _decide_job(
         )
         _write_status(cycle, old_status)
         return
-    for pod in view.replicas:  # 5
+    _leave_lost_nodes(cycle, nodes)  # 5
+    for pod in view.replicas:
         since = _draining_since(pod)
         if (
             since is not None
@@ -445,9 +463,48 @@ def _decide_job(
         ):
             cycle.delete(pod)
     if decision is not None:  # 6
-        _act(cycle, decision, config, namer, used_ports)
+        _act(cycle, decision, config, namer, used_ports, nodes)
     _status(cycle, decision, attained_due)  # 7
     _write_status(cycle, old_status)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStates:
+    """Which nodes exist and which take no new replicas (cordoned or not Ready); None:
+    unknown, nothing is moved."""
+
+    known: frozenset[str] | None = None
+    unschedulable: frozenset[str] = frozenset()
+    #: What each node has free now, counting every replica still on it (draining and
+    #: terminating ones too). The planner counts a draining victim's capacity as already
+    #: free (held by a reservation for the job it was taken for); new pods wait until it
+    #: really is, so a node is never over-committed. None: not checked.
+    free: dict[str, Resources] | None = None
+
+
+def _leave_lost_nodes(cycle: _JobCycle, nodes: NodeStates) -> None:
+    """Replicas on a deleted node are deleted; those on a cordoned or failing node leave
+    gracefully. Either way the planner no longer counts them and places replacements on
+    other nodes."""
+    for pod in cycle.view.replicas:
+        name = str(_meta(pod)["name"])
+        node = str(pod.get("spec", {}).get("nodeName", ""))
+        if name in cycle.removed or _terminating(pod) or _phase(pod) in ("Succeeded", "Failed"):
+            continue
+        if nodes.known is not None and node not in nodes.known:
+            cycle.delete(pod)
+        elif node in nodes.unschedulable and _draining_since(pod) is None:
+            if _phase(pod) != "Running":
+                cycle.delete(pod)
+                continue
+            ns = cycle.tj.metadata.namespace
+            cycle.out.intents.append(MarkDraining(ns, name, cycle.now))
+            cycle.out.intents.append(Drain(cycle.tj.key, name))
+            cycle.emit(
+                EventType.NORMAL,
+                EventReason.SCALED_DOWN,
+                f"{name} leaves node {node}, which takes no new work; it is replaced elsewhere",
+            )
 
 
 def _replace_finished(cycle: _JobCycle) -> None:
@@ -498,6 +555,7 @@ def _act(
     config: ControllerConfig,
     namer: Callable[[str, str], str],
     used_ports: list[int],
+    nodes: NodeStates,
 ) -> None:
     view, tj = cycle.view, cycle.tj
     adds = [(Role.WORKER, n) for n in decision.workers.add_nodes]
@@ -505,6 +563,9 @@ def _act(
     if decision.pservers is not None:
         adds += [(Role.PSERVER, n) for n in decision.pservers.add_nodes]
         removes += list(decision.pservers.remove)
+    if adds and not _reserve(tj, adds, nodes):
+        cycle.deferred = True
+        adds = []
     port = coordinator_port_of(view.coordinator)
     live_replicas = [
         p
@@ -551,7 +612,28 @@ def _act(
     _decision_events(cycle, decision)
 
 
+def _reserve(tj: TrainingJob, adds: list[tuple[Role, str]], nodes: NodeStates) -> bool:
+    """Takes room for all of ``adds`` from ``nodes.free``, or nothing when one does not fit
+    (a gang starts whole; a growth waits for its room)."""
+    if nodes.free is None:
+        return True
+    free = dict(nodes.free)
+    for role, node in adds:
+        res = tj.spec.resources
+        if role is Role.PSERVER and tj.spec.pserver is not None:
+            res = tj.spec.pserver.resources
+        need = Resources(res.gpu, res.cpu_milli, res.memory_bytes)
+        have = free.get(node, Resources())
+        if not need.fits_in(have):
+            return False
+        free[node] = have - need
+    nodes.free.update(free)
+    return True
+
+
 def _decision_events(cycle: _JobCycle, decision: JobDecision) -> None:
+    if cycle.deferred and decision.action in (Action.START, Action.GROW):
+        return  # told when the pods are created
     w = decision.workers
     size = f"{w.current} -> {w.target} workers"
     victims = ", ".join(w.remove) or "none"
@@ -648,9 +730,15 @@ def _status(
         status["observedGeneration"] = tj.metadata.generation
     if decision is not None:
         status["message"] = decision.message
+        if cycle.deferred:
+            status["message"] = f"{decision.message}; waiting for leaving replicas to go"
     if phase.active and not status.get("startTime"):
         status["startTime"] = _iso(now)
-    if decision is not None and decision.workers.target != decision.workers.current:
+    if (
+        decision is not None
+        and decision.workers.target != decision.workers.current
+        and not cycle.deferred
+    ):
         status["lastResize"] = {
             "time": _iso(now),
             "from": decision.workers.current,

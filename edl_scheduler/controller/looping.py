@@ -38,13 +38,19 @@ from edl_scheduler.controller.coordinating import (
     GrpcCoordinator,
     Progress,
 )
-from edl_scheduler.controller.deciding import JobView, coordinator_port_of, decide, group_pods
+from edl_scheduler.controller.deciding import (
+    JobView,
+    NodeStates,
+    coordinator_port_of,
+    decide,
+    group_pods,
+)
 from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.leading import LeaderElector
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.observing import observe, pod_requests, replica_of
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
-from edl_scheduler.core import Plan, Reservation, plan
+from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
 
 log = logging.getLogger("edl.controller.loop")
 
@@ -162,7 +168,14 @@ class PlanningLoop:
         self.reservations = result.reservations
         priorities = {j.name: j.priority for j in observation.snapshot.jobs}
         views = self._views(bodies, pods, observation.jobs, observation.rejected, priorities)
-        decisions = decide(views, result, self.config, now, new_name, self._attained_due)
+        node_states = NodeStates(
+            frozenset(n.name for n in observation.snapshot.nodes),
+            frozenset(n.name for n in observation.snapshot.nodes if not n.schedulable),
+            _free(observation.snapshot.nodes, pods),
+        )
+        decisions = decide(
+            views, result, self.config, now, new_name, self._attained_due, node_states
+        )
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
         self.actuator.run(decisions.intents)  # 4
@@ -296,6 +309,17 @@ class PlanningLoop:
                 )
             except Exception as error:
                 log.info("could not keep the state of %s: %s", key, error)
+
+
+def _free(nodes: Sequence[Node], pods: Sequence[Obj]) -> dict[str, Resources]:
+    """What each node has free now: every replica still on it counts, leaving ones too."""
+    ours: dict[str, Resources] = {}
+    for pod in pods:
+        found = replica_of(pod)
+        if found is not None:
+            node = found[1].node
+            ours[node] = ours.get(node, Resources()) + pod_requests(pod)
+    return {n.name: n.allocatable - n.used_by_others - ours.get(n.name, Resources()) for n in nodes}
 
 
 def _allocated(pods: Sequence[Obj]) -> int:

@@ -270,3 +270,27 @@ class Cluster:
         if reason:
             status["reason"] = reason
         self.core.patch_namespaced_pod_status(name, ns, {"status": status})
+
+
+def settle(cluster: Cluster, ns: str) -> None:
+    """Plays the kubelet once, without processes: bound pending pods become Running, pods
+    being deleted are removed at once."""
+    for pod in cluster.core.list_namespaced_pod(ns).items:
+        name = pod.metadata.name
+        try:
+            if pod.metadata.deletion_timestamp:
+                cluster.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
+            elif pod.spec.node_name and pod.status.phase == "Pending":
+                cluster.set_pod_phase(ns, name, "Running")
+        except ApiException as error:
+            if error.status not in (404, 409):
+                raise
+
+
+def live_workers(cluster: Cluster, ns: str, job: str) -> list[Any]:
+    return [
+        p
+        for p in cluster.pods(ns, job, "worker")
+        if not p.metadata.deletion_timestamp
+        and (p.metadata.annotations or {}).get("edl.dev/draining") != "true"
+    ]

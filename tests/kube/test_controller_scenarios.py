@@ -1,0 +1,167 @@
+"""Scheduling scenarios through the operator on a real API server; the test plays the
+kubelet (``settle``: bound pods become Running, deleted pods go), no processes run.
+
+Aspects tested:
+- a low-priority elastic job fills the pool; a high-priority job arrives; the low one shrinks
+  to what is needed through drains (victims annotated and named in a Preempted Event,
+  deleted at the drain deadline) and the high one starts; when the high one is deleted, the
+  low one grows back;
+- GPUs used by pods of other workloads are never handed out;
+- the workers of a deleted node are replaced on the others; those of a cordoned node drain
+  and are replaced too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+
+from .controller_harness import (
+    Cluster,
+    ControllerProcess,
+    apply_crd,
+    ensure_namespace,
+    eventually,
+    live_workers,
+    running_controller,
+    settle,
+    training_job,
+)
+from .nodes import create_node
+from .testenv import KubeAPI
+
+NS = "ctrl-scn"
+POOL = "edl.test/pool"
+
+
+def pooled(manifest: dict[str, Any], pool: str) -> dict[str, Any]:
+    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
+    manifest["spec"]["timeouts"] = {"drainSeconds": 2}
+    return manifest
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_api: KubeAPI) -> Cluster:
+    apply_crd(kube_api)
+    ensure_namespace(kube_api, NS)
+    return Cluster(kube_api)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    workdir = tmp_path_factory.mktemp("ctrl-scn")
+    with running_controller(kube_api, workdir, "scn", NS, ports="22000-22999") as proc:
+        try:
+            eventually(proc.healthy, 30, "the controller's /healthz")
+            yield proc
+        finally:
+            print(proc.log_tail())
+
+
+def test_high_priority_job_preempts_gracefully_and_low_grows_back(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+) -> None:
+    for i in range(2):
+        create_node(kube_api.api_client, f"scn-{i}", gpus=2, labels={POOL: "pre"})
+    cluster.create_job(pooled(training_job("low", NS, max_replicas=4, priority=10), "pre"))
+
+    def filled() -> bool:
+        settle(cluster, NS)
+        return len(live_workers(cluster, NS, "low")) == 4
+
+    eventually(filled, 30, "the low-priority job to fill the pool")
+    cluster.create_job(
+        pooled(training_job("high", NS, min_replicas=2, max_replicas=2, priority=100), "pre")
+    )
+
+    def drained() -> list[Any]:
+        return [
+            p for p in cluster.pods(NS, "low", "worker")
+            if (p.metadata.annotations or {}).get("edl.dev/draining") == "true"
+        ]  # fmt: skip
+
+    found = eventually(lambda: len(drained()) >= 2 and drained(), 30, "two victims drained")
+    victims = {p.metadata.name for p in found}
+    assert len(victims) == 2
+
+    def high_running() -> bool:
+        settle(cluster, NS)
+        return len(live_workers(cluster, NS, "high")) == 2
+
+    eventually(high_running, 30, "the high-priority job to start")
+    assert len(live_workers(cluster, NS, "low")) == 2
+    preempted = [e for e in cluster.events(NS, "low") if e.reason == "Preempted"]
+    assert preempted and all(v in preempted[0].message for v in victims)
+    assert "ns" not in preempted[0].message or "high" in preempted[0].message
+    cluster.delete_job(NS, "high")
+
+    def grown_back() -> bool:
+        settle(cluster, NS)
+        return len(live_workers(cluster, NS, "low")) == 4
+
+    eventually(grown_back, 60, "the low-priority job to grow back")
+    assert any(e.reason == "ScaledUp" for e in cluster.events(NS, "low"))
+    cluster.delete_job(NS, "low")
+
+
+def test_gpus_of_other_workloads_are_respected(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+) -> None:
+    create_node(kube_api.api_client, "scn-other", gpus=4, labels={POOL: "other"})
+    cluster.core.create_namespaced_pod(
+        NS,
+        {
+            "metadata": {"name": "someone-else"},
+            "spec": {
+                "nodeName": "scn-other",
+                "containers": [
+                    {"name": "c", "image": "x",
+                     "resources": {"limits": {"nvidia.com/gpu": "3"}}}
+                ],
+            },
+        },
+    )  # fmt: skip
+    cluster.create_job(pooled(training_job("greedy", NS, max_replicas=4), "other"))
+
+    def settled() -> bool:
+        settle(cluster, NS)
+        status = cluster.job(NS, "greedy").get("status", {})
+        return status.get("phase") == "Running"
+
+    eventually(settled, 30, "the job to run")
+    assert len(live_workers(cluster, NS, "greedy")) == 1
+    cluster.delete_job(NS, "greedy")
+
+
+def test_workers_of_deleted_and_cordoned_nodes_are_replaced(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+) -> None:
+    for i in range(3):
+        create_node(kube_api.api_client, f"mv-{i}", gpus=1, labels={POOL: "move"})
+    cluster.create_job(pooled(training_job("mover", NS, min_replicas=2, max_replicas=2), "move"))
+
+    def running() -> list[Any]:
+        settle(cluster, NS)
+        workers = live_workers(cluster, NS, "mover")
+        return workers if len(workers) == 2 else []
+
+    first = eventually(running, 30, "two workers")
+    gone = first[0].spec.node_name
+    core = kubernetes.client.CoreV1Api(kube_api.api_client)
+    core.delete_node(gone)
+
+    def moved_off(node: str) -> list[Any]:
+        workers = running()
+        return workers if workers and all(w.spec.node_name != node for w in workers) else []
+
+    second = eventually(lambda: moved_off(gone), 30, "the deleted node's worker replaced")
+    cordoned = second[0].spec.node_name
+    create_node(kube_api.api_client, "mv-spare", gpus=1, labels={POOL: "move"})
+    core.patch_node(cordoned, {"spec": {"unschedulable": True}})
+    eventually(lambda: moved_off(cordoned), 30, "the cordoned node's worker replaced")
+    cluster.delete_job(NS, "mover")
