@@ -513,6 +513,10 @@ def _replace_finished(cycle: _JobCycle) -> None:
             continue
         name = str(_meta(pod)["name"])
         leaving = _draining_since(pod) is not None
+        if _phase(pod) == "Succeeded" and not leaving:
+            # A worker exits 0 unasked when its coordinator has committed the last epoch:
+            # replacing it would only start a worker with nothing to do.
+            cycle.deferred = True
         if _phase(pod) == "Failed" and not leaving:
             if refused_at_admission(pod):
                 cycle.emit(
@@ -563,7 +567,7 @@ def _act(
     if decision.pservers is not None:
         adds += [(Role.PSERVER, n) for n in decision.pservers.add_nodes]
         removes += list(decision.pservers.remove)
-    if adds and not _reserve(tj, adds, nodes):
+    if cycle.deferred or (adds and not _reserve(tj, adds, nodes)):
         cycle.deferred = True
         adds = []
     port = coordinator_port_of(view.coordinator)
