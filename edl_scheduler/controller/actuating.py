@@ -214,10 +214,20 @@ class Actuator:
         try:
             self.kube.request("POST", namespaced(key[0], "pods"), manifest)
         except KubeError as error:
-            if error.status != 409:
-                with self.expectations.lock:
-                    self.expectations.created.pop(key, None)
-                raise
+            if error.status == 409:
+                return
+            if error.status == 0 or error.status >= 500:
+                # The pod may exist although the answer was lost: look before forgetting
+                # it, or the next cycle would create a second one for the same slot.
+                try:
+                    self.kube.request("GET", namespaced(key[0], "pods", key[1]))
+                    return
+                except KubeError as check:
+                    if check.status != 404:
+                        raise error from None
+            with self.expectations.lock:
+                self.expectations.created.pop(key, None)
+            raise
 
     def _create_coordinator(self, intent: CreateCoordinator) -> None:
         tj = intent.job

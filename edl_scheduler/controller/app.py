@@ -28,7 +28,7 @@ import kubernetes
 from edl_scheduler.api import GROUP, PLURAL, VERSION, TrainingJobError
 from edl_scheduler.api.policy import load_policy_config
 from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
-from edl_scheduler.controller.kubeapi import Kube
+from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
 from edl_scheduler.core import preset
@@ -82,8 +82,8 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
     async def startup(settings: kopf.OperatorSettings, **kwargs: Any) -> None:
         settings.posting.enabled = False
         settings.scanning.disabled = True
-        settings.watching.server_timeout = 120
-        settings.watching.client_timeout = 150
+        settings.watching.server_timeout = config.watch_timeout_s
+        settings.watching.client_timeout = config.watch_timeout_s + 30
         indices = {name: kwargs[name] for name in _RESOURCES}
 
         def world() -> World:
@@ -181,6 +181,20 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     show_default=True,
     help="A port, or a range A-B giving each job its own (one-host clusters).",
 )
+@click.option(
+    "--inject-api-faults",
+    type=float,
+    default=0.0,
+    hidden=True,
+    help="Chaos testing: fail this share of API requests (409, 429, 5xx).",
+)
+@click.option(
+    "--watch-timeout",
+    type=int,
+    default=120,
+    show_default=True,
+    help="Seconds after which the API server ends each watch (it is renewed).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     kubeconfig: Path | None,
@@ -198,6 +212,8 @@ def main(
     coordinator_bind: str,
     coordinator_host: str | None,
     coordinator_ports: str,
+    inject_api_faults: float,
+    watch_timeout: int,
     verbose: bool,
 ) -> None:
     """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
@@ -231,12 +247,14 @@ def main(
             coordinator_ports=PortRange.parse(coordinator_ports),
             metrics_host=metrics_host,
             metrics_port=metrics_port,
+            watch_timeout_s=watch_timeout,
         )
     except (ConfigError, TrainingJobError) as error:
         raise click.UsageError(str(error)) from None
     if kubeconfig is not None:
         os.environ["KUBECONFIG"] = str(kubeconfig)
-    kube = Kube(_api_client(kubeconfig))
+    client = _api_client(kubeconfig)
+    kube = FaultyKube(client, inject_api_faults) if inject_api_faults > 0 else Kube(client)
     metrics = Metrics()
     registry = build_registry(config, kube, metrics)
     kopf.run(registry=registry, clusterwide=True, standalone=True)

@@ -85,6 +85,8 @@ class ControllerConfig:
     coordinator_timeout_s: float = 1.0
     metrics_host: str = "0.0.0.0"
     metrics_port: int = 8080
+    #: The API server ends each watch after this long; kopf renews it (a dropped watch).
+    watch_timeout_s: int = 120
     #: The liveness endpoint fails when no cycle has completed for this long.
     liveness_stale_s: float = 60.0
 

@@ -13,6 +13,7 @@ this; every request has a timeout; a failed request raises ``KubeError`` carryin
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -81,3 +82,38 @@ def namespaced(ns: str, plural: str, name: str | None = None, *, group: str = ""
     base = f"/apis/{group}" if group else "/api/v1"
     path = f"{base}/namespaces/{quote(ns)}/{plural}"
     return f"{path}/{quote(name)}" if name else path
+
+
+class FaultyKube(Kube):
+    """Chaos testing: a share of requests fails the way a busy API server fails them.
+
+    Each request, with probability ``rate``, gets a 409 conflict, a 429 throttle or a 5xx
+    (before reaching the server), or is sent and then answered with a 5xx (the write happened,
+    the answer was lost: the case that tests idempotence). Seeded, so a run can be repeated.
+    """
+
+    def __init__(self, api_client: kubernetes.client.ApiClient, rate: float, seed: int = 0) -> None:
+        super().__init__(api_client)
+        self.rate = rate
+        self.random = random.Random(seed)
+        self.injected = 0
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        *,
+        query: dict[str, str] | None = None,
+        content_type: str = JSON,
+    ) -> Any:
+        roll = self.random.random()
+        if roll >= self.rate:
+            return super().request(method, path, body, query=query, content_type=content_type)
+        self.injected += 1
+        kind = self.random.choice(("conflict", "throttled", "unavailable", "lost-answer"))
+        if kind == "lost-answer":
+            super().request(method, path, body, query=query, content_type=content_type)
+            raise KubeError(504, f"{method} {path}: injected: answer lost")
+        status = {"conflict": 409, "throttled": 429, "unavailable": 503}[kind]
+        raise KubeError(status, f"{method} {path}: injected {kind}")
