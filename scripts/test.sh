@@ -10,7 +10,7 @@ python3 -m venv .venv
 python -m pip install -q --upgrade pip
 # The CPU build of torch first: an open range alone may pull a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e '.[dev,sim,k8s,torch]'
+python -m pip install -q -e '.[dev,sim,k8s,torch,paddle]'
 ruff check .
 ruff format --check .
 lint-imports

@@ -1,0 +1,17 @@
+"""The PaddlePaddle adapter: an elastic session that feels like the PyTorch one.
+
+`session(model, optimizer, dataset, batch_policy=...)` is the whole API; see `session.py`.
+Each generation forms its own process group inside the running process (`grouping.py`).
+"""
+
+from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch, LrRule, ScaleBatch
+from trainer_runtime.paddle.session import ElasticSession, session
+
+__all__ = [
+    "BatchPolicy",
+    "ElasticSession",
+    "KeepGlobalBatch",
+    "LrRule",
+    "ScaleBatch",
+    "session",
+]

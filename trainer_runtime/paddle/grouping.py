@@ -1,0 +1,289 @@
+"""Forming a PaddlePaddle process group for each generation, inside the running process.
+
+Paddle's default group cannot be re-initialized in a process (a second
+`init_parallel_env` fails in C++: "unique key 0 already exists"), so the adapter never
+uses it. Instead every generation builds a group of its own, `ProcessGroupGloo` (CPU) or
+`ProcessGroupNCCL` (GPU), with a fresh group id (`GROUP_ID_BASE + generation`), meeting
+in the TCPStore that its rank 0 has hosted since that worker started. Group ids are
+namespaces in the store and in Paddle's registry of groups, so no key of an older
+generation is ever read and nothing has to be torn down in C++: the old group object is
+dropped. No process restart, no re-import, no checkpoint reload.
+
+Collectives go straight to the group object: gradients are averaged in flat buckets, one
+allreduce per bucket, the last one carrying a stop flag so that all ranks leave a
+generation at the same step boundary; rank 0's model, optimizer accumulators and a small
+picklable header (the ledger view, the policy state) are broadcast at every generation.
+
+What must stay true: every wait is bounded (forming by the contract's timeout or a newer
+generation; gloo connects every pair of members, so a collective whose peer died raises at
+once in every member, and one whose peer went silent after gloo's own 30 s); after
+`broadcasting_state` returns, all members hold rank 0's state.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import paddle
+from paddle.base import core
+from paddle.distributed import collective
+
+from trainer_runtime.agent import Assignment
+
+# Far above the ids Paddle hands out itself (0 for the default group, then 1, 2, ...).
+GROUP_ID_BASE = 1_000_000
+BUCKET_BYTES = 16 * 1024 * 1024
+STORE_PORT_ATTEMPTS = 8
+FORMING_POLL_S = 0.02
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class StoreHost:
+    """This worker's store server, and fresh clients to the store of a generation's rank 0.
+
+    Paddle's TCPStore cannot listen on port 0 and report the port it got, so a free port
+    is picked first; another process may take it in between, hence a few attempts. Each
+    generation opens a client connection of its own (to this worker's own server too): a
+    formation given up on may leave a thread blocked on its connection (see `forming`),
+    and a connection must never be read by two threads.
+    """
+
+    def __init__(self, host: str, timeout_s: float) -> None:
+        self.timeout_s = max(1, round(timeout_s))
+        self.server: Any = None
+        error: Exception | None = None
+        for _ in range(STORE_PORT_ATTEMPTS):
+            port = free_port(host)
+            try:
+                self.server = core.TCPStore(host, port, True, 1, self.timeout_s)
+                break
+            except (RuntimeError, OSError) as failure:  # the port was taken meanwhile
+                error = failure
+        if self.server is None:
+            raise RuntimeError(f"could not host a store on {host}: {error}")
+        self.address = f"{host}:{port}"
+
+    def connecting(self, address: str) -> Any:
+        host, port = address.rsplit(":", 1)
+        return core.TCPStore(host, int(port), False, 1, self.timeout_s)
+
+
+def backend_for(place: str) -> str:
+    return "nccl" if place.startswith("gpu") else "gloo"
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One generation's process group, and this worker's place in it."""
+
+    process_group: Any
+    rank: int
+    world_size: int
+    generation: int
+
+    def all_reduce(self, tensor: paddle.Tensor) -> None:
+        self.process_group.all_reduce(tensor, core.ReduceOp.SUM, True).wait()
+
+    def broadcast(self, tensor: paddle.Tensor) -> None:
+        self.process_group.broadcast(tensor, 0, True).wait()
+
+    def agreeing(self, ready: bool) -> bool:
+        """Whether every member is `ready` (a barrier that carries a vote, so that a member
+        that cannot go on never leaves its peers waiting in a collective)."""
+        votes = paddle.to_tensor([1.0 if ready else 0.0], dtype="float32")
+        self.all_reduce(votes)
+        return bool(votes.numpy()[0] >= self.world_size)
+
+
+def forming(
+    assignment: Assignment, stores: StoreHost, given_up: Callable[[], bool], timeout_s: float
+) -> Group:
+    """Join this generation's group (the caller drops the previous one).
+
+    Paddle's group constructor waits without a bound for every member to arrive, so it
+    runs in a thread of its own (it releases the GIL) and is given up on, with a
+    `RuntimeError`, once `given_up()` says a newer generation opened or `timeout_s`
+    passes; the blocked thread is left behind with its own store connection.
+    """
+    leader = next(p for p in assignment.peers if p.rank == 0)
+    place = str(paddle.device.get_device())
+    backend = backend_for(place)
+    # Paddle's C++ reads the process's global rank from here when it builds a group.
+    os.environ["PADDLE_TRAINER_ID"] = str(assignment.rank)
+    os.environ["PADDLE_TRAINERS_NUM"] = str(assignment.world_size)
+    if backend == "nccl":
+        core.CommContextManager.set_device_id(int(place.split(":")[1]))
+    store = stores.connecting(leader.store_address)
+    built: dict[str, Any] = {}
+
+    def building() -> None:
+        make: Any = collective._new_process_group_impl  # no public API takes a group id
+        try:
+            built["group"] = make(
+                backend,
+                store,
+                assignment.rank,
+                assignment.world_size,
+                f"edl_g{assignment.generation}",
+                pg_options=None,
+                group_id=GROUP_ID_BASE + assignment.generation,
+            )
+        except Exception as error:  # handed to the caller's thread
+            built["error"] = error
+
+    thread = threading.Thread(target=building, name="edl-form", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        thread.join(FORMING_POLL_S)
+        if thread.is_alive() and (given_up() or time.monotonic() > deadline):
+            raise RuntimeError(
+                f"generation {assignment.generation} did not form: a member never arrived"
+            )
+    if "error" in built:
+        raise RuntimeError(f"generation {assignment.generation} did not form: {built['error']}")
+    return Group(built["group"], assignment.rank, assignment.world_size, assignment.generation)
+
+
+def buckets(tensors: Sequence[paddle.Tensor]) -> Iterator[list[paddle.Tensor]]:
+    """Consecutive tensors of one dtype, up to BUCKET_BYTES each (one allreduce apiece)."""
+    bucket: list[paddle.Tensor] = []
+    size = 0
+    for tensor in tensors:
+        nbytes = int(tensor.numel()) * tensor.element_size()
+        if bucket and (tensor.dtype != bucket[0].dtype or size + nbytes > BUCKET_BYTES):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(tensor)
+        size += nbytes
+    if bucket:
+        yield bucket
+
+
+def averaging_gradients(group: Group, parameters: Sequence[paddle.Tensor], stopping: bool) -> bool:
+    """Replace every gradient by its mean over the group, and tell whether any rank asked
+    to stop at this step boundary (`stopping`).
+
+    The stop request rides in the last bucket's allreduce as one extra element, so every
+    rank of a generation leaves at the same step boundary: the members learn of a new
+    generation at different moments, and a rank that left alone would leave its peers
+    waiting in the next collective. A parameter without a gradient this step contributes
+    zeros, so every rank runs the same collectives.
+    """
+    grads: list[paddle.Tensor] = []
+    asked = False
+    with paddle.no_grad():
+        for parameter in parameters:
+            if parameter.grad is None:
+                parameter.grad = paddle.zeros_like(parameter)
+            grads.append(parameter.grad)
+        scale = 1.0 / group.world_size
+        cut = list(buckets(grads))
+        for position, bucket in enumerate(cut):
+            pieces = [g.reshape([-1]) for g in bucket]
+            last = position == len(cut) - 1
+            if last:
+                pieces.append(paddle.full([1], float(stopping), dtype=bucket[0].dtype))
+            flat = paddle.concat(pieces)
+            group.all_reduce(flat)
+            if last:
+                asked = bool(flat[-1:].numpy()[0] > 0)
+                flat = flat[:-1]
+            flat.scale_(scale)
+            parts = paddle.split(flat, [int(g.numel()) for g in bucket])
+            for grad, part in zip(bucket, parts, strict=True):
+                grad.set_value(part.reshape(grad.shape))
+    return asked
+
+
+def broadcasting_object(group: Group, value: Any) -> Any:
+    """Rank 0's `value` on every member (pickled: the members of a job trust each other)."""
+    payload = pickle.dumps(value) if group.rank == 0 else b""
+    length = paddle.to_tensor([len(payload)], dtype="int64")
+    group.broadcast(length)
+    size = int(length.numpy()[0])
+    buffer = (
+        paddle.to_tensor(list(payload), dtype="uint8")
+        if group.rank == 0
+        else paddle.zeros([size], dtype="uint8")
+    )
+    group.broadcast(buffer)
+    return value if group.rank == 0 else pickle.loads(bytes(buffer.numpy().tobytes()))
+
+
+def trainable(model: paddle.nn.Layer) -> list[paddle.Tensor]:
+    return [p for p in model.parameters() if not p.stop_gradient]
+
+
+def optimizer_tensors(optimizer: Any, parameters: Sequence[paddle.Tensor]) -> list[Any]:
+    """The optimizer's state tensors in an order every process agrees on (accumulator
+    kind, then parameter order), created first if the optimizer has not stepped yet.
+
+    Paddle names accumulators with per-process counters, so two processes holding the
+    same model may disagree on names: the state is matched by position, never by name.
+    """
+    program: Any = paddle.static.default_main_program()
+    block = program.global_block()
+    optimizer._create_accumulators(block, list(parameters))
+    tensors: list[Any] = []
+    for kind in sorted(optimizer._accumulators):
+        by_name = optimizer._accumulators[kind]
+        tensors.extend(by_name[p.name] for p in parameters if p.name in by_name)
+    masters = getattr(optimizer, "_master_weights", None) or {}
+    tensors.extend(masters[p.name] for p in parameters if p.name in masters)
+    return tensors
+
+
+def layout(tensors: Sequence[Any]) -> list[tuple[tuple[int, ...], str]]:
+    return [(tuple(t.shape), str(t.dtype)) for t in tensors]
+
+
+def broadcasting_state(
+    group: Group, model: paddle.nn.Layer, optimizer: Any, extra: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Make every member hold rank 0's parameters, buffers, optimizer state, learning
+    rate and `extra`; returns `extra` as rank 0 sent it. Rank 0 sends None to abandon the
+    generation: then nothing else is sent, and every member gets None."""
+    state = list(model.state_dict().values())
+    accumulators = optimizer_tensors(optimizer, trainable(model))
+    header = {
+        "extra": extra,
+        "model": layout(state),
+        "optimizer": layout(accumulators),
+        "lr": optimizer._learning_rate
+        if isinstance(optimizer._learning_rate, float | int)
+        else optimizer._learning_rate.state_dict(),
+    }
+    sent = broadcasting_object(group, header)
+    if sent["extra"] is None:
+        return None
+    for what, mine in (("model", layout(state)), ("optimizer", layout(accumulators))):
+        if sent[what] != mine:
+            raise ValueError(
+                f"this worker's {what} state differs from rank 0's ({len(mine)} tensors "
+                f"against {len(sent[what])}): every worker of a job must build the same "
+                "model and optimizer"
+            )
+    with paddle.no_grad():
+        for tensor in state + accumulators:
+            group.broadcast(tensor)
+    if group.rank != 0:
+        if isinstance(sent["lr"], dict):
+            optimizer._learning_rate.set_state_dict(sent["lr"])
+        else:
+            optimizer.set_lr(float(sent["lr"]))
+    result: dict[str, Any] | None = sent["extra"]
+    return result

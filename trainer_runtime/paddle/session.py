@@ -1,0 +1,295 @@
+"""The elastic training session of PaddlePaddle: the loop a user writes, kept elastic.
+
+```
+with session(model, optimizer, dataset, batch_policy=KeepGlobalBatch(64)) as s:
+    for inputs, labels in s.batches():
+        s.step(loss_fn(s.model(inputs), labels))   # the loss is a mean over the batch
+```
+The same shape, coordinator and ledger as the PyTorch adapter. Each step, the session reads
+from memory whether a new generation opened, and the ranks agree on it inside the step's
+gradient allreduce (one extra element), so that all of them leave the generation at the same
+step boundary; then each forms that
+generation's process group in the running process (see `grouping.py`: a fresh group id in
+rank 0's store, never Paddle's default group), reconciles the ledger, broadcasts rank 0's
+state, and goes on. `s.step(loss)` backpropagates, averages the gradients over the group
+(one allreduce per bucket) and applies the optimizer. A rank whose slice of a step is
+empty gets one stand-in sample whose loss weighs 0, so every rank joins every allreduce.
+
+Exactly-once: a generation walks the todo list in order (every rank cuts the same
+windows); rank 0 commits each applied step's window in the background; a step whose
+collective fails is not applied, the group re-forms, and the new rank 0 reconciles the
+coordinator's ledger with the step its state has reached.
+
+What must stay true: a step counts once committed, and the committed steps are those in
+rank 0's state; every wait is bounded; a fenced worker raises, it never trains alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import paddle
+from paddle.io import TensorDataset
+from paddle.io.dataloader.collate import default_collate_fn
+
+from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
+from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.environment import WorkerContract
+from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.paddle.committing import Committer
+from trainer_runtime.paddle.grouping import (
+    Group,
+    StoreHost,
+    averaging_gradients,
+    broadcasting_state,
+    forming,
+    trainable,
+)
+from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, splitting_among
+
+LOG = logging.getLogger(__name__)
+MAX_FAILED_FORMATIONS = 5
+
+
+class ElasticSession:
+    """One worker's membership of an elastic data-parallel Paddle job (see the module
+    docstring)."""
+
+    def __init__(
+        self,
+        model: paddle.nn.Layer,
+        optimizer: Any,
+        dataset: Sequence[Any],
+        batch_policy: BatchPolicy,
+        contract: WorkerContract | None = None,
+    ) -> None:
+        self.contract = contract or WorkerContract.from_environ()
+        self.module = model
+        self.optimizer = optimizer
+        self.dataset = dataset
+        self.policy = batch_policy
+        self.parameters = trainable(model)
+        self.agent = WorkerAgent(self.contract)
+        self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
+        self.committer = Committer(self.agent)
+        self.group: Group | None = None
+        self.step_count = 0
+        self.applied: deque[StepWindow] = deque(maxlen=256)
+        self.walk: Walk | None = None
+        self.window: StepWindow | None = None
+        self.local_samples = 0
+        self.window_size = 0
+        self.stepped = True
+        self.broken = True
+        self.leaving_generation = False
+        self.done = False
+        self.last_step_at = time.monotonic()
+        self.generations_formed = 0
+
+    # ----- lifecycle -----
+
+    def __enter__(self) -> ElasticSession:
+        self.agent.starting(self.stores.address)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if kind is None and not self.done:
+            LOG.warning("the session ended before the job did")
+        if kind is None:
+            self.agent.leaving()
+        self.agent.closing()
+        self.group = None
+
+    @property
+    def model(self) -> paddle.nn.Layer:
+        """The model to call each step (the same object through every generation)."""
+        return self.module
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank if self.group else -1
+
+    @property
+    def world_size(self) -> int:
+        return self.group.world_size if self.group else 0
+
+    @property
+    def generation(self) -> int:
+        return self.group.generation if self.group else 0
+
+    # ----- generations -----
+
+    def reforming(self) -> bool:
+        """Join the next generation and take rank 0's state; False when the worker must
+        stop (drained, or the job is finished)."""
+        for _ in range(MAX_FAILED_FORMATIONS):
+            assignment = self.agent.awaiting_assignment()
+            if assignment.outcome is Outcome.DRAINED:
+                LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                self.done = True
+                return False
+            if assignment.outcome is Outcome.FINISHED:
+                self.done = True
+                return False
+            try:
+                self.forming_generation(assignment)
+                self.broken = False
+                return True
+            except Fenced:
+                LOG.info("generation %d closed while forming", assignment.generation)
+            except (RuntimeError, OSError, ValueError) as error:  # a peer left while forming
+                LOG.info("forming generation %d failed: %s", assignment.generation, error)
+        raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
+
+    def forming_generation(self, assignment: Assignment) -> None:
+        self.group = None  # drop the old group before building the next
+        group = forming(assignment, self.stores, self.agent.changed, self.contract.timeout_s)
+        extra: dict[str, Any] | None = None
+        failure: CoordinatorError | None = None
+        if group.rank == 0:
+            try:
+                extra = self.reconciling(group)
+            except CoordinatorError as error:  # most often: a newer generation opened
+                failure = error
+        # Rank 0 abandons a generation by sending None: its peers are already in the
+        # broadcast, and a Paddle group cannot be torn down to release them.
+        sent = broadcasting_state(group, self.module, self.optimizer, extra)
+        if failure is not None:
+            raise failure
+        if sent is None:
+            raise Fenced(f"rank 0 abandoned generation {group.generation}")
+        self.policy.adopting(sent["policy"])
+        self.step_count = int(sent["step"])
+        self.walk = Walk(
+            DatasetPlan(*sent["plan"]),
+            epoch=int(sent["epoch"]),
+            step=self.step_count,
+            todo=[SampleRange(a, b) for a, b in sent["todo"]],
+        )
+        self.applied.clear()
+        self.leaving_generation = False
+        self.group = group
+        self.generations_formed += 1
+        self.last_step_at = time.monotonic()
+
+    def reconciling(self, group: Group) -> dict[str, Any]:
+        """Rank 0: make the ledger agree with this worker's state; what it sends along."""
+        self.committer.flushing(self.contract.timeout_s)
+        view = self.agent.client.reconcile(
+            self.agent.worker_id, group.generation, self.step_count, list(self.applied)
+        )
+        return {
+            "step": self.step_count,
+            "epoch": view.epoch,
+            "todo": [(r.start, r.stop) for r in view.todo],
+            "plan": (view.samples, view.shard_size, view.epochs, view.seed),
+            "policy": self.policy.shared_state(),
+        }
+
+    # ----- steps -----
+
+    def fetching(self, ranges: Sequence[SampleRange]) -> Any:
+        """This rank's batch: fresh tensors (a copy, never a view of the dataset)."""
+        if isinstance(self.dataset, TensorDataset):  # ranges are contiguous: copy slices
+            return tuple(
+                paddle.concat([t[r.start : r.stop] for r in ranges]) for t in self.dataset.tensors
+            )
+        collating: Any = default_collate_fn
+        return collating([self.dataset[i] for r in ranges for i in r.indices()])
+
+    def batches(self) -> Iterator[Any]:
+        """This rank's slice of every step's window, until the job ends or it is drained."""
+        while True:
+            if not self.stepped:
+                raise RuntimeError("call s.step(loss) once for every batch")
+            if (self.broken or self.leaving_generation) and not self.reforming():
+                return
+            assert self.walk is not None
+            window = self.walk.next_window(self.policy.global_batch(self.world_size))
+            if window is None:
+                if self.finishing():
+                    return
+                continue
+            mine = splitting_among(window.ranges, self.world_size)[self.rank]
+            self.window, self.window_size = window, sum(len(r) for r in window.ranges)
+            self.local_samples = sum(len(r) for r in mine)
+            if self.local_samples == 0:
+                # more ranks than samples in this step: a stand-in sample whose loss weighs
+                # nothing, so that this rank still takes part in the step's allreduce
+                first = window.ranges[0].start
+                mine = [SampleRange(first, first + 1)]
+            self.stepped = False
+            yield self.fetching(mine)
+
+    def step(self, loss: paddle.Tensor) -> None:
+        """Backpropagate this rank's loss (a mean over its batch), average the gradients
+        over the group and apply the step."""
+        if self.stepped:
+            raise RuntimeError("s.step(loss) called twice for one batch")
+        self.stepped = True
+        assert self.window is not None and self.group is not None
+        scale = self.local_samples * self.world_size / self.window_size
+        (loss if scale == 1.0 else loss * scale).backward()
+        try:
+            # every rank leaves at the boundary where any of them saw a change
+            asked = averaging_gradients(self.group, self.parameters, self.agent.changed())
+        except (RuntimeError, OSError, ValueError) as error:  # a peer died or went silent
+            LOG.info("step %d failed (%s): re-forming", self.window.step, error)
+            self.optimizer.clear_grad()
+            self.broken = True
+            return
+        self.policy.adjusting(self.optimizer, self.world_size)
+        self.optimizer.step()
+        self.optimizer.clear_grad()
+        self.step_count = self.window.step
+        self.applied.append(self.window)
+        self.leaving_generation = asked
+        now = time.monotonic()
+        if self.group.rank == 0:
+            self.committer.enqueue(self.group.generation, self.window, now - self.last_step_at)
+        self.last_step_at = now
+
+    def finishing(self) -> bool:
+        """The walk is over: rank 0 makes sure its commits landed; all vote once more, so
+        that nobody leaves while a peer still has to re-form."""
+        assert self.group is not None
+        landed = True
+        try:
+            if self.rank == 0:
+                if not self.committer.flushing(self.contract.timeout_s):
+                    raise TimeoutError("the last commits were not acknowledged in time")
+                self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
+        except (CoordinatorError, TimeoutError) as error:
+            LOG.info("finishing failed (%s): re-forming", error)
+            landed = False
+        try:
+            agreed = self.group.agreeing(landed)
+        except (RuntimeError, OSError, ValueError) as error:
+            LOG.info("finishing failed (%s): re-forming", error)
+            agreed = False
+        if not agreed:
+            self.broken = True
+            return False
+        self.done = True
+        return True
+
+
+def session(
+    model: paddle.nn.Layer,
+    optimizer: Any,
+    dataset: Sequence[Any],
+    batch_policy: BatchPolicy | None = None,
+    contract: WorkerContract | None = None,
+) -> ElasticSession:
+    """An elastic session for this worker, configured by the environment contract."""
+    return ElasticSession(model, optimizer, dataset, batch_policy or KeepGlobalBatch(32), contract)
