@@ -1,0 +1,52 @@
+"""The local service's settings: where it lives, how many slots, which policy.
+
+Slots default to the machine's GPUs, or its CPUs when it has none. The policy defaults to
+the ``edl`` preset with time constants fit for one machine, where jobs last minutes rather
+than days (a cool-down of 300 s would make a local demo wait five minutes to grow a job
+back); a policy file (``base:`` plus overrides, see ``api/policy.py``) replaces it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from edl_scheduler.api.policy import PolicyConfig, load_policy_config
+from edl_scheduler.core.building import policy_from_config
+from edl_scheduler.local.controlling import LocalConfig
+from edl_scheduler.local.launching import detect_gpus
+
+DEFAULT_HOME = Path(os.environ.get("EDL_HOME", Path.home() / ".local" / "state" / "edl"))
+
+LOCAL_POLICY = PolicyConfig.model_validate(
+    {
+        "base": "edl",
+        "cooldownSeconds": 5,
+        "minRunSeconds": 5,
+        "reservationTimeoutSeconds": 120,
+        "resizePauseSeconds": 1,
+        "gainHorizonSeconds": 120,
+    }
+)
+
+
+def build_config(
+    home: Path, slots: int | None, policy_file: Path | None, period_s: float = 0.5
+) -> LocalConfig:
+    gpus = detect_gpus()
+    if slots is not None and gpus and slots > gpus:
+        raise ValueError(
+            f"--slots {slots} is more than this machine's {gpus} GPUs: give at most {gpus}, "
+            "or hide the GPUs (CUDA_VISIBLE_DEVICES=) to run CPU slots"
+        )
+    count = slots if slots is not None else (gpus or os.cpu_count() or 1)
+    config = (
+        load_policy_config(policy_file.read_text()) if policy_file is not None else LOCAL_POLICY
+    )
+    return LocalConfig(
+        home=home.expanduser().resolve(),
+        slots=count,
+        gpus=gpus > 0,
+        policy=policy_from_config(config),
+        period_s=period_s,
+    )

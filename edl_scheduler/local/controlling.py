@@ -1,0 +1,816 @@
+"""The local cluster: the controller's observe-plan-act loop over local processes.
+
+Each cycle, in this order:
+
+1. Observe the processes: drained workers that exited leave; a worker that failed is
+   charged to its job's restart budget (``failurePolicy.maxRestarts``) and the planner
+   replaces it; a drain that overran ``timeouts.drainSeconds`` is ended by SIGTERM, then
+   SIGKILL; a coordinator that exited after the last epoch makes its job Succeeded, one that
+   crashed is restarted from its state file.
+2. Build the planner's Snapshot: one node, ``local``, of ``slots`` GPUs; each job as
+   ``core.building.job_from_training_job`` makes it, a worker taking its slots.
+3. ``plan(snapshot, policy, now)``: the same planner as on Kubernetes.
+4. Act: victims are drained through the coordinator (``CoordinatorClient.drain``), so they
+   leave at a step boundary and survivors keep their processes; new workers start with the
+   runtime's environment contract; the coordinator learns the target (``set_target``).
+5. Write each job's status (phase, message, replicas, progress, throughput), its Events
+   and its resize history to SQLite.
+
+What must stay true:
+- Requests (submit, scale, ...) and cycles take one lock, so a cycle acts on one state.
+- Nothing in a request can stop the service: bad input raises ``LocalError`` with the field
+  and the fix, and the store is unchanged.
+- A restarted service adopts every process that still runs (``recover``), so no job and no
+  worker is lost by restarting the service.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from edl_scheduler.api import (
+    JobPhase,
+    LastResize,
+    ThroughputSample,
+    TrainingJob,
+)
+from edl_scheduler.core import (
+    Action,
+    Job,
+    Node,
+    Plan,
+    Policy,
+    Replica,
+    Reservation,
+    Resources,
+    Role,
+    RoleSpec,
+    Snapshot,
+    plan,
+)
+from edl_scheduler.core.building import job_from_training_job
+from edl_scheduler.core.snapshot import NO_CONSTRAINTS
+from edl_scheduler.local.launching import (
+    LOCAL_NODE,
+    LaunchError,
+    check_launchable,
+    coordinator_process,
+    free_port,
+    slots_per_worker,
+    state_file,
+    worker_process,
+)
+from edl_scheduler.local.processes import (
+    AdoptionError,
+    ProcessState,
+    ProcessSupervisor,
+    UnknownProcess,
+)
+from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store, WorkerRow
+
+LOG = logging.getLogger("edl.local")
+KILL_GRACE_S = 5.0
+"""After a drain's deadline: SIGTERM, then SIGKILL this much later."""
+
+
+class ErrorKind(enum.Enum):
+    """What went wrong with a request; the endpoint maps it to an HTTP status."""
+
+    INVALID = 422
+    NOT_FOUND = 404
+    CONFLICT = 409
+
+
+class LocalError(Exception):
+    """A request the local cluster refuses; ``str()`` names the problem and the fix."""
+
+    def __init__(self, kind: ErrorKind, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True, slots=True)
+class LocalConfig:
+    """How the local cluster runs. ``gpus``: slots are GPUs (workers see only theirs)."""
+
+    home: Path
+    slots: int
+    gpus: bool
+    policy: Policy
+    period_s: float = 0.5
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "coordinators"
+
+
+def coordinator_name(key: str) -> str:
+    return f"{key.replace('/', '.')}.coordinator"
+
+
+def _now_dt(now: float) -> datetime:
+    return datetime.fromtimestamp(now, UTC)
+
+
+class LocalCluster:
+    """The local backend's controller: requests, recovery, and the planning cycle."""
+
+    def __init__(
+        self,
+        config: LocalConfig,
+        store: Store,
+        supervisor: ProcessSupervisor,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.supervisor = supervisor
+        self.clock = clock
+        self.lock = threading.RLock()
+        self.reservations: tuple[Reservation, ...] = ()
+        self.last_plan: Plan | None = None
+        self._clients: dict[str, Any] = {}
+        self._progress: dict[str, Any] = {}
+        self._finished: set[str] = set()
+        """Jobs one of whose workers exited 0 undrained: the runtime says the job is done."""
+        self._last_cycle = clock()
+        config.log_dir.mkdir(parents=True, exist_ok=True)
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def submit(self, job: TrainingJob, workdir: str) -> TrainingJob:
+        """Accept a new job, or refuse it (bad spec, name taken) without changing anything."""
+        try:
+            check_launchable(job, self.config.slots)
+        except LaunchError as error:
+            raise LocalError(ErrorKind.INVALID, str(error)) from None
+        with self.lock:
+            if self.store.job(job.key) is not None:
+                raise LocalError(
+                    ErrorKind.CONFLICT,
+                    f"job {job.key} already exists: delete it first, or use another metadata.name",
+                )
+            now = self.clock()
+            status = job.status.model_copy(
+                update={
+                    "phase": JobPhase.PENDING,
+                    "submit_time": _now_dt(now),
+                    "message": "submitted",
+                    "priority": job.spec.priority or 0,
+                }
+            )
+            meta = job.metadata.model_copy(update={"creation_timestamp": _now_dt(now)})
+            job = job.model_copy(update={"status": status, "metadata": meta})
+            row = JobRow(
+                key=job.key,
+                job=job,
+                token=secrets.token_hex(16),
+                workdir=workdir,
+                port=free_port(),
+                coordinator_pid=None,
+                coordinator_ctime=None,
+                next_worker=0,
+                target=0,
+                created=now,
+            )
+            self.store.add_job(row)
+            self._event(job.key, "Normal", "Submitted", "accepted by the local backend")
+            return job
+
+    def get(self, key: str) -> JobRow:
+        row = self.store.job(key)
+        if row is None:
+            known = ", ".join(r.key for r in self.store.jobs()) or "none"
+            raise LocalError(
+                ErrorKind.NOT_FOUND,
+                f"job {key} does not exist (known jobs: {known}): check the name with `edlctl ls`",
+            )
+        return row
+
+    def scale(self, key: str, min_replicas: int | None, max_replicas: int | None) -> TrainingJob:
+        """Change a job's bounds; the next cycle resizes it."""
+        with self.lock:
+            row = self.get(key)
+            spec = row.job.spec
+            lo = spec.min_replicas if min_replicas is None else min_replicas
+            hi = spec.max_replicas if max_replicas is None else max_replicas
+            if lo < 1:
+                raise LocalError(ErrorKind.INVALID, f"min: {lo} is below 1: give at least 1")
+            if hi < lo:
+                raise LocalError(
+                    ErrorKind.INVALID,
+                    f"max: {hi} is below min ({lo}): raise max or lower min",
+                )
+            updated = row.job.model_copy(
+                update={"spec": spec.model_copy(update={"min_replicas": lo, "max_replicas": hi})}
+            )
+            try:
+                check_launchable(updated, self.config.slots)
+            except LaunchError as error:
+                raise LocalError(ErrorKind.INVALID, str(error)) from None
+            self._require_not_final(row)
+            self.store.save_job(key, updated)
+            self._event(key, "Normal", "Scaled", f"bounds set to min {lo}, max {hi}")
+            return updated
+
+    def set_suspended(self, key: str, suspend: bool) -> TrainingJob:
+        with self.lock:
+            row = self.get(key)
+            self._require_not_final(row)
+            spec = row.job.spec.model_copy(update={"suspend": suspend})
+            updated = row.job.model_copy(update={"spec": spec})
+            self.store.save_job(key, updated)
+            what = "Suspended" if suspend else "Resumed"
+            self._event(key, "Normal", what, f"{what.lower()} by the user")
+            return updated
+
+    def delete(self, key: str) -> None:
+        """Stop the job's processes (SIGTERM, SIGKILL after the grace) and forget it."""
+        with self.lock:
+            row = self.get(key)
+            names = [w.name for w in self.store.workers(key)] + [coordinator_name(key)]
+            self.store.delete_job(key)
+            client = self._clients.pop(key, None)
+            self._progress.pop(key, None)
+        if client is not None:
+            client.close()
+        stopper = threading.Thread(
+            target=self._stop_all, args=(names,), name=f"edl-delete-{row.key}", daemon=True
+        )
+        stopper.start()
+
+    def _stop_all(self, names: Iterable[str]) -> None:
+        for name in names:
+            if name in self.supervisor:
+                self.supervisor.signal(name, 15)
+        for name in names:
+            if name in self.supervisor:
+                self.supervisor.stop(name, grace_s=KILL_GRACE_S)
+                self.supervisor.forget(name)
+
+    def _require_not_final(self, row: JobRow) -> None:
+        if row.job.status.phase.final:
+            raise LocalError(
+                ErrorKind.CONFLICT,
+                f"job {row.key} has ended ({row.job.status.phase.value}): submit it again "
+                "to rerun it",
+            )
+
+    def log_path(self, key: str, worker: str | None) -> Path:
+        row = self.get(key)
+        if worker is None:
+            live = [w for w in self.store.workers(key) if not w.draining]
+            if live:
+                worker = live[0].name
+            else:
+                logs = sorted(self.config.log_dir.glob(f"{key.replace('/', '.')}.worker-*.log"))
+                worker = logs[-1].stem if logs else coordinator_name(row.key)
+        if worker == "coordinator":
+            worker = coordinator_name(row.key)
+        path = self.config.log_dir / f"{worker}.log"
+        if not path.is_file() or not path.name.startswith(key.replace("/", ".") + "."):
+            raise LocalError(
+                ErrorKind.NOT_FOUND,
+                f"no log for {worker!r} of job {key}: name one of its workers "
+                "(`edlctl describe`) or 'coordinator'",
+            )
+        return path
+
+    # -- recovery --------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Adopt the processes an earlier service left running; forget those that ended."""
+        with self.lock:
+            for row in self.store.jobs():
+                if row.coordinator_pid is not None and row.coordinator_ctime is not None:
+                    try:
+                        self.supervisor.adopt(
+                            coordinator_name(row.key), row.coordinator_pid, row.coordinator_ctime
+                        )
+                    except AdoptionError as error:
+                        self._event(row.key, "Warning", "CoordinatorLost", str(error))
+                        self.store.set_coordinator(row.key, None, None)
+                for worker in self.store.workers(row.key):
+                    if worker.pid is None or worker.ctime is None:
+                        self.store.remove_worker(worker.name)
+                        continue
+                    try:
+                        self.supervisor.adopt(worker.name, worker.pid, worker.ctime)
+                    except AdoptionError as error:
+                        self.store.remove_worker(worker.name)
+                        self._event(row.key, "Warning", "WorkerLost", str(error))
+            saved = self.store.get_meta("reservations")
+            if saved:
+                self.reservations = tuple(
+                    Reservation(r["job"], r["node"], Role(r["role"]), r["count"], r["expires_at"])
+                    for r in json.loads(saved)
+                )
+
+    # -- the cycle -------------------------------------------------------------------------
+
+    def cycle(self) -> Plan:
+        """One observe-plan-act round (see the module docstring)."""
+        with self.lock:
+            now = self.clock()
+            elapsed = max(0.0, now - self._last_cycle)
+            self._last_cycle = now
+            rows = [r for r in self.store.jobs() if not r.job.status.phase.final]
+            for row in rows:
+                self._observe(row, now)
+            rows = [r for r in self.store.jobs() if not r.job.status.phase.final]
+            snapshot = self._snapshot(rows)
+            result = plan(snapshot, self.config.policy, now)
+            self.reservations = result.reservations
+            self._save_reservations()
+            for decision in result.decisions:
+                found = self.store.job(decision.job)
+                if found is not None:
+                    self._act(found, decision, now)
+            for row in self.store.jobs():
+                if not row.job.status.phase.final:
+                    self._write_status(row, result, now, elapsed)
+            self.last_plan = result
+            return result
+
+    def _save_reservations(self) -> None:
+        self.store.set_meta(
+            "reservations",
+            json.dumps(
+                [
+                    {
+                        "job": r.job,
+                        "node": r.node,
+                        "role": r.role.value,
+                        "count": r.count,
+                        "expires_at": r.expires_at,
+                    }
+                    for r in self.reservations
+                ]
+            ),
+        )
+
+    # 1. observe ----------------------------------------------------------------------------
+
+    def _observe(self, row: JobRow, now: float) -> None:
+        key = row.key
+        coordinator = self._process_state(coordinator_name(key))
+        workers = self.store.workers(key)
+        for worker in workers:
+            state = self._process_state(worker.name)
+            if state is None:
+                self.store.remove_worker(worker.name)
+                continue
+            status, log_tail = state
+            if status.running:
+                self._enforce_drain_deadline(row, worker, now)
+                continue
+            self.store.remove_worker(worker.name)
+            self.supervisor.forget(worker.name)
+            if worker.draining:
+                self._event(key, "Normal", "Drained", f"{worker.name} left the job")
+            elif status.state is ProcessState.SUCCEEDED:
+                self._finished.add(key)
+                self._event(key, "Normal", "WorkerFinished", f"{worker.name} exited 0")
+            elif status.state is ProcessState.EXITED:
+                # Adopted after a service restart: its exit code is unknown. The
+                # coordinator's saved ledger tells whether the job had finished.
+                if self._ledger_finished(row):
+                    self._finished.add(key)
+                    self._event(key, "Normal", "WorkerFinished", f"{worker.name} exited")
+                else:
+                    self._event(
+                        key,
+                        "Warning",
+                        "WorkerLost",
+                        f"{worker.name} exited while adopted (exit code unknown); it is "
+                        "replaced without charging the restart budget",
+                    )
+            elif self._finishing(row) or self._ledger_finished(row):
+                self._event(
+                    key,
+                    "Warning",
+                    "WorkerExitedAtFinish",
+                    f"{worker.name} exited with {status.exit_code} after the last epoch was "
+                    f"committed; not charged to the restart budget. {log_tail}".strip(),
+                )
+            else:
+                self._worker_failed(row, worker, status.exit_code, status.message, log_tail)
+        row = self.store.job(key) or row
+        if row.job.status.phase.final or coordinator is None:
+            return
+        status, log_tail = coordinator
+        if status.running:
+            return
+        if status.state is ProcessState.SUCCEEDED or (
+            status.state is ProcessState.EXITED and self._ledger_finished(row)
+        ):
+            self._finished.add(key)
+            if not self.store.workers(key):
+                self.supervisor.forget(coordinator_name(key))
+                self._finish(row, JobPhase.SUCCEEDED, "the last epoch is committed", now)
+            return
+        self.supervisor.forget(coordinator_name(key))
+        self.store.set_coordinator(key, None, None)
+        code = "unknown" if status.exit_code is None else str(status.exit_code)
+        self._event(
+            key,
+            "Warning",
+            "CoordinatorExited",
+            f"coordinator exited ({code}); it restarts from its state file. {log_tail}".strip(),
+        )
+        self._ensure_coordinator(row)
+
+    def _ledger_finished(self, row: JobRow) -> bool:
+        """Whether the coordinator's saved state has committed the last epoch."""
+        from trainer_runtime.coordinator.state import CoordinatorState
+
+        try:
+            text = state_file(self.config.state_dir, row.job).read_text(encoding="utf-8")
+            return bool(CoordinatorState.from_json(text, now=time.monotonic()).ledger.finished)
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def _process_state(self, name: str) -> tuple[Any, str] | None:
+        try:
+            status = self.supervisor.status(name)
+        except UnknownProcess:
+            return None
+        tail = ""
+        if status.state.finished:
+            tail = _last_line(self.config.log_dir / f"{name}.log")
+        return status, tail
+
+    def _enforce_drain_deadline(self, row: JobRow, worker: WorkerRow, now: float) -> None:
+        if not worker.draining or worker.drain_since is None:
+            return
+        overdue = now - worker.drain_since - row.job.spec.timeouts.drain_seconds
+        if overdue > KILL_GRACE_S:
+            self.supervisor.signal(worker.name, 9)
+        elif overdue > 0:
+            self.supervisor.signal(worker.name, 15)
+
+    def _worker_failed(
+        self, row: JobRow, worker: WorkerRow, code: int | None, message: str, tail: str
+    ) -> None:
+        restarts = row.job.status.restarts + 1
+        budget = row.job.spec.failure_policy.max_restarts
+        why = f"exit code {code}" if code is not None else "exit code unknown"
+        if message:
+            why += f", {message}"
+        detail = f"{worker.name} failed ({why})" + (f": {tail}" if tail else "")
+        self._event(row.key, "Warning", "WorkerFailed", f"{detail} [{restarts}/{budget}]")
+        status = row.job.status.model_copy(update={"restarts": restarts})
+        job = row.job.model_copy(update={"status": status})
+        self.store.save_job(row.key, job)
+        if restarts > budget:
+            self._finish(
+                replace(row, job=job),
+                JobPhase.FAILED,
+                f"{restarts} worker failures exceed failurePolicy.maxRestarts ({budget}); "
+                f"last: {detail}",
+                self.clock(),
+            )
+
+    def _finish(self, row: JobRow, phase: JobPhase, message: str, now: float) -> None:
+        names = [w.name for w in self.store.workers(row.key)]
+        if phase is JobPhase.FAILED:
+            names.append(coordinator_name(row.key))
+        for name in names:
+            if name in self.supervisor:
+                self.supervisor.signal(name, 15)
+        for worker in self.store.workers(row.key):
+            self.store.remove_worker(worker.name)
+        if names:
+            threading.Thread(target=self._stop_all, args=(names,), daemon=True).start()
+        status = row.job.status.model_copy(
+            update={
+                "phase": phase,
+                "message": message,
+                "completion_time": _now_dt(now),
+                "replicas": 0,
+                "ready_replicas": 0,
+            }
+        )
+        self.store.save_job(row.key, row.job.model_copy(update={"status": status}))
+        self.store.set_coordinator(row.key, None, None)
+        kind = "Normal" if phase is JobPhase.SUCCEEDED else "Warning"
+        self._event(row.key, kind, phase.value, message)
+
+    # 2. snapshot ---------------------------------------------------------------------------
+
+    def _snapshot(self, rows: list[JobRow]) -> Snapshot:
+        node = Node(LOCAL_NODE, Resources(self.config.slots, 0, 0))
+        jobs: list[Job] = []
+        for row in rows:
+            replicas = tuple(
+                Replica(w.name, Role.WORKER, LOCAL_NODE, w.draining)
+                for w in self.store.workers(row.key)
+            )
+            last = row.job.status.last_resize
+            planned = job_from_training_job(
+                row.job,
+                row.job.spec.priority or 0,
+                replicas,
+                last.time.timestamp() if last else None,
+            )
+            spec = planned.worker
+            jobs.append(
+                replace(
+                    planned,
+                    worker=RoleSpec(
+                        spec.min_replicas,
+                        spec.max_replicas,
+                        Resources(slots_per_worker(row.job), 0, 0),
+                    ),
+                    constraints=NO_CONSTRAINTS,
+                )
+            )
+        keys = {j.name for j in jobs}
+        kept = tuple(r for r in self.reservations if r.job in keys)
+        return Snapshot((node,), tuple(jobs), kept)
+
+    # 4. act --------------------------------------------------------------------------------
+
+    def _act(self, row: JobRow, decision: Any, now: float) -> None:
+        if self._finishing(row):
+            return  # its workers leave on their own; nothing is started or drained
+        change = decision.workers
+        remove = list(change.remove)
+        if row.job.spec.suspend:
+            # The planner gives a suspended job no new workers; taking its running ones
+            # away is the driver's part (as the Kubernetes controller deletes its pods).
+            remove += [w.name for w in self.store.workers(row.key) if not w.draining]
+            change = replace(change, target=0)
+        if remove:
+            client = self._client(row) if self._coordinator_up(row) else None
+            for name in remove:
+                self.store.mark_draining(name, now)
+                if client is None:
+                    continue  # the drain deadline ends it
+                try:
+                    client.drain(name)
+                except Exception as error:  # the drain deadline ends it anyway
+                    self._event(row.key, "Warning", "DrainFailed", f"{name}: {error}")
+        if change.add_nodes or self.store.workers(row.key):
+            self._ensure_coordinator(row)
+            row = self.store.job(row.key) or row
+        started = 0
+        if change.add_nodes:
+            need = slots_per_worker(row.job) * len(change.add_nodes)
+            if len(self._free_slots()) >= need:
+                for _ in change.add_nodes:
+                    self._start_worker(row, now)
+                started = len(change.add_nodes)
+            # else: the victims are still draining; the planner holds their slots for this
+            # job (a reservation) and plans the start again once they have left.
+        if change.target != row.target and self._coordinator_up(row):
+            try:
+                self._client(row).set_target(change.target)
+                self.store.set_target(row.key, change.target)
+            except Exception:  # told again next cycle
+                pass
+        if remove and row.job.spec.suspend:
+            self._record_resize(row, decision, now, len(remove), 0, "suspended by its spec")
+        elif remove or started:
+            self._record_resize(row, decision, now)
+
+    def _finishing(self, row: JobRow) -> bool:
+        """The coordinator has committed the last epoch (or exited after it)."""
+        if row.key in self._finished:
+            return True
+        progress = self._progress.get(row.key)
+        if progress is not None and progress.finished:
+            return True
+        name = coordinator_name(row.key)
+        return name in self.supervisor and (
+            self.supervisor.status(name).state is ProcessState.SUCCEEDED
+        )
+
+    @staticmethod
+    def _coordinator_up(row: JobRow) -> bool:
+        """Whether the coordinator's port accepts connections (cheap; avoids RPC retries)."""
+        try:
+            with socket.create_connection(("127.0.0.1", row.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def _client(self, row: JobRow) -> Any:
+        client = self._clients.get(row.key)
+        if client is None:
+            from trainer_runtime.client import CoordinatorClient
+
+            client = CoordinatorClient(
+                f"127.0.0.1:{row.port}", row.token, timeout_s=2.0, retry_s=1.0
+            )
+            self._clients[row.key] = client
+        return client
+
+    def _ensure_coordinator(self, row: JobRow) -> None:
+        name = coordinator_name(row.key)
+        if name in self.supervisor:
+            state = self.supervisor.status(name).state
+            if state is ProcessState.RUNNING or state is ProcessState.SUCCEEDED:
+                return
+            self.supervisor.forget(name)
+        spec = coordinator_process(
+            row.job, name, row.port, row.token, self.config.state_dir, self.config.log_dir
+        )
+        status = self.supervisor.start(spec)
+        self.store.set_coordinator(row.key, status.pid, status.create_time)
+        if status.state is ProcessState.FAILED:
+            self._event(row.key, "Warning", "CoordinatorFailed", status.message)
+
+    def _free_slots(self) -> list[int]:
+        used = {s for w in self.store.workers() for s in w.slots}
+        return [s for s in range(self.config.slots) if s not in used]
+
+    def _start_worker(self, row: JobRow, now: float) -> None:
+        free = self._free_slots()
+        need = slots_per_worker(row.job)
+        slots = tuple(free[:need])
+        index = self.store.take_worker_index(row.key)
+        name = f"{row.key.replace('/', '.')}.worker-{index}"
+        spec = worker_process(
+            row.job,
+            name,
+            slots,
+            row.port,
+            row.token,
+            row.workdir,
+            self.config.log_dir,
+            self.config.gpus,
+        )
+        if name in self.supervisor:
+            self.supervisor.forget(name)
+        status = self.supervisor.start(spec)
+        self.store.add_worker(
+            WorkerRow(name, row.key, status.pid, status.create_time, slots, now, False, None)
+        )
+        self._event(row.key, "Normal", "WorkerStarted", f"{name} (pid {status.pid}) on {slots}")
+
+    def _record_resize(
+        self,
+        row: JobRow,
+        decision: Any,
+        now: float,
+        before: int | None = None,
+        after: int | None = None,
+        message: str | None = None,
+    ) -> None:
+        change = decision.workers
+        before = change.current if before is None else before
+        after = change.target if after is None else after
+        message = decision.message if message is None else message
+        reason = f"{decision.reason.value}: {message}"
+        self.store.add_resize(ResizeRow(row.key, now, before, after, reason))
+        what = {
+            Action.START: "Started",
+            Action.GROW: "Grew",
+            Action.SHRINK: "Shrunk",
+            Action.SUSPEND: "Preempted",
+        }.get(decision.action, "Resized")
+        if row.job.spec.suspend:
+            what = "Suspending"
+        self._event(row.key, "Normal", what, f"{before} -> {after} workers: {message}")
+        current = self.store.job(row.key) or row
+        status = current.job.status.model_copy(
+            update={
+                "last_resize": LastResize.model_validate(
+                    {"time": _now_dt(now), "from": before, "to": after, "reason": reason}
+                ),
+                "start_time": current.job.status.start_time or _now_dt(now),
+            }
+        )
+        self.store.save_job(row.key, current.job.model_copy(update={"status": status}))
+
+    # 5. status -----------------------------------------------------------------------------
+
+    def _write_status(self, row: JobRow, result: Plan, now: float, elapsed: float) -> None:
+        workers = self.store.workers(row.key)
+        live = [w for w in workers if not w.draining]
+        progress = self._poll_progress(row) if self._coordinator_up(row) else None
+        try:
+            decision = result.decision(row.key)
+            message = decision.message
+        except KeyError:
+            message = row.job.status.message
+        status = row.job.status
+        members = len(progress.members) if progress is not None else 0
+        if self._finishing(row):
+            message = "finishing: the last epoch is committed, workers are leaving"
+        phase = _next_phase(status.phase, row.job.spec.suspend, workers, len(live), members)
+        if self._finishing(row):
+            phase = status.phase
+        update: dict[str, Any] = {
+            "phase": phase,
+            "message": message,
+            "replicas": len(live),
+            "ready_replicas": members,
+            "allocation": {w.name: LOCAL_NODE for w in live},
+            "attained_gpu_seconds": status.attained_gpu_seconds
+            + elapsed * sum(len(w.slots) for w in live),
+        }
+        if progress is not None:
+            update["generation"] = int(progress.generation)
+            update["progress"] = {
+                "epoch": int(progress.epoch),
+                "epochs": int(progress.epochs),
+                "committedStep": int(progress.committed_step),
+                "samplesDone": int(progress.samples_done),
+                "samplesPerEpoch": int(progress.samples_per_epoch),
+                "finished": bool(progress.finished),
+            }
+            update["throughput"] = [
+                ThroughputSample(
+                    nodes=max(1, int(t.nodes)),
+                    workers=max(1, int(t.workers)),
+                    samples_per_second=max(0.0, float(t.samples_per_s)),
+                    step_seconds=float(t.step_time_s) if t.step_time_s > 0 else None,
+                )
+                for t in progress.throughput
+                if t.workers > 0
+            ]
+        current = self.store.job(row.key) or row
+        new = current.job.status.model_copy(update=update)
+        if new != current.job.status:
+            if new.phase is not current.job.status.phase:
+                self._event(row.key, "Normal", new.phase.value, message)
+            self.store.save_job(row.key, current.job.model_copy(update={"status": new}))
+
+    def _poll_progress(self, row: JobRow) -> Any:
+        try:
+            progress = self._client(row).progress()
+        except Exception:  # not up yet, or restarting: keep the last one
+            return self._progress.get(row.key)
+        self._progress[row.key] = progress
+        return progress
+
+    def progress(self, key: str) -> Any:
+        return self._progress.get(key)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def _event(self, key: str, kind: str, reason: str, message: str) -> None:
+        LOG.info("%s %s %s: %s", key, kind, reason, message)
+        self.store.add_event(EventRow(key, self.clock(), kind, reason, message))
+
+    # -- shutdown --------------------------------------------------------------------------
+
+    def release_all(self) -> None:
+        """Let every process go without stopping it (a restart adopts them again)."""
+        with self.lock:
+            for name in self.supervisor.names():
+                self.supervisor.release(name)
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()
+
+
+def _next_phase(
+    current: JobPhase, suspend: bool, workers: list[WorkerRow], live: int, members: int
+) -> JobPhase:
+    """The phase the job's processes show, reached only along ``JobPhase``'s diagram."""
+    if not live:
+        wanted = JobPhase.SUSPENDED if suspend and not workers else JobPhase.PENDING
+    elif current is JobPhase.PENDING:
+        wanted = JobPhase.RUNNING
+    elif any(w.draining for w in workers) or members != live:
+        wanted = JobPhase.RESIZING
+    else:
+        wanted = JobPhase.RUNNING
+    if current.can_become(wanted):
+        return wanted
+    # One step at a time: Resizing -> Running -> Pending, Suspended -> Pending -> Running.
+    for step in (JobPhase.RUNNING, JobPhase.PENDING):
+        if current.can_become(step) and step.can_become(wanted):
+            return step
+    return current
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 2048))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

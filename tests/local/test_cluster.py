@@ -1,0 +1,212 @@
+"""The local cluster's observe-plan-act loop, in-process, on real worker processes.
+
+Aspects tested:
+- a high-priority job shrinks a low-priority one gracefully (survivors keep their PIDs), the
+  low one grows back when the high one finished, and the coordinator's ledger counts every
+  sample exactly once
+- failed workers are replaced until failurePolicy.maxRestarts, then the job Fails, with the
+  exit code and the worker's last log line in its Events
+- suspend drains every worker and keeps the job; resume runs it to the end
+- bad requests (too many slots, no command, no dataset options, PriorityClass, duplicate
+  names, unknown jobs, min > max) are refused with the field and the fix, changing nothing
+- a restarted service adopts the running coordinator and workers (same PIDs) and the job
+  finishes
+- delete stops a job's processes
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from edl_scheduler.api import JobPhase, load_training_job
+from edl_scheduler.local.config import build_config
+from edl_scheduler.local.controlling import ErrorKind, LocalCluster, LocalError
+from edl_scheduler.local.processes import ProcessSupervisor
+from edl_scheduler.local.storing import Store
+
+from .jobs import plain_job
+
+pytestmark = pytest.mark.slow
+
+
+class Harness:
+    def __init__(self, home: Path, slots: int = 4) -> None:
+        self.home = home
+        self.slots = slots
+        self.open()
+
+    def open(self) -> None:
+        self.store = Store(self.home / "state.db")
+        self.supervisor = ProcessSupervisor()
+        self.cluster = LocalCluster(
+            build_config(self.home, self.slots, None), self.store, self.supervisor
+        )
+
+    def submit(self, yaml_text: str) -> str:
+        job = load_training_job(yaml_text)
+        self.cluster.submit(job, str(self.home))
+        return job.key
+
+    def phase(self, key: str) -> JobPhase:
+        return self.cluster.get(key).job.status.phase
+
+    def pids(self, key: str, draining: bool = False) -> set[int]:
+        return {
+            w.pid for w in self.store.workers(key) if w.pid is not None and w.draining == draining
+        }
+
+    def until(self, what: str, predicate: Callable[[], bool], timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.cluster.cycle()
+            if predicate():
+                return
+            time.sleep(0.2)
+        events = {
+            r.key: [(e.reason, e.message) for e in self.store.events(r.key)]
+            for r in self.store.jobs()
+        }
+        raise AssertionError(f"timed out waiting for {what}; events: {events}")
+
+    def close(self) -> None:
+        self.supervisor.close(grace_s=5)
+        self.store.close()
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    h = Harness(tmp_path / "home")
+    yield h
+    h.close()
+
+
+def members(h: Harness, key: str) -> int:
+    progress = h.cluster.progress(key)
+    return len(progress.members) if progress is not None else 0
+
+
+def test_priority_shrinks_gracefully_and_the_job_grows_back(harness: Harness) -> None:
+    h = harness
+    low = h.submit(plain_job("low", 1, 4, priority=10, samples=12000, step_time_s=0.1))
+    h.until("low runs 4 workers", lambda: members(h, low) == 4)
+    before = h.pids(low)
+    assert len(before) == 4
+    high = h.submit(plain_job("high", 2, 2, priority=100, samples=320))
+    h.until("high starts", lambda: h.cluster.get(high).job.status.replicas == 2)
+    survivors = h.pids(low)
+    assert len(survivors) == 2 and survivors <= before  # shrunk without restarting anyone
+    h.until("high succeeds", lambda: h.phase(high) is JobPhase.SUCCEEDED)
+    h.until("low grows back", lambda: h.cluster.get(low).job.status.replicas == 4)
+    assert survivors <= h.pids(low)
+    h.until("low succeeds", lambda: h.phase(low) is JobPhase.SUCCEEDED, timeout_s=180)
+    reasons = [e.reason for e in h.store.events(low)]
+    assert reasons.index("Shrunk") < reasons.index("Grew")
+    assert "WorkerFailed" not in reasons
+    resizes = [(r.from_replicas, r.to_replicas) for r in h.store.resizes(low)]
+    assert (4, 2) in resizes and (2, 4) in resizes
+    done = h.cluster.get(low).job.status.progress
+    assert done["samplesDone"] == 12000 and done["finished"]
+    assert h.cluster.get(low).job.status.restarts == 0
+
+
+def test_failed_workers_are_replaced_until_the_budget_is_spent(harness: Harness) -> None:
+    h = harness
+    crash = [sys.executable, "-c", "import sys; print('bad input file'); sys.exit(3)"]
+    key = h.submit(plain_job("crash", 1, 1, command=crash, max_restarts=2))
+    h.until("the job fails", lambda: h.phase(key) is JobPhase.FAILED, timeout_s=90)
+    failures = [e for e in h.store.events(key) if e.reason == "WorkerFailed"]
+    assert len(failures) == 3
+    assert all("exit code 3" in e.message and "bad input file" in e.message for e in failures)
+    status = h.cluster.get(key).job.status
+    assert status.restarts == 3 and "maxRestarts (2)" in status.message
+    assert not h.store.workers(key)
+    # The cluster carries on: another job runs to the end.
+    other = h.submit(plain_job("other", 1, 2, samples=400))
+    h.until("the other job succeeds", lambda: h.phase(other) is JobPhase.SUCCEEDED)
+
+
+def test_suspend_drains_and_resume_finishes(harness: Harness) -> None:
+    h = harness
+    key = h.submit(plain_job("pausable", 1, 2, samples=6000, step_time_s=0.1))
+    h.until("it runs", lambda: members(h, key) == 2)
+    h.cluster.set_suspended(key, True)
+    h.until("it is suspended", lambda: h.phase(key) is JobPhase.SUSPENDED)
+    assert not h.store.workers(key)
+    h.cluster.set_suspended(key, False)
+    h.until("it succeeds", lambda: h.phase(key) is JobPhase.SUCCEEDED, timeout_s=180)
+    assert h.cluster.get(key).job.status.progress["samplesDone"] == 6000
+    assert h.cluster.get(key).job.status.restarts == 0
+
+
+def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
+    h = harness
+
+    def refused(kind: ErrorKind, fragment: str, action: Callable[[], object]) -> None:
+        with pytest.raises(LocalError) as caught:
+            action()
+        assert caught.value.kind is kind
+        assert fragment in str(caught.value)
+
+    refused(ErrorKind.INVALID, "this local cluster has 4", lambda: h.submit(plain_job("big", 5, 6)))
+    no_command = plain_job("nocmd").replace("command:", "args:")
+    refused(ErrorKind.INVALID, "command: is required", lambda: h.submit(no_command))
+    no_samples = plain_job("nosamples").replace("--samples 2000 ", "")
+    refused(ErrorKind.INVALID, "--samples 4096", lambda: h.submit(no_samples))
+    classy = plain_job("classy").replace("priority: 0", "priorityClassName: high")
+    refused(ErrorKind.INVALID, "give spec.priority", lambda: h.submit(classy))
+    assert h.store.jobs() == []
+    key = h.submit(plain_job("ok", 1, 2))
+    refused(ErrorKind.CONFLICT, "already exists", lambda: h.submit(plain_job("ok", 1, 2)))
+    refused(ErrorKind.NOT_FOUND, "does not exist", lambda: h.cluster.scale("default/nope", 1, 2))
+    refused(ErrorKind.NOT_FOUND, "does not exist", lambda: h.cluster.delete("default/nope"))
+    refused(ErrorKind.INVALID, "below min", lambda: h.cluster.scale(key, 3, 2))
+    refused(ErrorKind.INVALID, "has 4", lambda: h.cluster.scale(key, 5, 8))
+    spec = h.cluster.get(key).job.spec
+    assert (spec.min_replicas, spec.max_replicas) == (1, 2)
+    assert [r.key for r in h.store.jobs()] == [key]
+
+
+def test_a_restarted_service_adopts_running_processes(tmp_path: Path) -> None:
+    h = Harness(tmp_path / "home")
+    try:
+        key = h.submit(plain_job("durable", 2, 2, samples=6000, step_time_s=0.1))
+        h.until("it runs", lambda: members(h, key) == 2)
+        pids = h.pids(key)
+        coordinator = h.cluster.get(key).coordinator_pid
+        h.cluster.release_all()  # the service stops, leaving its processes running
+        h.store.close()
+        h.open()
+        h.cluster.recover()
+        h.cluster.cycle()
+        assert h.pids(key) == pids
+        assert h.cluster.get(key).coordinator_pid == coordinator
+        h.until("it succeeds", lambda: h.phase(key) is JobPhase.SUCCEEDED, timeout_s=180)
+        status = h.cluster.get(key).job.status
+        assert status.restarts == 0 and status.progress["samplesDone"] == 6000
+    finally:
+        h.close()
+
+
+def test_delete_stops_the_processes(harness: Harness) -> None:
+    h = harness
+    key = h.submit(plain_job("doomed", 2, 2, samples=100000, step_time_s=0.1))
+    h.until(
+        "it runs", lambda: len(h.pids(key)) == 2 and h.cluster.get(key).coordinator_pid is not None
+    )
+    pids = h.pids(key) | {h.cluster.get(key).coordinator_pid or 0}
+    h.cluster.delete(key)
+    assert h.store.jobs() == []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
+    ):
+        time.sleep(0.2)
+    assert not any(
+        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
+    )
