@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
 import threading
 import time
 from collections.abc import Collection, Iterator, Mapping
@@ -206,8 +207,9 @@ class MiniKubelet:
         for pod in lost:
             for container in pod.containers.values():
                 if container.process is not None:
+                    # SIGKILL only: a machine that dies gives its processes no SIGTERM.
                     with suppress(UnknownProcess):
-                        self.supervisor.stop(container.process, grace_s=0)
+                        self.supervisor.signal(container.process, signal.SIGKILL)
 
     # -- watching ---------------------------------------------------------------------------
 

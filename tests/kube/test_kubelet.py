@@ -13,7 +13,11 @@ Aspects tested:
   service link;
 - a missing Secret keeps the pod Pending (CreateContainerConfigError) until it exists;
 - restartPolicy OnFailure restarts a failed container and counts the restart;
-- the served node is Ready, without the not-ready taint, and its Lease is renewed.
+- the served node is Ready, without the not-ready taint, and its Lease is renewed;
+- a pod on a node without the kubelet label is left alone (tests that play the kubelet by
+  hand own it);
+- a failed node (`fail_node`) loses its processes at once, and nothing more is reported for
+  it: its pod stays Running, as last reported.
 """
 
 from __future__ import annotations
@@ -285,3 +289,29 @@ def test_node_is_ready_untainted_and_leased(kube_api: KubeAPI, core: Any) -> Non
     lease = leases.read_namespaced_lease(NODE, "kube-node-lease")
     assert lease.spec.holder_identity == NODE
     assert lease.metadata.owner_references[0].name == NODE
+
+
+def test_unlabelled_node_is_left_alone(kube_api: KubeAPI, core: Any) -> None:
+    create_node(kube_api.api_client, "by-hand-node", gpus=1)
+    pod = python_pod("by-hand", "print('must not run')")
+    pod["spec"]["nodeName"] = "by-hand-node"
+    core.create_namespaced_pod(NAMESPACE, pod)
+    # Long enough for several syncs of the kubelet, which would run and report it at once.
+    time.sleep(1.5)
+    assert core.read_namespaced_pod("by-hand", NAMESPACE).status.phase == "Pending"
+
+
+def test_failed_node_loses_its_processes_and_goes_silent(
+    kube_api: KubeAPI, core: Any, kubelet: MiniKubelet
+) -> None:
+    create_node(kube_api.api_client, "doomed-node", gpus=1, kubelet=True)
+    pod = python_pod("doomed", "import time; time.sleep(600)")
+    pod["spec"]["nodeName"] = "doomed-node"
+    core.create_namespaced_pod(NAMESPACE, pod)
+    phase_of(core, "doomed", {"Running"})
+    pid = kubelet.pids(NAMESPACE, "doomed")["main"]
+    kubelet.fail_node("doomed-node")
+    eventually(lambda: not pid_exists(pid), 10, "the node's process to die")
+    # A live kubelet would report the killed container (exit 137) within one sync (0.1 s).
+    time.sleep(1.5)
+    assert core.read_namespaced_pod("doomed", NAMESPACE).status.phase == "Running"
