@@ -17,7 +17,8 @@ Aspects tested:
 - the RBAC is enough: the real controller, authenticated only as the ServiceAccount, takes
   the leader Lease and runs a small job to success on a node served by the kubelet in
   miniature, and its log shows no request refused;
-- `kubectl apply -k manifests/examples` creates the PriorityClasses, namespaces and jobs;
+- `kubectl apply -k manifests/examples` creates the PriorityClasses, namespaces and jobs, and
+  each job also passes the project's own checks (`load_training_job`);
 - `kubectl apply -k manifests/monitoring` applies the ServiceMonitor (against a stand-in CRD
   that declares the Prometheus Operator's fields we use, since its own CRD is not in a bare
   cluster) and the Grafana dashboard ConfigMap;
@@ -42,6 +43,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
+from edl_scheduler.api.job import load_training_job
 from edl_scheduler.api.policy import load_policy_config
 from edl_scheduler.controller.app import main as controller_main
 from edl_scheduler.controller.metrics import Metrics
@@ -489,6 +491,7 @@ def test_examples_apply(cluster: KubeAPI) -> None:
     for obj in built(cluster, MANIFESTS / "examples"):
         meta = obj["metadata"]
         if obj["kind"] == "TrainingJob":
+            load_training_job(obj)  # the project's own checks, beyond the CRD's schema
             stored = objects.get_namespaced_custom_object(
                 "edl.dev", "v1alpha1", meta["namespace"], "trainingjobs", meta["name"]
             )
