@@ -264,10 +264,15 @@ class Admitter:
                     on_node.setdefault(n, []).append((v, r))
 
         def potential(n: int) -> int:
-            """Room for the gang on ``n`` if every worker there that may go went."""
+            """Room for the gang on ``n`` if every worker there that may go went, each
+            victim job giving at most its budget (its workers above the minimum)."""
             freed = Resources()
+            budget: dict[str, int] = {}
             for v, _ in on_node[n]:
-                freed = freed + v.resources(Role.WORKER)
+                left = budget.setdefault(v.name, v.size() - v.lo)
+                if left > 0:
+                    budget[v.name] = left - 1
+                    freed = freed + v.resources(Role.WORKER)
             cluster.give(n, freed)
             room = cluster.room(n, res, js.name, js.rank)
             cluster.take(n, freed)

@@ -486,3 +486,19 @@ def test_room_held_for_a_job_restoring_its_minimum_stays_held_and_growth_says_so
     assert p.reservations == (Reservation("r", "n0", Role.WORKER, 2, 5000.0),)
     later = plan(apply_plan(snap, p), EDL, 2000.0)
     assert later.decision("e").workers.target == 2 and later.reservations == p.reservations
+
+
+def test_victims_are_sought_where_the_victims_budget_can_make_room() -> None:
+    # "low" may give one worker. Three of its workers on n0 cannot make room for a 2-GPU
+    # worker (only one may go); the one on n1 can.
+    snap = snapshot(
+        [node("n0").gpus(3), node("n1").gpus(2)],
+        [
+            job("low").min(3).max(4).priority(1).running(("n0", 3), ("n1", 1)),
+            job("high").min(1).max(1).gpus(2).priority(9).submitted(5),
+        ],
+    )
+    p = run(snap)
+    assert p.decision("high").workers.add_nodes == ("n1",)
+    low = p.decision("low")
+    assert low.reason is Reason.SHRUNK_TO_ADMIT and low.workers.remove == ("low-w3",)
