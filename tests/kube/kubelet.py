@@ -124,14 +124,14 @@ class MiniKubelet:
         #: (namespace, name) -> the directory and containers of the latest pod of that name
         #: run here, kept after deletion so that its logs can still be read.
         self._ran: dict[tuple[str, str], tuple[Path, list[str]]] = {}
-        self._nodes: dict[str, _Node] = {}
+        self._nodes: dict[str, _Node] = {}  # the nodes it serves, by name
+        self._not_served: set[str] = set()  # the other nodes of the last listing
         self._nodes_listed_at = -math.inf
         self._next_lease_at = 0.0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._finishers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet-delete")
-        self._watch_error: BaseException | None = None
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -297,8 +297,8 @@ class MiniKubelet:
     def _serves(self, node_name: str) -> bool:
         if self.only_nodes is not None and node_name not in self.only_nodes:
             return False
-        if node_name not in self._nodes:
-            self._refresh_nodes(force=False)
+        if node_name not in self._nodes and node_name not in self._not_served:
+            self._refresh_nodes(force=False)  # a node it has not listed yet
         node = self._nodes.get(node_name)
         return node is not None and not node.failed
 
@@ -451,15 +451,16 @@ class MiniKubelet:
         pod.reported = status
 
     def _refresh_nodes(self, *, force: bool) -> None:
+        """Lists the nodes: those it serves are kept (a node re-created under the same name
+        is a new node), the others are remembered as not served until the next listing."""
         now = time.monotonic()
         if not force and now - self._nodes_listed_at < 1.0:
             return
         self._nodes_listed_at = now
         listed = {n.metadata.name: n for n in self.core.list_node().items}
         with self._lock:
-            for name in list(self._nodes):
-                if name not in listed:
-                    del self._nodes[name]
+            self._not_served = set(listed)
+            served: dict[str, _Node] = {}
             for name, node in listed.items():
                 if self.only_nodes is not None and name not in self.only_nodes:
                     continue
@@ -467,9 +468,12 @@ class MiniKubelet:
                 if any(labels.get(k) != v for k, v in self.node_labels.items()):
                     continue
                 known = self._nodes.get(name)
-                if known is None or known.uid != node.metadata.uid:
-                    self._nodes[name] = _Node(name, node.metadata.uid)
-                    self._nodes[name].next_status_at = 0.0
+                same = known is not None and known.uid == node.metadata.uid
+                served[name] = (
+                    known if same and known is not None else _Node(name, node.metadata.uid)
+                )
+                self._not_served.discard(name)
+            self._nodes = served
 
     def _heartbeat(self) -> None:
         with self._lock:
