@@ -29,7 +29,7 @@ from rich.live import Live
 from rich.text import Text
 
 from edl_scheduler.cli.rendering import cluster_panel
-from edl_scheduler.sdk import EdlError, JobDetails
+from edl_scheduler.sdk import EdlError, JobDetails, ResizeView
 from edl_scheduler.sdk.local import LocalClient, start_service, stop_service
 
 SLOTS = 4
@@ -130,8 +130,9 @@ class Watch:
                 )
 
 
-def pauses(trace: Path) -> list[float]:
-    """Each generation change's gap in rank 0's steps (the group's stall), in seconds."""
+def group_changes(trace: Path) -> list[tuple[float, float]]:
+    """(time, pause) of each new worker group in rank 0's step trace: the gap between the
+    last step of one group and the first step of the next is the stall the job saw."""
     if not trace.exists():
         return []
     steps = []
@@ -140,10 +141,16 @@ def pauses(trace: Path) -> list[float]:
         if len(parts) == 5 and parts[0] == "step":
             steps.append((float(parts[1]), int(parts[2])))
     steps.sort()
+    return [(t1, t1 - t0) for (t0, g0), (t1, g1) in itertools.pairwise(steps) if g1 != g0]
+
+
+def resize_pauses(resizes: list[ResizeView], changes: list[tuple[float, float]]) -> list[float]:
+    """The pause of each resize: that of the first new group formed after it was made."""
     found = []
-    for (t0, g0), (t1, g1) in itertools.pairwise(steps):
-        if g1 != g0:
-            found.append(t1 - t0)
+    for r in resizes:
+        after = [pause for t, pause in changes if t > r.time]
+        if after:
+            found.append(after[0])
     return found
 
 
@@ -267,7 +274,8 @@ def _summarize(
     used = [u_ for _, u_ in watch.samples]
     utilization = sum(used) / (SLOTS * len(used)) if used else 0.0
     resizes = [x for x in r.resizes if x.from_replicas > 0]
-    measured = pauses(work / f"{research.name}.trace")
+    changes = group_changes(work / f"{research.name}.trace")
+    measured = resize_pauses(resizes, changes)
     lost, repeated, _ = ledger(work / research.name)
     u_lost, u_repeated, _ = ledger(work / urgent.name)
     expected = research.samples * research.epochs
@@ -276,11 +284,14 @@ def _summarize(
     console.print()
     console.print("[bold]Summary[/]")
     console.print(f"  utilization of the {SLOTS} slots: {utilization:.0%}", highlight=False)
-    for x in resizes:
-        console.print(f"  resize {x.from_replicas} -> {x.to_replicas}: {x.reason}", highlight=False)
+    for x, pause in zip(resizes, measured, strict=False):
+        console.print(
+            f"  resize {x.from_replicas} -> {x.to_replicas}: pause {pause:.3f} s ({x.reason})",
+            highlight=False,
+        )
     console.print(
-        "  pauses at each new worker group of research (s): "
-        + ", ".join(f"{p:.3f}" for p in measured),
+        "  every new worker group of research (joins at start included), pause in s: "
+        + ", ".join(f"{p:.3f}" for _, p in changes),
         highlight=False,
     )
     console.print(

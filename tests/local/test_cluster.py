@@ -6,12 +6,11 @@ Aspects tested:
   sample exactly once
 - failed workers are replaced until failurePolicy.maxRestarts, then the job Fails, with the
   exit code and the worker's last log line in its Events
-- suspend drains every worker and keeps the job; resume runs it to the end
 - bad requests (too many slots, no command, no dataset options, PriorityClass, duplicate
   names, unknown jobs, min > max) are refused with the field and the fix, changing nothing
-- a restarted service adopts the running coordinator and workers (same PIDs) and the job
-  finishes
 - delete stops a job's processes
+(suspend/resume and adoption after a service restart are tested through edlctl, in
+tests/cli/test_local_cli.py)
 """
 
 from __future__ import annotations
@@ -131,19 +130,6 @@ def test_failed_workers_are_replaced_until_the_budget_is_spent(harness: Harness)
     h.until("the other job succeeds", lambda: h.phase(other) is JobPhase.SUCCEEDED)
 
 
-def test_suspend_drains_and_resume_finishes(harness: Harness) -> None:
-    h = harness
-    key = h.submit(plain_job("pausable", 1, 2, samples=6000, step_time_s=0.1))
-    h.until("it runs", lambda: members(h, key) == 2)
-    h.cluster.set_suspended(key, True)
-    h.until("it is suspended", lambda: h.phase(key) is JobPhase.SUSPENDED)
-    assert not h.store.workers(key)
-    h.cluster.set_suspended(key, False)
-    h.until("it succeeds", lambda: h.phase(key) is JobPhase.SUCCEEDED, timeout_s=180)
-    assert h.cluster.get(key).job.status.progress["samplesDone"] == 6000
-    assert h.cluster.get(key).job.status.restarts == 0
-
-
 def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
     h = harness
 
@@ -170,27 +156,6 @@ def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
     spec = h.cluster.get(key).job.spec
     assert (spec.min_replicas, spec.max_replicas) == (1, 2)
     assert [r.key for r in h.store.jobs()] == [key]
-
-
-def test_a_restarted_service_adopts_running_processes(tmp_path: Path) -> None:
-    h = Harness(tmp_path / "home")
-    try:
-        key = h.submit(plain_job("durable", 2, 2, samples=6000, step_time_s=0.1))
-        h.until("it runs", lambda: members(h, key) == 2)
-        pids = h.pids(key)
-        coordinator = h.cluster.get(key).coordinator_pid
-        h.cluster.release_all()  # the service stops, leaving its processes running
-        h.store.close()
-        h.open()
-        h.cluster.recover()
-        h.cluster.cycle()
-        assert h.pids(key) == pids
-        assert h.cluster.get(key).coordinator_pid == coordinator
-        h.until("it succeeds", lambda: h.phase(key) is JobPhase.SUCCEEDED, timeout_s=180)
-        status = h.cluster.get(key).job.status
-        assert status.restarts == 0 and status.progress["samplesDone"] == 6000
-    finally:
-        h.close()
 
 
 def test_delete_stops_the_processes(harness: Harness) -> None:
