@@ -144,12 +144,14 @@ class Actuator:
         self.expectations = Expectations()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="actuate")
         self.errors = 0
+        self._marked: set[str] = set()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     def run(self, intents: Sequence[Intent]) -> None:
         """All intents, in dependency order; each stage in parallel."""
+        self._marked = set()
         stages: list[list[Callable[[], None]]] = [[], [], [], []]
         for intent in intents:
             stage, call = self._call(intent)
@@ -182,7 +184,7 @@ class Actuator:
         if isinstance(intent, MarkDraining):
             return 1, lambda: self._mark_draining(intent)
         if isinstance(intent, Drain):
-            return 2, lambda: self._coordinator(intent.job, lambda c: c.drain(intent.worker_id))
+            return 2, lambda: self._drain(intent)
         if isinstance(intent, SetTarget):
             return 2, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
         if isinstance(intent, PatchStatus):
@@ -268,6 +270,13 @@ class Actuator:
             {"metadata": {"annotations": annotations}},
             content_type=MERGE_PATCH,
         )
+        self._marked.add(intent.name)
+
+    def _drain(self, intent: Drain) -> None:
+        """Only a pod marked draining is drained: otherwise the planner, which does not see
+        it leaving, would keep counting it."""
+        if intent.worker_id in self._marked:
+            self._coordinator(intent.job, lambda c: c.drain(intent.worker_id))
 
     def save_state(self, namespace: str, name: str, job_manifest_of: Callable[[], Any]) -> None:
         """Keeps a coordinator snapshot in the job's ConfigMap (created on first use)."""

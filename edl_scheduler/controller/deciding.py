@@ -25,6 +25,7 @@ The rules, per job, in order:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -55,6 +56,7 @@ from edl_scheduler.controller.shaping import (
 from edl_scheduler.core import Action, JobDecision, Plan, Resources, Role
 
 Obj = Mapping[str, Any]
+log = logging.getLogger("edl.controller.deciding")
 
 #: Pod ``status.reason`` values with which a kubelet refuses a pod at admission.
 ADMISSION_REASONS = frozenset(
@@ -569,6 +571,12 @@ def _act(
         removes += list(decision.pservers.remove)
     if cycle.deferred or (adds and not _reserve(tj, adds, nodes)):
         cycle.deferred = True
+        log.info(
+            "%s: %d new replicas wait for room on %s",
+            tj.key,
+            len(adds),
+            ", ".join(sorted({n for _, n in adds})),
+        )
         adds = []
     port = coordinator_port_of(view.coordinator)
     live_replicas = [

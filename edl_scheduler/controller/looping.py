@@ -166,6 +166,8 @@ class PlanningLoop:
         )  # 3
         result = plan(observation.snapshot, self.config.policy, now)
         self.reservations = result.reservations
+        for change in result.changes:
+            log.info("plan: %s", change)
         priorities = {j.name: j.priority for j in observation.snapshot.jobs}
         views = self._views(bodies, pods, observation.jobs, observation.rejected, priorities)
         node_states = NodeStates(

@@ -1,0 +1,195 @@
+"""How fast the operator admits a high-priority job into a full cluster, on a real API server.
+
+`python benchmarks/controller_latency.py` starts a Kubernetes 1.20 control plane on 127.0.0.1
+(the tests' own, `tests/kube/testenv.py`), the operator as a process, 100 nodes x 8 GPUs and
+200 `framework: none` TrainingJobs that fill every GPU, then creates a high-priority job and
+measures T, from its creation to all of its minimum workers Running, the graceful shrink of
+its victims through their coordinators included. Each round adds one more high-priority job,
+which takes its GPUs from what the low-priority jobs kept. It prints one JSON line:
+`{"nodes": 100, "jobs": 200, "admit_high_priority_s": T, "cycle_s": C, ...}` where T is the
+median over the rounds and C the mean planning cycle (observe, plan, decide, act) from the
+operator's own `edl_planner_cycle_seconds`.
+
+So that it fits on a small machine, only the nodes the high-priority job may use (its
+nodeSelector names them: `--real-nodes`, default 2) run their pods for real, through the
+kubelet in miniature: real coordinators and real framework-free workers, which the victims'
+drains go through. The other nodes' pods are reported Running without a process (a kubelet
+played by this script), so their jobs are planned, placed and counted like any other, but
+never train.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from kubernetes.client import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.kube.controller_harness import (  # noqa: E402
+    Cluster,
+    apply_crd,
+    ensure_namespace,
+    eventually,
+    live_workers,
+    running_controller,
+    training_job,
+)
+from tests.kube.kubelet import running_kubelet  # noqa: E402
+from tests.kube.nodes import KUBELET_LABELS, create_node  # noqa: E402
+from tests.kube.testenv import ensure_binaries, running_control_plane  # noqa: E402
+
+NS = "bench"
+POOL = "edl.bench/pool"
+
+
+def played_kubelet(cluster: Cluster, real: set[str], stop: threading.Event) -> None:
+    """Reports the pods of the played nodes Running and removes deleted ones at once."""
+    while not stop.is_set():
+        try:
+            pods = cluster.core.list_namespaced_pod(NS).items
+        except ApiException:
+            continue
+        for pod in pods:
+            if pod.spec.node_name is None or pod.spec.node_name in real:
+                continue
+            name = pod.metadata.name
+            try:
+                if pod.metadata.deletion_timestamp:
+                    cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+                elif pod.status.phase == "Pending":
+                    cluster.set_pod_phase(NS, name, "Running")
+            except ApiException:
+                pass
+        stop.wait(0.3)
+
+
+def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
+    manifest = training_job(name, NS, **kwargs)
+    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
+    manifest["spec"]["timeouts"] = {"drainSeconds": 10}
+    manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
+        sys.executable, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05",
+    ]  # fmt: skip
+    return manifest
+
+
+def cycle_mean(metrics: str) -> float:
+    total = count = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("edl_planner_cycle_seconds_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith("edl_planner_cycle_seconds_count"):
+            count = float(line.split()[-1])
+    return total / count if count else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--real-nodes", type=int, default=2)
+    parser.add_argument("--high-workers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3, help="high-priority jobs, one by one")
+    args = parser.parse_args()
+    if args.rounds * args.high_workers > args.real_nodes * args.gpus - args.real_nodes:
+        parser.error("--rounds x --high-workers must leave each real low job one GPU")
+    bin_dir = ensure_binaries()
+    with (
+        tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp,
+        running_control_plane(bin_dir) as api,
+    ):
+        workdir = Path(tmp)
+        apply_crd(api)
+        ensure_namespace(api, NS)
+        cluster = Cluster(api)
+        real = {f"real-{i}" for i in range(args.real_nodes)}
+        for name in sorted(real):
+            create_node(api.api_client, name, gpus=args.gpus, labels={POOL: "real"},
+                        kubelet=True)  # fmt: skip
+        for i in range(args.nodes - args.real_nodes):
+            create_node(api.api_client, f"played-{i}", gpus=args.gpus, labels={POOL: "played"})
+        # Real elastic jobs fill the real nodes; played rigid-ish jobs fill the rest.
+        real_jobs = args.real_nodes
+        played_jobs = args.jobs - real_jobs
+        played_gpus = (args.nodes - args.real_nodes) * args.gpus
+        per_job = max(1, -(-played_gpus // played_jobs))
+        stop = threading.Event()
+        kube_client = api.new_client()
+        player = threading.Thread(target=played_kubelet, args=(cluster, real, stop), daemon=True)
+        kubelet = running_kubelet(kube_client, workdir / "kubelet", node_labels=KUBELET_LABELS)
+        operator = running_controller(api, workdir, "bench", NS, ports="25000-25999")
+        with kubelet, operator as ctrl:
+            player.start()
+            try:
+                eventually(ctrl.healthy, 60, "the controller")
+                for i in range(played_jobs):
+                    cluster.create_job(
+                        job(f"bg-{i}", "played", min_replicas=1, max_replicas=per_job,
+                            priority=1, samples=10**9)
+                    )  # fmt: skip
+                for i in range(real_jobs):
+                    cluster.create_job(
+                        job(f"low-{i}", "real", min_replicas=1, max_replicas=args.gpus,
+                            priority=1, samples=10**9)
+                    )  # fmt: skip
+
+                def full() -> bool:
+                    live = sum(
+                        1 for p in cluster.core.list_namespaced_pod(
+                            NS, label_selector="edl.dev/role=worker").items
+                        if p.status.phase == "Running" and not p.metadata.deletion_timestamp
+                    )  # fmt: skip
+                    return live >= args.nodes * args.gpus
+
+                eventually(full, 600, "every GPU in use")
+                times: list[float] = []
+                for r in range(args.rounds):
+                    name = f"high-{r}"
+                    started = time.monotonic()
+                    cluster.create_job(
+                        job(name, "real", min_replicas=args.high_workers,
+                            max_replicas=args.high_workers, priority=1000, samples=10**9)
+                    )  # fmt: skip
+
+                    def admitted(n: str = name) -> bool:
+                        pods = live_workers(cluster, NS, n)
+                        return len(pods) >= args.high_workers and all(
+                            p.status.phase == "Running" for p in pods
+                        )
+
+                    eventually(admitted, 120, f"{name}'s workers Running")
+                    times.append(time.monotonic() - started)
+                    # The next round's job takes its workers from what the low jobs kept.
+                result = {
+                    "nodes": args.nodes,
+                    "jobs": args.jobs,
+                    "admit_high_priority_s": round(statistics.median(times), 3),
+                    "cycle_s": round(cycle_mean(ctrl.metrics()), 4),
+                    "admit_rounds_s": [round(t, 3) for t in times],
+                    "real_nodes": args.real_nodes,
+                    "high_workers": args.high_workers,
+                }
+                print(json.dumps(result), flush=True)
+            finally:
+                stop.set()
+                player.join(5)
+                if os.environ.get("EDL_BENCH_LOG"):
+                    print(ctrl.log_tail(80), file=sys.stderr)
+        kube_client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
