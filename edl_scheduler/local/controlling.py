@@ -789,8 +789,8 @@ def _next_phase(
     """The phase the job's processes show, reached only along ``JobPhase``'s diagram."""
     if not live:
         wanted = JobPhase.SUSPENDED if suspend and not workers else JobPhase.PENDING
-    elif current is JobPhase.PENDING:
-        wanted = JobPhase.RUNNING
+    elif current in (JobPhase.PENDING, JobPhase.SUSPENDED):
+        wanted = JobPhase.RUNNING  # its gang is placed; joins are not a resize
     elif any(w.draining for w in workers) or members != live:
         wanted = JobPhase.RESIZING
     else:
