@@ -1,0 +1,126 @@
+"""The manifests of a job's objects.
+
+Aspects:
+- worker pods keep the template's own containers, labels and environment, add the contract
+  (replacing variables of the same name) and GPU requests equal to limits;
+- the coordinator runs in independent mode for framework none, starts from a saved state
+  through EDL_COORDINATOR_STATE, or on the job's claim with state kind volume;
+- a job without its coordinator's dataset options, or with broken quoting, is refused with
+  the annotation named;
+- ports: shared, or the lowest free one of a range; a full range is an error naming the option;
+- tokens are derived from the job's UID and differ between jobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edl_scheduler.api import load_training_job
+from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.shaping import (
+    ShapingError,
+    coordinator_pod,
+    free_port,
+    replica_pod,
+)
+from edl_scheduler.core import Role
+
+CONFIG = ControllerConfig(token_key=b"k" * 32)
+
+
+def body(**spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "edl.dev/v1alpha1",
+        "kind": "TrainingJob",
+        "metadata": {
+            "name": "j",
+            "namespace": "ns",
+            "uid": "u",
+            "annotations": {"edl.dev/coordinator-args": "--samples 10 --epochs '2'"},
+        },
+        "spec": {
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "framework": "none",
+            "resources": {"nvidia.com/gpu": 2, "cpu": "500m"},
+            "template": {
+                "metadata": {"labels": {"team": "a"}},
+                "spec": {
+                    "containers": [
+                        {"name": "w", "image": "img", "command": ["train"],
+                         "env": [{"name": "A", "value": "1"},
+                                 {"name": "EDL_WORKER_ID", "value": "spoofed"}]},
+                        {"name": "sidecar", "image": "side"},
+                    ]
+                },
+            },
+        }
+        | spec,
+    }  # fmt: skip
+
+
+def test_worker_pod_keeps_the_template_and_adds_the_contract() -> None:
+    pod = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1")
+    assert pod["metadata"]["labels"]["team"] == "a"
+    assert pod["metadata"]["labels"]["edl.dev/role"] == "worker"
+    main, sidecar = pod["spec"]["containers"]
+    assert sidecar == {"name": "sidecar", "image": "side"}
+    env = {e["name"]: e for e in main["env"]}
+    assert env["A"]["value"] == "1"
+    assert env["EDL_WORKER_ID"]["value"] == "j-worker-1"
+    assert [e["name"] for e in main["env"]].count("EDL_WORKER_ID") == 1
+    assert main["resources"] == {
+        "requests": {"nvidia.com/gpu": "2", "cpu": "500m"},
+        "limits": {"nvidia.com/gpu": "2"},
+    }
+    assert pod["spec"]["nodeName"] == "n1" and pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_coordinator_modes_and_state() -> None:
+    tj = load_training_job(body())
+    fresh = coordinator_pod(tj, "n1", 7070, CONFIG, None)["spec"]["containers"][0]
+    assert fresh["command"][-6:] == ["--mode", "independent", "--samples", "10", "--epochs", "2"]
+    seeded = coordinator_pod(tj, "n1", 7070, CONFIG, '{"x": 1}')["spec"]["containers"][0]
+    assert seeded["command"][:2] == ["sh", "-c"]
+    assert {"name": "EDL_COORDINATOR_STATE", "value": '{"x": 1}'} in seeded["env"]
+    torch = load_training_job(body(framework="torch"))
+    assert (
+        "group"
+        in coordinator_pod(torch, "n1", 7070, CONFIG, None)["spec"]["containers"][0]["command"]
+    )
+    volume = load_training_job(
+        body(coordinator={"state": {"kind": "volume", "claimName": "claim"}})
+    )
+    pod = coordinator_pod(volume, "n1", 7070, CONFIG, "ignored")
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "claim"
+    assert pod["spec"]["containers"][0]["command"][-2:] == [
+        "--state-file",
+        "/var/lib/edl/state.json",
+    ]
+
+
+@pytest.mark.parametrize("args", [None, "--samples '10"])
+def test_bad_coordinator_args_name_the_annotation(args: str | None) -> None:
+    raw = body()
+    if args is None:
+        del raw["metadata"]["annotations"]["edl.dev/coordinator-args"]
+    else:
+        raw["metadata"]["annotations"]["edl.dev/coordinator-args"] = args
+    with pytest.raises(ShapingError, match=r"edl\.dev/coordinator-args"):
+        coordinator_pod(load_training_job(raw), "n1", 7070, CONFIG, None)
+
+
+def test_ports_and_tokens() -> None:
+    assert free_port([7070, 7070], CONFIG) == 7070
+    ranged = ControllerConfig(coordinator_ports=PortRange.parse("100-102"))
+    assert free_port([100, 102], ranged) == 101
+    with pytest.raises(ShapingError, match="--coordinator-ports"):
+        free_port([100, 101, 102], ranged)
+    with pytest.raises(ConfigError, match="--coordinator-ports"):
+        PortRange.parse("9-x")
+    assert CONFIG.token_for("a") != CONFIG.token_for("b")
+    assert CONFIG.token_for("a") == ControllerConfig(token_key=b"k" * 32).token_for("a")
+    with pytest.raises(ConfigError, match="--token-key-file"):
+        ControllerConfig().token_for("a")
