@@ -14,6 +14,7 @@ first of the next), samples lost and repeated from the model's own per-sample co
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import shutil
@@ -165,6 +166,14 @@ def ledger(out: Path) -> tuple[int, int, set[int]]:
 
 
 def run_demo(home: Path | None, console: Console) -> int:
+    missing = [m for m in ("torch", "grpc") if importlib.util.find_spec(m) is None]
+    if missing:
+        console.print(
+            f"[red]error:[/] the demo trains PyTorch jobs and needs {', '.join(missing)}: "
+            "pip install 'edl[torch]' (on a CPU machine install torch==2.13.0 first, as "
+            "scripts/demo.sh does)"
+        )
+        return 2
     temporary = home is None
     work = Path(tempfile.mkdtemp(prefix="edl-demo-")) if home is None else home
     research, urgent = scenario()

@@ -233,6 +233,8 @@ class LocalService:
 
     def serve(self) -> None:
         """Run until asked to stop (``/shutdown``, SIGTERM or SIGINT)."""
+        # The socket, the database (job tokens) and the logs are this user's only.
+        os.umask(0o077)
         with exclusive(self.config.home / "service.lock"):
             socket_path = self.config.home / SOCKET_NAME
             socket_path.unlink(missing_ok=True)
