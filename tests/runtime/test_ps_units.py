@@ -16,6 +16,8 @@ Aspects:
 
 from __future__ import annotations
 
+import itertools
+import random
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +29,7 @@ from hypothesis import strategies as st
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import CoordinatorState, FencedError
 from trainer_runtime.ps.layout import laying_out, total_steps, window_of
-from trainer_runtime.ps.partition import Partition, PartitionError, StaleGeneration
+from trainer_runtime.ps.partition import CELL, Partition, PartitionError, StaleGeneration
 from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
 from trainer_runtime.sharding import DatasetPlan, Walk
 
@@ -84,6 +86,33 @@ def test_a_step_applies_only_complete_and_decided_and_in_order() -> None:
     assert part.deciding(2) and part.watermark == 0, "step 2 waits for step 1"
     assert part.deciding(1) and part.watermark == 2
     np.testing.assert_array_equal(part.params, [-2, -1, -1, -3])
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    cuts=st.lists(st.lists(st.integers(1, 3 * CELL + 4), max_size=4), min_size=1, max_size=3),
+    order=st.randoms(use_true_random=False),
+)
+def test_step_sums_are_exact_whatever_the_chunking_in_reused_memory(
+    cuts: list[list[int]], order: random.Random
+) -> None:
+    length = 3 * CELL + 5
+    part = Partition()
+    zeros = np.zeros(length)
+    part.adopting(1, 0, length, length, "float64", 1.0, 0.0, 0, 0, (zeros, zeros))
+    part.spare.append(np.full(length, 7.0))  # reused memory holds garbage
+    contributions = [np.arange(length, dtype=np.float64) * (c + 1) for c in range(len(cuts))]
+    chunks = []
+    for contributor, points in enumerate(cuts):
+        edges = [0, *sorted(set(points)), length]
+        for a, b in itertools.pairwise(edges):
+            chunk = contributions[contributor][a:b].tobytes()
+            chunks.append((contributor, a, chunk))
+    order.shuffle(chunks)
+    for contributor, offset, chunk in chunks:
+        part.adding(1, contributor, len(cuts), offset, chunk)
+    assert part.complete(1) and part.deciding(1)
+    np.testing.assert_array_equal(part.params, -sum(contributions))
 
 
 def test_a_contributor_pushing_twice_is_refused() -> None:

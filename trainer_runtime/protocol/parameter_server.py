@@ -3,8 +3,9 @@
 The messages are generated from `ps.proto`; this table names the service's methods with
 their request and reply types and their streaming shape, so that the server registers its
 handlers and the worker-side client builds its calls from one place (as `protocol/__init__`
-does for the coordinator). Large tensors travel as `bytes` fields of chunk messages; grpcio
-carries the wire protocol.
+does for the coordinator). Large tensors travel as raw gRPC messages (a type of None here:
+numpy buffer bytes, no protobuf copy), their small headers as protobuf messages in binary
+metadata (`PUSH_HEADER`, `PULL_HEADER`); grpcio carries the wire protocol.
 
 What must stay true: every method of `ps.proto`'s service appears in `PS_METHODS` with the
 same types and shape; the message limits below exceed the largest chunk a client sends.
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import Message
 
 from trainer_runtime.protocol import ps_pb2 as ps
 
 PS_SERVICE = "edl.ps.v1.ParameterServer"
+PUSH_HEADER = "x-edl-push-bin"  # a serialized ps.PushHeader, on every Push call
+PULL_HEADER = "x-edl-pull-bin"  # a serialized ps.PullHeader, in every Pull reply's metadata
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -37,17 +41,30 @@ class Shape(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class PsMethod:
-    request: type[Message]
-    reply: type[Message]
+    request: type[Message] | None  # None: raw bytes messages
+    reply: type[Message] | None
     shape: Shape = Shape.UNARY
 
     def path(self, name: str) -> str:
         return f"/{PS_SERVICE}/{name}"
 
+    def codec(self) -> dict[str, Any]:
+        """Serializers for a client stub (raw messages pass through as bytes)."""
+        return {
+            "request_serializer": self.request.SerializeToString if self.request else None,
+            "response_deserializer": self.reply.FromString if self.reply else None,
+        }
+
+    def server_codec(self) -> dict[str, Any]:
+        return {
+            "request_deserializer": self.request.FromString if self.request else None,
+            "response_serializer": self.reply.SerializeToString if self.reply else None,
+        }
+
 
 PS_METHODS: dict[str, PsMethod] = {
-    "Push": PsMethod(ps.PushChunk, ps.PushReply, Shape.STREAMS_REQUESTS),
-    "Pull": PsMethod(ps.PullRequest, ps.PullChunk, Shape.STREAMS_REPLIES),
+    "Push": PsMethod(None, ps.PushReply, Shape.STREAMS_REQUESTS),
+    "Pull": PsMethod(ps.PullRequest, None, Shape.STREAMS_REPLIES),
     "Seal": PsMethod(ps.StepRequest, ps.StepReply),
     "Apply": PsMethod(ps.StepRequest, ps.StepReply),
     "Fence": PsMethod(ps.FenceRequest, ps.Status),
@@ -57,4 +74,14 @@ PS_METHODS: dict[str, PsMethod] = {
     "Release": PsMethod(ps.FenceRequest, ps.Empty),
 }
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "PS_METHODS", "PS_SERVICE", "PsMethod", "ps"]
+__all__ = [
+    "CHANNEL_OPTIONS",
+    "MAX_MESSAGE_BYTES",
+    "PS_METHODS",
+    "PS_SERVICE",
+    "PULL_HEADER",
+    "PUSH_HEADER",
+    "PsMethod",
+    "Shape",
+    "ps",
+]

@@ -14,21 +14,19 @@ class Holding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 HOLDING_NOTHING: Holding
 HOLDING_RANGE: Holding
 
-class PushChunk(_message.Message):
-    __slots__ = ("generation", "step", "contributor", "contributors", "offset", "data")
+class PushHeader(_message.Message):
+    __slots__ = ("generation", "step", "contributor", "contributors", "offset")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTOR_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
     generation: int
     step: int
     contributor: int
     contributors: int
     offset: int
-    data: bytes
-    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., contributor: _Optional[int] = ..., contributors: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., contributor: _Optional[int] = ..., contributors: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("complete",)
@@ -50,17 +48,13 @@ class PullRequest(_message.Message):
     stop: int
     def __init__(self, generation: _Optional[int] = ..., at_least: _Optional[int] = ..., timeout_s: _Optional[float] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
-class PullChunk(_message.Message):
-    __slots__ = ("ready", "watermark", "offset", "data")
+class PullHeader(_message.Message):
+    __slots__ = ("ready", "watermark")
     READY_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
     ready: bool
     watermark: int
-    offset: int
-    data: bytes
-    def __init__(self, ready: _Optional[bool] = ..., watermark: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, ready: _Optional[bool] = ..., watermark: _Optional[int] = ...) -> None: ...
 
 class StepRequest(_message.Message):
     __slots__ = ("generation", "step", "timeout_s")
@@ -143,3 +137,9 @@ class AdoptRequest(_message.Message):
 class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class RawElements(_message.Message):
+    __slots__ = ("data",)
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    def __init__(self, data: _Optional[bytes] = ...) -> None: ...

@@ -58,12 +58,34 @@ class Readiness(enum.Enum):
     SERVING = "serving"  # g is the adopted layout
 
 
+CELL = 1 << 17  # elements: the grain at which a step buffer knows what was written
+
+
 @dataclass(slots=True)
 class StepBuffer:
+    """The sum of a step's contributions. Its memory is reused without zeroing: a chunk that
+    covers whole cells nobody wrote yet is copied in, anything else is added onto cells
+    zeroed when first touched (`touched`), so the sum is exact whatever the chunking."""
+
     total: Array
     expected: int
+    touched: npt.NDArray[np.bool_]
     received: dict[int, int] = field(default_factory=dict)  # contributor -> elements
     decided: bool = False
+
+    def adding(self, first: int, values: Array) -> None:
+        last = first + values.size
+        low, high = first // CELL, (last - 1) // CELL + 1
+        cells = self.touched[low:high]
+        region = self.total[first:last]
+        whole = first == low * CELL and last == min(high * CELL, self.total.size)
+        if whole and not cells.any():
+            np.copyto(region, values)
+        else:
+            for cell in np.flatnonzero(~cells) + low:
+                self.total[cell * CELL : (cell + 1) * CELL] = 0
+            np.add(region, values, out=region)
+        cells[:] = True
 
     def complete(self, length: int) -> bool:
         done = sum(1 for count in self.received.values() if count == length)
@@ -103,6 +125,7 @@ class Partition:
     buffers: dict[int, StepBuffer] = field(default_factory=dict)
     holding: bool = False
     on_snapshot: SnapshotHook | None = None
+    spare: list[Array] = field(default_factory=list)  # step buffers to reuse (no page faults)
 
     @property
     def length(self) -> int:
@@ -202,16 +225,23 @@ class Partition:
             )
         buffer = self.buffers.get(step)
         if buffer is None:
-            buffer = StepBuffer(np.zeros(self.length, dtype=self.dtype), expected)
+            cells = np.zeros(-(-self.length // CELL), dtype=np.bool_)
+            buffer = StepBuffer(self.fresh_buffer(), expected, cells)
             self.buffers[step] = buffer
         if buffer.expected != expected:
             raise PartitionError(f"step {step} expects {buffer.expected} contributions")
         count = buffer.received.get(contributor, 0) + values.size
         if count > self.length:
             raise PartitionError(f"contributor {contributor} sent step {step} twice")
-        region = buffer.total[first : first + values.size]
-        np.add(region, values, out=region)
+        buffer.adding(first, values)
         buffer.received[contributor] = count
+
+    def fresh_buffer(self) -> Array:
+        while self.spare:
+            reused = self.spare.pop()
+            if reused.shape == (self.length,) and reused.dtype == np.dtype(self.dtype):
+                return reused
+        return np.empty(self.length, dtype=self.dtype)
 
     def complete(self, step: int) -> bool:
         if step <= self.watermark:
@@ -235,16 +265,23 @@ class Partition:
 
     def applying(self, step: int) -> None:
         buffer = self.buffers.pop(step)
-        gradient = buffer.total
+        gradient = buffer.total  # the buffer is dropped after this step: scale it in place
         if self.momentum:
             self.velocity *= self.momentum
             self.velocity += gradient
             gradient = self.velocity
-        if self.lr == 1.0:
-            self.params -= gradient
+            if self.lr == 1.0:
+                self.params -= gradient
+            else:
+                np.multiply(gradient, self.lr, out=buffer.total)
+                self.params -= buffer.total
         else:
-            self.params -= self.lr * gradient
+            if self.lr != 1.0:
+                gradient *= self.lr
+            self.params -= gradient
         self.watermark = step
+        if len(self.spare) < 2:
+            self.spare.append(buffer.total)
         if self.on_snapshot and self.snapshot_every and step % self.snapshot_every == 0:
             copies = (self.params.copy(), self.velocity.copy())
             self.on_snapshot(step, self.start, self.stop, *copies, self.size)

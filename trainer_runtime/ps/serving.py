@@ -3,8 +3,9 @@
 Each call is authenticated (the job token), then runs one partition method under one lock;
 waits (a pull for a step not applied yet, a seal of a step still missing contributions, a
 call of a generation whose layout is not adopted yet) are bounded long polls on one
-condition. Pushes stream chunks straight into the step's buffer (`np.frombuffer` over the
-received bytes, then one in-place add); pulls stream the range in chunks. Snapshots are
+condition. Pushes stream raw chunks straight into the step's buffer (`np.frombuffer` over
+the received bytes, then one in-place add); pulls stream the range as raw chunks (one copy
+of the numpy slice each); the headers ride in binary metadata. Snapshots are
 copied under the lock and written by a background thread, so a step's apply never waits for
 the disk.
 
@@ -30,6 +31,8 @@ from trainer_runtime.protocol.parameter_server import (
     CHANNEL_OPTIONS,
     PS_METHODS,
     PS_SERVICE,
+    PULL_HEADER,
+    PUSH_HEADER,
     Shape,
     ps,
 )
@@ -46,7 +49,7 @@ from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
 
 LOG = logging.getLogger(__name__)
 LONGEST_WAIT_S = 30.0
-CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
 
 
 def status_message(status: PartitionStatus) -> Any:
@@ -158,10 +161,7 @@ class ParameterService:
     def handlers(self) -> grpc.GenericRpcHandler:
         table: dict[str, Any] = {}
         for name, method in PS_METHODS.items():
-            codec: dict[str, Any] = {
-                "request_deserializer": method.request.FromString,
-                "response_serializer": method.reply.SerializeToString,
-            }
+            codec = method.server_codec()
             if method.shape is Shape.STREAMS_REQUESTS:
                 table[name] = grpc.stream_unary_rpc_method_handler(self.guarded(name), **codec)
             elif method.shape is Shape.STREAMS_REPLIES:
@@ -191,26 +191,31 @@ class ParameterService:
 
     # ----- workers -----
 
-    def Push(self, requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
-        step = -1
+    def Push(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        found = dict(context.invocation_metadata()).get(PUSH_HEADER)
+        if not isinstance(found, bytes):
+            raise PartitionError(f"a push needs the {PUSH_HEADER} metadata")
+        header = ps.PushHeader.FromString(found)
+        with self.changed:
+            if not self.awaiting(header.generation, 5.0):
+                self.partition.serving(header.generation)
+            itemsize = np.dtype(self.partition.dtype).itemsize
+        offset = header.offset
         for chunk in requests:
             with self.changed:
-                if step < 0:
-                    if not self.awaiting(chunk.generation, 5.0):
-                        self.partition.serving(chunk.generation)
-                else:
-                    self.partition.serving(chunk.generation)
-                step = chunk.step
+                self.partition.serving(header.generation)
                 self.partition.adding(
-                    chunk.step, chunk.contributor, chunk.contributors, chunk.offset, chunk.data
+                    header.step, header.contributor, header.contributors, offset, chunk
                 )
+            offset += len(chunk) // itemsize
         with self.changed:
-            complete = step >= 0 and self.partition.complete(step)
+            step = header.step
+            complete = self.partition.complete(step)
             if complete:
                 self.changed.notify_all()
             return ps.PushReply(complete=complete)
 
-    def Pull(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+    def Pull(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self.changed:
             ready = self.awaiting(
                 request.generation,
@@ -219,18 +224,19 @@ class ParameterService:
             )
             if not ready:
                 self.partition.serving(request.generation)  # not adopted yet: UNAVAILABLE
-                yield ps.PullChunk(ready=False, watermark=self.partition.watermark)
-                return
+            header = ps.PullHeader(ready=ready, watermark=self.partition.watermark)
             start = max(request.start, self.partition.start)
             stop = min(request.stop, self.partition.stop) if request.stop else self.partition.stop
-            watermark = self.partition.watermark
             itemsize = np.dtype(self.partition.dtype).itemsize
+        context.send_initial_metadata(((PULL_HEADER, header.SerializeToString()),))
+        if not ready:
+            return
         step = max(1, CHUNK_BYTES // itemsize)
         for offset in range(start, stop, step):
             with self.changed:
                 self.partition.serving(request.generation)
                 data = self.partition.reading(offset, min(stop, offset + step)).tobytes()
-            yield ps.PullChunk(ready=True, watermark=watermark, offset=offset, data=data)
+            yield data
 
     def Seal(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:

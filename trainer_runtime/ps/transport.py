@@ -2,10 +2,11 @@
 
 One `ServerLink` per parameter server holds several gRPC channels (separate TCP
 connections: `grpc.use_local_subchannel_pool`), so that a partition's range is pushed or
-pulled as several streams at once; each stream carries chunks of `CHUNK_BYTES`. A push
-reads the gradient's bytes straight from the flat numpy view of the worker's gradient
-buffer; a pull writes each chunk straight into the flat parameter buffer (the torch
-parameters are views of it). `Links` runs every stream of every server on one thread pool.
+pulled as several streams at once; each stream carries raw chunks of `CHUNK_BYTES` (the
+header rides in binary metadata). A push sends one copy of each slice of the flat numpy
+view of the worker's gradient buffer; a pull writes each received chunk straight into the
+flat parameter buffer (the torch parameters are views of it). `Links` runs every stream of
+every server on one thread pool.
 
 Every call has a deadline. A refused generation (FAILED_PRECONDITION) or an unreachable or
 not-yet-ready server (UNAVAILABLE) becomes `GroupChanged`: the caller looks at its
@@ -27,10 +28,17 @@ import numpy as np
 import numpy.typing as npt
 
 from trainer_runtime.protocol import TOKEN_HEADER
-from trainer_runtime.protocol.parameter_server import CHANNEL_OPTIONS, PS_METHODS, Shape, ps
+from trainer_runtime.protocol.parameter_server import (
+    CHANNEL_OPTIONS,
+    PS_METHODS,
+    PULL_HEADER,
+    PUSH_HEADER,
+    Shape,
+    ps,
+)
 from trainer_runtime.ps.layout import Piece
 
-CHUNK_BYTES = 4 * 1024 * 1024
+CHUNK_BYTES = 1024 * 1024
 CALL_TIMEOUT_S = 60.0
 T = TypeVar("T")
 
@@ -55,16 +63,23 @@ def translating(error: grpc.RpcError, address: str) -> Exception:
     return ServerError(f"parameter server {address}: {code.name}: {error.details()}")
 
 
-def spans(start: int, stop: int, parts: int) -> list[tuple[int, int]]:
-    """Cut `[start, stop)` into at most `parts` consecutive non-empty spans."""
-    parts = max(1, min(parts, stop - start))
-    base, extra = divmod(stop - start, parts)
+def spans(start: int, stop: int, parts: int, grain: int = 1) -> list[tuple[int, int]]:
+    """Cut `[start, stop)` into at most `parts` consecutive non-empty spans whose inner
+    boundaries are multiples of `grain` from `start` (so every stream's chunks line up with
+    the same grid, whatever the number of streams)."""
+    grains = -(-(stop - start) // grain)
+    parts = max(1, min(parts, grains))
+    base, extra = divmod(grains, parts)
     cuts, first = [], start
     for index in range(parts):
-        last = first + base + (1 if index < extra else 0)
+        last = min(stop, first + (base + (1 if index < extra else 0)) * grain)
         cuts.append((first, last))
         first = last
     return cuts
+
+
+def chunk_elements(itemsize: int) -> int:
+    return max(1, CHUNK_BYTES // itemsize)
 
 
 class ServerLink:
@@ -84,11 +99,7 @@ class ServerLink:
                     Shape.STREAMS_REQUESTS: channel.stream_unary,
                     Shape.STREAMS_REPLIES: channel.unary_stream,
                 }[method.shape]
-                table[name] = build(
-                    method.path(name),
-                    request_serializer=method.request.SerializeToString,
-                    response_deserializer=method.reply.FromString,
-                )
+                table[name] = build(method.path(name), **method.codec())
             self.calls.append(table)
 
     def close(self) -> None:
@@ -109,16 +120,18 @@ class ServerLink:
         start: int,
         stop: int,
     ) -> bool:
-        step = max(1, CHUNK_BYTES // gradient.itemsize)
+        step = chunk_elements(gradient.itemsize)
 
-        def chunks() -> Iterator[Any]:
+        def chunks() -> Iterator[bytes]:
             for offset in range(start, stop, step):
-                data = gradient[offset : min(stop, offset + step)].tobytes()
-                yield ps.PushChunk(offset=offset, data=data, **header)
+                yield gradient[offset : min(stop, offset + step)].tobytes()
 
+        described = ps.PushHeader(offset=start, **header).SerializeToString()
         try:
             reply = self.calls[lane % len(self.calls)]["Push"](
-                chunks(), timeout=CALL_TIMEOUT_S, metadata=self.metadata
+                chunks(),
+                timeout=CALL_TIMEOUT_S,
+                metadata=(*self.metadata, (PUSH_HEADER, described)),
             )
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
@@ -138,20 +151,30 @@ class ServerLink:
         request = ps.PullRequest(
             generation=generation, at_least=at_least, timeout_s=timeout_s, start=start, stop=stop
         )
-        watermark: int | None = None
         try:
             stream = self.calls[lane % len(self.calls)]["Pull"](
                 request, timeout=timeout_s + CALL_TIMEOUT_S, metadata=self.metadata
             )
+            found = dict(stream.initial_metadata()).get(PULL_HEADER)
+            if not isinstance(found, bytes):
+                raise ServerError(f"parameter server {self.address} sent no {PULL_HEADER}")
+            header = ps.PullHeader.FromString(found)
+            if not header.ready:
+                stream.cancel()
+                return None
+            position = start
             for chunk in stream:
-                if not chunk.ready:
-                    return None
-                values = np.frombuffer(chunk.data, dtype=into.dtype)
-                into[chunk.offset : chunk.offset + values.size] = values
-                watermark = int(chunk.watermark)
+                values = np.frombuffer(chunk, dtype=into.dtype)
+                into[position : position + values.size] = values
+                position += values.size
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
-        return watermark
+        if position != stop:
+            raise ServerError(
+                f"parameter server {self.address} sent {position - start} of "
+                f"{stop - start} elements"
+            )
+        return int(header.watermark)
 
 
 class Links:
@@ -183,9 +206,11 @@ class Links:
     ) -> bool:
         """Push `gradient` (the flat vector) to every piece; True if all became complete."""
         tasks: list[Callable[[], bool]] = []
+        grain = chunk_elements(gradient.itemsize)
         for piece in pieces:
             link = self.link(piece.address)
-            for lane, (a, b) in enumerate(spans(piece.start, piece.stop, len(link.channels))):
+            cuts = spans(piece.start, piece.stop, len(link.channels), grain)
+            for lane, (a, b) in enumerate(cuts):
                 tasks.append(
                     lambda link=link, lane=lane, a=a, b=b: link.pushing_span(  # type: ignore[misc]
                         lane, header, gradient, a, b
