@@ -72,7 +72,7 @@ class Expectations:
     created: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
     deleted: dict[tuple[str, str], float] = field(default_factory=dict)
     annotated: dict[tuple[str, str], tuple[dict[str, str], float]] = field(default_factory=dict)
-    #: job key -> (status written, resourceVersion the write replaced, when)
+    #: job key -> (status written, the resourceVersion our write produced, when)
     statuses: dict[str, tuple[dict[str, Any], str, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,14 +104,17 @@ class Expectations:
             return out
 
     def overlay_job(self, body: Obj) -> Obj:
+        """The job with the status we last wrote, until the watch shows that write (or a
+        later change): a lagging watch may first deliver older versions, and planning on
+        one of those would undo the write (a Failed job started again)."""
         meta = body.get("metadata", {})
         key = f"{meta.get('namespace')}/{meta.get('name')}"
         with self.lock:
             found = self.statuses.get(key)
             if found is None:
                 return body
-            status, replaced_rv, _ = found
-            if str(meta.get("resourceVersion")) != replaced_rv:
+            status, written_rv, _ = found
+            if _not_older(str(meta.get("resourceVersion", "")), written_rv):
                 del self.statuses[key]
                 return body
         return dict(body) | {"status": status}
@@ -126,6 +129,15 @@ class Expectations:
             del self.statuses[job]
 
 
+def _not_older(seen: str, written: str) -> bool:
+    """Whether the version seen is the one written or a later one. Kubernetes calls
+    resourceVersions opaque; they are etcd revisions (integers) on every API server we
+    know, and compared as such; anything else counts as seen only when equal."""
+    if seen.isdigit() and written.isdigit():
+        return int(seen) >= int(written)
+    return seen == written
+
+
 class Actuator:
     """Carries out one cycle's intents."""
 
@@ -134,13 +146,11 @@ class Actuator:
         kube: Kube,
         config: ControllerConfig,
         coordinators: Callable[[str], CoordinatorPort | None],
-        resource_versions: Callable[[str], str],
         workers: int = 16,
     ) -> None:
         self.kube = kube
         self.config = config
         self.coordinators = coordinators
-        self.resource_versions = resource_versions
         self.expectations = Expectations()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="actuate")
         self.errors = 0
@@ -299,7 +309,6 @@ class Actuator:
     def _patch_status(self, intent: PatchStatus) -> None:
         key = f"{intent.namespace}/{intent.name}"
         path = namespaced(intent.namespace, PLURAL, intent.name, group=f"{GROUP}/{VERSION}")
-        replaced = self.resource_versions(key)
         try:
             answer = self.kube.request(
                 "PATCH",
@@ -311,9 +320,10 @@ class Actuator:
             if error.status == 422:
                 log.error("the API refused the status of %s: %s (%s)", key, error, intent.status)
             raise
-        if answer is not None:
+        written = str((answer or {}).get("metadata", {}).get("resourceVersion", ""))
+        if written:
             with self.expectations.lock:
-                self.expectations.statuses[key] = (intent.status, replaced, time.monotonic())
+                self.expectations.statuses[key] = (intent.status, written, time.monotonic())
 
     def _emit(self, intent: Emit) -> None:
         now = _iso_now()

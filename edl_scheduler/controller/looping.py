@@ -103,10 +103,7 @@ class PlanningLoop:
         self._coordinated: dict[str, _Coordinated] = {}
         self._snapshots: dict[str, float] = {}
         self._attained: dict[str, float] = {}
-        self._resource_versions: dict[str, str] = {}
-        self.actuator = Actuator(
-            kube, config, self._client_of, lambda key: self._resource_versions.get(key, "")
-        )
+        self.actuator = Actuator(kube, config, self._client_of)
         self.reservations: tuple[Reservation, ...] = ()
         self.synced = asyncio.Event()
         self.dirty = asyncio.Event()
@@ -156,11 +153,6 @@ class PlanningLoop:
         now = time.time()
         pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
         bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
-        for body in bodies:
-            meta = body.get("metadata", {})
-            self._resource_versions[f"{meta.get('namespace')}/{meta.get('name')}"] = str(
-                meta.get("resourceVersion", "")
-            )
         observation = observe(
             world.nodes, pods, bodies, world.priority_classes, self.reservations
         )  # 3

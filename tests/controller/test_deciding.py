@@ -255,3 +255,17 @@ def test_each_new_coordinator_takes_a_free_port() -> None:
     out = decide(views, Plan(NOW, decisions), CONFIG, NOW, names())
     ports = sorted(i.port for i in of(CreateCoordinator, out.intents))
     assert ports == [21001, 21002]
+
+
+def test_written_status_stays_until_the_watch_shows_that_write() -> None:
+    from edl_scheduler.controller.actuating import Expectations
+
+    expectations = Expectations()
+    expectations.statuses["ns/j"] = ({"phase": "Failed"}, "120", 0.0)
+    older = job_body(phase="Running")
+    older["metadata"]["resourceVersion"] = "110"
+    assert expectations.overlay_job(older)["status"] == {"phase": "Failed"}
+    newer = job_body(phase="Failed")
+    newer["metadata"]["resourceVersion"] = "121"
+    assert expectations.overlay_job(newer) is newer
+    assert expectations.overlay_job(older) is older  # forgotten once seen

@@ -8,7 +8,9 @@ Aspects tested:
   low one grows back;
 - GPUs used by pods of other workloads are never handed out;
 - the workers of a deleted node are replaced on the others; those of a cordoned node drain
-  and are replaced too.
+  and are replaced too;
+- spec.suspend drains every worker (phase Suspended, Event Suspended); clearing it starts the
+  job again (Event Resumed, phase Running).
 """
 
 from __future__ import annotations
@@ -165,3 +167,37 @@ def test_workers_of_deleted_and_cordoned_nodes_are_replaced(
     core.patch_node(cordoned, {"spec": {"unschedulable": True}})
     eventually(lambda: moved_off(cordoned), 30, "the cordoned node's worker replaced")
     cluster.delete_job(NS, "mover")
+
+
+def test_suspend_and_resume(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+) -> None:
+    create_node(kube_api.api_client, "scn-sus", gpus=2, labels={POOL: "sus"})
+    cluster.create_job(pooled(training_job("nap", NS, max_replicas=2), "sus"))
+
+    def workers(n: int) -> bool:
+        settle(cluster, NS)
+        return len(live_workers(cluster, NS, "nap")) == n
+
+    eventually(lambda: workers(2), 30, "two workers")
+    cluster.custom.patch_namespaced_custom_object(
+        "edl.dev", "v1alpha1", NS, "trainingjobs", "nap", {"spec": {"suspend": True}}
+    )
+
+    def suspended() -> bool:
+        settle(cluster, NS)
+        return workers(0) and cluster.job(NS, "nap")["status"]["phase"] == "Suspended"
+
+    eventually(suspended, 30, "phase Suspended with no workers")
+    cluster.custom.patch_namespaced_custom_object(
+        "edl.dev", "v1alpha1", NS, "trainingjobs", "nap", {"spec": {"suspend": False}}
+    )
+
+    def resumed() -> bool:
+        settle(cluster, NS)
+        return workers(2) and cluster.job(NS, "nap")["status"]["phase"] == "Running"
+
+    eventually(resumed, 30, "phase Running again")
+    reasons = [e.reason for e in cluster.events(NS, "nap")]
+    assert "Suspended" in reasons and "Resumed" in reasons
+    cluster.delete_job(NS, "nap")
