@@ -715,7 +715,10 @@ class LocalCluster:
         members = len(progress.members) if progress is not None else 0
         if self._finishing(row):
             message = "finishing: the last epoch is committed, workers are leaving"
-        phase = _next_phase(status.phase, row.job.spec.suspend, workers, len(live), members)
+        resized = status.last_resize is not None and status.last_resize.from_replicas > 0
+        phase = _next_phase(
+            status.phase, row.job.spec.suspend, workers, len(live), members, resized
+        )
         if self._finishing(row):
             phase = status.phase
         update: dict[str, Any] = {
@@ -784,14 +787,24 @@ class LocalCluster:
 
 
 def _next_phase(
-    current: JobPhase, suspend: bool, workers: list[WorkerRow], live: int, members: int
+    current: JobPhase,
+    suspend: bool,
+    workers: list[WorkerRow],
+    live: int,
+    members: int,
+    resized: bool = True,
 ) -> JobPhase:
-    """The phase the job's processes show, reached only along ``JobPhase``'s diagram."""
+    """The phase the job's processes show, reached only along ``JobPhase``'s diagram.
+
+    Resizing: a victim is still draining, or (after a grow or shrink, ``resized``) the
+    group does not hold every live worker yet. Workers joining the job's first group are
+    not a resize: the job is Running from the moment its gang is placed.
+    """
     if not live:
         wanted = JobPhase.SUSPENDED if suspend and not workers else JobPhase.PENDING
     elif current in (JobPhase.PENDING, JobPhase.SUSPENDED):
-        wanted = JobPhase.RUNNING  # its gang is placed; joins are not a resize
-    elif any(w.draining for w in workers) or members != live:
+        wanted = JobPhase.RUNNING
+    elif any(w.draining for w in workers) or (resized and members != live):
         wanted = JobPhase.RESIZING
     else:
         wanted = JobPhase.RUNNING

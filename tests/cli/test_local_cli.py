@@ -52,14 +52,23 @@ def wait_phase(home: Path, name: str, phase: str, timeout_s: float = 120) -> Non
     raise AssertionError(f"{name} is {details.summary.phase}, not {phase}: {details.events}")
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "edl"
+def serving(home: Path) -> Iterator[Path]:
     started = edlctl(home, "local", "start", "--slots", "4")
     assert started.exit_code == 0, started.output
     assert "4 slots" in started.output
     yield home
     edlctl(home, "local", "stop")
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One service for the tests that do not stop it (starting one costs seconds)."""
+    yield from serving(tmp_path_factory.mktemp("shared") / "edl")
+
+
+@pytest.fixture
+def own_home(tmp_path: Path) -> Iterator[Path]:
+    yield from serving(tmp_path / "edl")
 
 
 def test_every_verb(home: Path, tmp_path: Path) -> None:
@@ -148,7 +157,8 @@ def test_no_service_is_a_clear_error(tmp_path: Path) -> None:
     assert "not running" in result.output and "edlctl local start" in result.output
 
 
-def test_restarting_the_service_loses_no_job(home: Path, tmp_path: Path) -> None:
+def test_restarting_the_service_loses_no_job(own_home: Path, tmp_path: Path) -> None:
+    home = own_home
     job = tmp_path / "job.yaml"
     job.write_text(plain_job("durable", 2, 2, samples=5000, step_time_s=0.1))
     assert edlctl(home, "submit", "-f", str(job)).exit_code == 0

@@ -60,6 +60,9 @@ def test_phases_follow_the_diagram() -> None:
     assert _next_phase(JobPhase.PENDING, False, _workers(2), 2, 0) is JobPhase.RUNNING
     assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 2) is JobPhase.RUNNING
     assert _next_phase(JobPhase.RUNNING, False, _workers(3, 1), 2, 2) is JobPhase.RESIZING
+    # Joining the first group is not a resize; joining after a grow is.
+    assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, False) is JobPhase.RUNNING
+    assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, True) is JobPhase.RESIZING
     assert _next_phase(JobPhase.RESIZING, False, _workers(2), 2, 2) is JobPhase.RUNNING
     # Resizing cannot become Pending directly: one step through Running.
     assert _next_phase(JobPhase.RESIZING, False, [], 0, 0) is JobPhase.RUNNING
