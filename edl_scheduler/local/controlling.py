@@ -283,8 +283,13 @@ class LocalCluster:
                 worker = logs[-1].stem if logs else coordinator_name(row.key)
         if worker == "coordinator":
             worker = coordinator_name(row.key)
-        path = self.config.log_dir / f"{worker}.log"
-        if not path.is_file() or not path.name.startswith(key.replace("/", ".") + "."):
+        path = (self.config.log_dir / f"{worker}.log").resolve()
+        inside = path.parent == self.config.log_dir.resolve()
+        if (
+            not inside
+            or not path.is_file()
+            or not path.name.startswith(key.replace("/", ".") + ".")
+        ):
             raise LocalError(
                 ErrorKind.NOT_FOUND,
                 f"no log for {worker!r} of job {key}: name one of its workers "

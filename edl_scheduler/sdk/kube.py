@@ -77,7 +77,12 @@ class KubeClient:
         namespace: str = "default",
         api_client: Any = None,
     ) -> None:
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ImportError:
+            raise EdlError(
+                "the Kubernetes backend needs the kubernetes client: pip install 'edl[k8s]'"
+            ) from None
 
         self.namespace = namespace
         if api_client is None:

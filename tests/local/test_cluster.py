@@ -7,7 +7,8 @@ Aspects tested:
 - failed workers are replaced until failurePolicy.maxRestarts, then the job Fails, with the
   exit code and the worker's last log line in its Events
 - bad requests (too many slots, no command, no dataset options, PriorityClass, duplicate
-  names, unknown jobs, min > max) are refused with the field and the fix, changing nothing
+  names, unknown jobs, min > max, a log outside the job's) are refused with the field and
+  the fix, changing nothing
 - delete stops a job's processes
 (suspend/resume and adoption after a service restart are tested through edlctl, in
 tests/cli/test_local_cli.py)
@@ -153,6 +154,10 @@ def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
     refused(ErrorKind.NOT_FOUND, "does not exist", lambda: h.cluster.delete("default/nope"))
     refused(ErrorKind.INVALID, "below min", lambda: h.cluster.scale(key, 3, 2))
     refused(ErrorKind.INVALID, "has 4", lambda: h.cluster.scale(key, 5, 8))
+    outside = h.home / "default.ok.secret.log"
+    outside.write_text("not a log of the job")
+    refused(ErrorKind.NOT_FOUND, "no log", lambda: h.cluster.log_path(key, "../default.ok.secret"))
+    refused(ErrorKind.NOT_FOUND, "no log", lambda: h.cluster.log_path(key, "nobody"))
     spec = h.cluster.get(key).job.spec
     assert (spec.min_replicas, spec.max_replicas) == (1, 2)
     assert [r.key for r in h.store.jobs()] == [key]
