@@ -35,12 +35,14 @@ What must stay true:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import os
 import signal
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -49,6 +51,7 @@ from typing import Any
 
 import kubernetes
 from kubernetes.client import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from edl_scheduler.local.processes import (
     ProcessSpec,
@@ -117,9 +120,10 @@ class MiniKubelet:
         self.lease_duration_s = lease_duration_s
         self.restart_backoff_s = restart_backoff_s
         self.supervisor = ProcessSupervisor()
-        self.environment = ContainerEnvironment(self.core)
+        self.environment = ContainerEnvironment(self.core, self._services_in)
         self._lock = threading.Lock()
         self._seen: dict[str, Obj] = {}  # uid -> latest pod object from the watch
+        self._services: dict[str, Obj] = {}  # uid -> latest Service from its watch
         self._pods: dict[str, PodRun] = {}  # uid -> what runs here
         #: (namespace, name) -> the directory and containers of the latest pod of that name
         #: run here, kept after deletion so that its logs can still be read.
@@ -127,11 +131,12 @@ class MiniKubelet:
         self._nodes: dict[str, _Node] = {}  # the nodes it serves, by name
         self._not_served: set[str] = set()  # the other nodes of the last listing
         self._nodes_listed_at = -math.inf
-        self._next_lease_at = 0.0
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._finishers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet-delete")
+        self._reporters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet-status")
+        self._reporting: set[str] = set()  # uids whose status write is in flight
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -140,7 +145,9 @@ class MiniKubelet:
         self._refresh_nodes(force=True)
         for target, name in (
             (self._watch_pods, "kubelet-watch"),
+            (self._watch_services, "kubelet-services"),
             (self._sync_loop, "kubelet-sync"),
+            (self._heartbeat_loop, "kubelet-heartbeat"),
         ):
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -155,6 +162,7 @@ class MiniKubelet:
         for thread in self._threads:
             thread.join(timeout=15)
         self._finishers.shutdown(wait=True, cancel_futures=False)
+        self._reporters.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             graces = [self._grace_s(self._seen.get(uid)) for uid in self._pods]
         # SIGTERM to all at once, SIGKILL after the longest grace period (bounded).
@@ -214,47 +222,77 @@ class MiniKubelet:
     # -- watching ---------------------------------------------------------------------------
 
     def _watch_pods(self) -> None:
-        """Keeps `_seen` equal to the pods bound to any node: list, then watch from there."""
+        """Keeps `_seen` equal to the pods bound to any node."""
+        self._inform(self.core.list_pod_for_all_namespaces, self._seen, "spec.nodeName!=")
+
+    def _watch_services(self) -> None:
+        """Keeps `_services` equal to the cluster's Services, for the service links (a
+        kubelet reads them from a watch too, not per container)."""
+        self._inform(self.core.list_service_for_all_namespaces, self._services, None)
+
+    def _inform(
+        self, list_all: Callable[..., Any], store: dict[str, Obj], field_selector: str | None
+    ) -> None:
+        """Keeps `store` (uid -> object) equal to what `list_all` lists: list, then watch from
+        there; list afresh when the watch has expired; retry after connection trouble."""
+        selector = {"field_selector": field_selector} if field_selector else {}
         resource_version: str | None = None
         while not self._stopping.is_set():
             try:
                 if resource_version is None:
-                    listed = self.core.list_pod_for_all_namespaces(field_selector="spec.nodeName!=")
+                    # The API's JSON as it is: the client's models cost more than the rest.
+                    answer = list_all(_preload_content=False, **selector)
+                    listed = json.loads(answer.data)
                     with self._lock:
-                        self._seen = {p["metadata"]["uid"]: p for p in _plain(listed.items)}
-                    resource_version = listed.metadata.resource_version
+                        store.clear()
+                        store.update((o["metadata"]["uid"], o) for o in listed["items"])
+                    resource_version = listed["metadata"]["resourceVersion"]
                     self._wake.set()
-                watch = kubernetes.watch.Watch()
-                for event in watch.stream(
-                    self.core.list_pod_for_all_namespaces,
-                    field_selector="spec.nodeName!=",
+                answer = list_all(
+                    watch=True,
                     resource_version=resource_version,
                     timeout_seconds=2,
                     _request_timeout=10,
-                ):
-                    if event["type"] == "ERROR":
-                        raise ApiException(status=event["raw_object"].get("code", 500))
-                    pod = _plain([event["object"]])[0]
-                    resource_version = pod["metadata"]["resourceVersion"]
-                    with self._lock:
-                        if event["type"] == "DELETED":
-                            self._seen.pop(pod["metadata"]["uid"], None)
-                        else:
-                            self._seen[pod["metadata"]["uid"]] = pod
-                    self._wake.set()
-                    if self._stopping.is_set():
-                        watch.stop()
+                    _preload_content=False,
+                    **selector,
+                )
+                try:
+                    for line in iter_resp_lines(answer):
+                        event = json.loads(line)
+                        obj = event["object"]
+                        if event["type"] == "ERROR":
+                            raise ApiException(
+                                status=obj.get("code", 500), reason=obj.get("message")
+                            )
+                        resource_version = obj["metadata"]["resourceVersion"]
+                        if event["type"] == "BOOKMARK":
+                            continue
+                        with self._lock:
+                            if event["type"] == "DELETED":
+                                store.pop(obj["metadata"]["uid"], None)
+                            else:
+                                store[obj["metadata"]["uid"]] = obj
+                        self._wake.set()
+                        if self._stopping.is_set():
+                            return
+                finally:
+                    answer.close()
+                    answer.release_conn()
             except ApiException as error:
-                if error.status == 410:  # expired: list afresh
+                if error.status == 410:
                     resource_version = None
                 else:
-                    log.warning("pod watch failed: %s; retrying", error)
+                    log.warning("watch failed: %s; retrying", error)
                     self._stopping.wait(0.5)
-            except Exception as error:  # connection trouble: retry from where it was
+            except Exception as error:
                 if self._stopping.is_set():
                     return
-                log.warning("pod watch broke: %s; retrying", error)
+                log.warning("watch broke: %s; retrying", error)
                 self._stopping.wait(0.5)
+
+    def _services_in(self, namespace: str) -> list[Obj]:
+        with self._lock:
+            return [s for s in self._services.values() if s["metadata"]["namespace"] == namespace]
 
     # -- syncing ----------------------------------------------------------------------------
 
@@ -270,14 +308,17 @@ class MiniKubelet:
                 log.exception("kubelet sync failed; retrying")
 
     def _sync(self) -> None:
-        now = time.monotonic()
-        if now >= self._next_lease_at:
-            self._next_lease_at = now + self.lease_interval_s
-            self._refresh_nodes(force=True)
-            self._heartbeat()
         with self._lock:
             seen = dict(self._seen)
+            pods = dict(self._pods)
+        # A settled pod (its containers running or done, its status written) needs no look
+        # unless its object changed or one of this process's children has exited.
+        exited = _a_child_exited()
         for uid, obj in seen.items():
+            pod = pods.get(uid)
+            settled = pod is not None and not pod.pending and not exited
+            if settled and pod is not None and pod.synced == obj["metadata"]["resourceVersion"]:
+                continue
             node_name = obj["spec"]["nodeName"]
             if not self._serves(node_name):
                 continue
@@ -317,7 +358,10 @@ class MiniKubelet:
             return
         if pod.refused is None and not pod.phase.terminal:
             self._run_containers(pod, obj)
-        self._report(pod, obj)
+        written = self._report(pod, obj)
+        starting = any(c.process is None or c.retry_at for c in pod.containers.values())
+        pod.pending = not written or (starting and pod.refused is None and not pod.phase.terminal)
+        pod.synced = obj["metadata"]["resourceVersion"]
 
     def _admit(self, uid: str, obj: Obj) -> PodRun:
         meta, spec = obj["metadata"], obj["spec"]
@@ -435,20 +479,37 @@ class MiniKubelet:
 
     # -- reporting --------------------------------------------------------------------------
 
-    def _report(self, pod: PodRun, obj: Obj) -> None:
+    def _report(self, pod: PodRun, obj: Obj) -> bool:
+        """Sends the pod's status when it changed, from a pool so that one slow write never
+        holds up the other pods; at most one write per pod is in flight, so they stay in
+        order (a change made meanwhile goes out once the write before it returns). Whether
+        the status as it stands is already written."""
         status = pod_status(pod, obj)
-        if status == pod.reported:
-            return
+        with self._lock:
+            if status == pod.reported:
+                return True
+            if pod.uid not in self._reporting:
+                self._reporting.add(pod.uid)
+                self._reporters.submit(self._write_status, pod, status)
+        return False
+
+    def _write_status(self, pod: PodRun, status: Obj) -> None:
         body = {"metadata": {"uid": pod.uid}, "status": status}
         try:
             self.core.patch_namespaced_pod_status(
                 pod.name, pod.namespace, body, _content_type=MERGE_PATCH
             )
+            pod.reported = status
         except ApiException as error:
-            if error.status in (404, 409, 422):  # gone, or the name now names another pod
-                return
-            raise
-        pod.reported = status
+            # 404, 409, 422: gone, or the name now names another pod; else retried next sync.
+            if error.status not in (404, 409, 422):
+                log.warning("status of pod %s/%s: %s", pod.namespace, pod.name, error)
+        except Exception:
+            log.exception("status of pod %s/%s", pod.namespace, pod.name)
+        finally:
+            with self._lock:
+                self._reporting.discard(pod.uid)
+            self._wake.set()
 
     def _refresh_nodes(self, *, force: bool) -> None:
         """Lists the nodes: those it serves are kept (a node re-created under the same name
@@ -475,6 +536,18 @@ class MiniKubelet:
                 self._not_served.discard(name)
             self._nodes = served
 
+    def _heartbeat_loop(self) -> None:
+        """The nodes' heartbeats, in a thread of their own: a hundred nodes' Lease renewals
+        must not delay the pods."""
+        while True:
+            try:
+                self._refresh_nodes(force=True)
+                self._heartbeat()
+            except Exception:
+                log.exception("node heartbeat failed; retrying")
+            if self._stopping.wait(self.lease_interval_s):
+                return
+
     def _heartbeat(self) -> None:
         with self._lock:
             nodes = [n for n in self._nodes.values() if not n.failed]
@@ -499,6 +572,15 @@ _SERIALIZER = kubernetes.client.ApiClient()
 def _plain(items: list[Any]) -> list[Obj]:
     """API objects as the JSON dicts the server sent (camelCase keys)."""
     return [_SERIALIZER.sanitize_for_serialization(item) for item in items]
+
+
+def _a_child_exited() -> bool:
+    """Whether any child of this process has exited and waits to be reaped (not reaping it:
+    the children of others, such as the control plane's processes, stay theirs)."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
 
 
 def _key(obj: Obj) -> str:

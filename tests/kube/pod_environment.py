@@ -23,7 +23,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,13 @@ class ContainerConfigError(Exception):
 class ContainerEnvironment:
     """Resolves containers' environments against the API (Secrets, ConfigMaps, Services)."""
 
-    def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
+    def __init__(
+        self, core: kubernetes.client.CoreV1Api, services: Callable[[str], list[Obj]]
+    ) -> None:
+        """`services(namespace)` gives the namespace's Services as the API's JSON (the
+        kubelet keeps them from a watch)."""
         self.core = core
+        self.services = services
 
     def environment(self, directory: Path, obj: Obj, declared: Obj) -> dict[str, str]:
         """What a container runtime would give the container, in Kubernetes' order: service
@@ -134,25 +139,30 @@ class ContainerEnvironment:
         return dict(config_map.data or {})
 
     def _service_links(self, namespace: str) -> dict[str, str]:
+        """`<NAME>_SERVICE_HOST` and `<NAME>_SERVICE_PORT[_<PORT>]` for each Service of the
+        namespace, pointing at 127.0.0.1 and the numeric target port (a named target port,
+        which only the serving pod could resolve, falls back to the Service's port)."""
         env = {}
-        for service in self.core.list_namespaced_service(namespace).items:
-            prefix = service.metadata.name.upper().replace("-", "_")
-            ports = service.spec.ports or []
+        for service in self.services(namespace):
+            prefix = _env_name(service["metadata"]["name"])
+            ports = service.get("spec", {}).get("ports") or []
             if not ports:
                 continue
-
-            def target(port: Any) -> str:
-                t = port.target_port
-                return str(t if isinstance(t, int) or (t and str(t).isdigit()) else port.port)
-
             env[f"{prefix}_SERVICE_HOST"] = POD_IP
-            env[f"{prefix}_SERVICE_PORT"] = target(ports[0])
+            env[f"{prefix}_SERVICE_PORT"] = _target(ports[0])
             for port in ports:
-                if port.name:
-                    env[f"{prefix}_SERVICE_PORT_{port.name.upper().replace('-', '_')}"] = target(
-                        port
-                    )
+                if port.get("name"):
+                    env[f"{prefix}_SERVICE_PORT_{_env_name(port['name'])}"] = _target(port)
         return env
+
+
+def _env_name(name: str) -> str:
+    return name.upper().replace("-", "_")
+
+
+def _target(port: Obj) -> str:
+    target = port.get("targetPort", port["port"])
+    return str(target if isinstance(target, int) or str(target).isdigit() else port["port"])
 
 
 _REFERENCE = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")

@@ -80,6 +80,10 @@ class PodRun:
     reported: Obj | None = None
     lost: bool = False
     """Its node failed (`fail_node`): nothing more is run or reported for it."""
+    synced: str | None = None
+    """The resourceVersion of the pod object last synced."""
+    pending: bool = True
+    """Something is left to do: a container to start or restart, or a status to write."""
 
 
 def pod_status(pod: PodRun, obj: Obj) -> Obj:
