@@ -175,16 +175,17 @@ class Admitter:
                 js.reason = Reason.WAITING_IN_LINE
                 js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
                 continue
-            if self._too_large(js, needs):
+            gpus = _gpus(js, needs)
+            if self._too_large(js, gpus):
                 continue
-            if self._admit(js, needs):
+            if self._admit(js, needs, gpus):
                 started += 1
                 continue
-            free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+            free = self.s.cluster.free_in(js.classes)
             what = "to restore its minimum" if js.was_running else "for its gang"
             js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.WAITING_FOR_CAPACITY
             js.message = (
-                f"waiting: needs {_gpus(js, needs)} GPUs {what} ({js.lo} workers), "
+                f"waiting: needs {gpus} GPUs {what} ({js.lo} workers), "
                 f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
             )
             ahead += 1
@@ -192,14 +193,14 @@ class Admitter:
                 blocked_by = js
         return started
 
-    def _too_large(self, js: JobState, needs: dict[Role, int]) -> bool:
-        capacity = sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes)
-        if _gpus(js, needs) <= capacity and js.classes:
+    def _too_large(self, js: JobState, gpus: int) -> bool:
+        capacity = self.s.cluster.capacity_in(js.classes)
+        if gpus <= capacity and js.classes:
             return False
         js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.TOO_LARGE
         js.message = (
             f"cannot {'be restored' if js.was_running else 'start'}: needs "
-            f"{_gpus(js, needs)} GPUs, the nodes it may run on have {capacity} in all"
+            f"{gpus} GPUs, the nodes it may run on have {capacity} in all"
         )
         return True
 
@@ -209,18 +210,18 @@ class Admitter:
         it moves now, as it would on the very next plan anyway."""
         beneficiary = js.for_job
         needs = needs_of(js)
-        if _gpus(js, needs) > sum(self.s.cluster.class_capacity_gpu[c] for c in js.classes):
+        gpus = _gpus(js, needs)
+        if gpus > self.s.cluster.capacity_in(js.classes):
             return
-        if not self._admit(js, needs):
+        if not self._admit(js, needs, gpus):
             return
         js.suspended = False
         js.for_job = beneficiary
         js.reason = Reason.MOVED_TO_ADMIT
         js.message = js.message.replace("restored to its minimum", f"moved to admit {beneficiary},")
 
-    def _admit(self, js: JobState, needs: dict[Role, int]) -> bool:
-        gpus = _gpus(js, needs)
-        free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+    def _admit(self, js: JobState, needs: dict[Role, int], gpus: int) -> bool:
+        free = self.s.cluster.free_in(js.classes)
         if free >= gpus:  # else no placement can succeed: skip the search
             stmt = self.s.statement()
             if place_gang(self.s, stmt, js, needs):
@@ -278,10 +279,19 @@ class Admitter:
             cluster.take(n, freed)
             return room
 
-        def order(n: int) -> tuple[int, int, int, int]:
+        def order(n: int) -> tuple[int, int, int, int, int]:
+            """Nodes where victims add the most useful room first (a node that already
+            holds some of the gang gains nothing from victims up to that), then those
+            that could hold most of the gang, then the cheapest victims."""
             lowest = min(v.priority for v, _ in on_node[n])
-            return (-min(potential(n), need), lowest, -cluster.room(n, res, js.name, js.rank), n)
+            now = min(cluster.room(n, res, js.name, js.rank), need)
+            return (-(most[n] - now), -most[n], lowest, -now, n)
 
+        # The room for the gang each node can reach: victims there stop once it is reached.
+        # (Parameter servers need room too, which this count of workers does not see: for
+        # them every node's victims are offered until the whole gang's workers fit there.)
+        most = {n: min(potential(n), need) for n in on_node}
+        enough = dict.fromkeys(on_node, need) if needs.get(Role.PSERVER) else most
         for n in sorted(on_node, key=order):
             units = sorted(
                 on_node[n],
@@ -293,14 +303,14 @@ class Admitter:
                 ),
             )
             for v, replica in units:
+                if cluster.room(n, res, js.name, js.rank) >= max(1, enough[n]):
+                    break
                 if v.size() <= v.lo:
                     continue  # its budget is spent
                 if replica is None:
                     yield _Victim(v, (), whole=False, withdrawn=n)
                 else:
                     yield _Victim(v, (replica,), whole=False)
-                if cluster.room(n, res, js.name, js.rank) >= need:
-                    break
 
     def _preempt(self, js: JobState, needs: dict[Role, int]) -> bool:
         stmt = self.s.statement()
@@ -310,7 +320,7 @@ class Admitter:
         for victim in self._candidates(js, needs):
             self._take(stmt, victim)
             taken.append(victim)
-            free = sum(self.s.cluster.class_free_gpu[c] for c in js.classes)
+            free = self.s.cluster.free_in(js.classes)
             if free >= target and gang_fits(self.s, js, needs):
                 fits = True
                 break

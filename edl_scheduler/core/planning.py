@@ -45,10 +45,18 @@ class PlanningError(RuntimeError):
     """The planner broke one of its own guarantees: always a bug, never bad input."""
 
 
-def _role_change(js: JobState, role: Role, session: Session) -> RoleChange:
+def _role_change(
+    js: JobState, role: Role, session: Session, steady: dict[tuple[Role, int], RoleChange]
+) -> RoleChange:
+    """``steady`` shares one RoleChange per unchanged (role, size) within the cycle: it is
+    frozen, and most jobs of a cycle keep their size."""
     names = session.cluster.names
     if not js.added[role] and not js.removed[role]:
-        return RoleChange(role=role, current=js.size(role), target=js.size(role))
+        size = js.size(role)
+        found = steady.get((role, size))
+        if found is None:
+            found = steady[(role, size)] = RoleChange(role, size, size)
+        return found
     return RoleChange(
         role=role,
         current=len(js.live[role]),
@@ -87,6 +95,12 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
             f"grew {before}->{after} into idle GPUs "
             f"(predicted speed-up {model.speedup(nodes_before, before):.2f}x -> "
             f"{model.speedup(js.node_count(session.cluster), after):.2f}x)"
+        )
+    if js.reason is Reason.SHRUNK_TO_ADMIT and js.added[Role.WORKER]:
+        # One resize: the workers it gives up, and idle GPUs it may use elsewhere meanwhile.
+        return js.reason, (
+            f"{js.message}; in the same resize it took {len(js.added[Role.WORKER])} "
+            f"workers on idle GPUs elsewhere ({before}->{after} in all)"
         )
     if js.reason is not None:
         return js.reason, js.message
@@ -166,9 +180,13 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     validate(snapshot)  # 1
     session = Session(snapshot, policy, now)  # 2
     admitter, grower = Admitter(session), Grower(session)
-    admitter.run()  # 3
+    started = admitter.run()  # 3
     grower.run()  # 4
-    for _ in range(_EXTRA_ROUNDS):  # 3-4 again, while growth opened a way for a waiting job
+    # 3-4 again, while admission or growth changed something that could open a way for a
+    # waiting job. After a round that started and grew nothing, another would see the same
+    # state (a failed admission leaves no trace) and fail the same way: it is left out.
+    rounds = _EXTRA_ROUNDS if started or grower.statements else 0
+    for _ in range(rounds):
         waiting = [js for js in session.jobs if js.reason in WAITING]
         if not waiting:
             break
@@ -178,17 +196,18 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
             break
         grower.run()
     decisions = []  # 5
+    steady: dict[tuple[Role, int], RoleChange] = {}
     for js in session.jobs:
         action = _action(js)
         reason, message = _explain(js, action, session)
-        pservers = _role_change(js, Role.PSERVER, session) if js.job.pserver else None
+        pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
         decisions.append(
             JobDecision(
                 job=js.name,
                 action=action,
                 reason=reason,
                 message=message,
-                workers=_role_change(js, Role.WORKER, session),
+                workers=_role_change(js, Role.WORKER, session, steady),
                 pservers=pservers,
                 for_job=js.for_job,
             )

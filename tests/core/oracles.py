@@ -341,7 +341,9 @@ def check_stable_step(
         last = job.last_resize_time if job.last_resize_time is not None else job.start_time
         cooling = last is not None and now - last < policy.cooldown_s
         floor = max(current, effective_min(job, policy))
-        if d.action is Action.GROW and d.workers.target > floor and cooling:
+        # A job shrunk for another in this plan may take idle GPUs in that same resize.
+        shrunk_now = bool(d.workers.remove) and d.for_job is not None
+        if d.action is Action.GROW and d.workers.target > floor and cooling and not shrunk_now:
             out.append(f"{d.job} grown to {d.workers.target} at t={now:g}, within its cool-down")
         if d.action is Action.GROW and current >= effective_min(job, policy):
             model = fit(job.throughput)

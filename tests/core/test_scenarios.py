@@ -502,3 +502,54 @@ def test_victims_are_sought_where_the_victims_budget_can_make_room() -> None:
     assert p.decision("high").workers.add_nodes == ("n1",)
     low = p.decision("low")
     assert low.reason is Reason.SHRUNK_TO_ADMIT and low.workers.remove == ("low-w3",)
+
+
+def test_victims_of_a_gang_across_nodes_are_taken_where_they_add_room() -> None:
+    # "high" needs two 3-GPU workers; n0 holds one already. The one worker "low" may give is
+    # taken on n1, where it adds room, not on n0, where it adds none.
+    snap = snapshot(
+        [node("n0").gpus(4), node("n1").gpus(4)],
+        [
+            job("low").min(2).max(3).priority(1).cpu(4000).running(("n0", 1), ("n1", 2)),
+            job("high").min(2).max(2).gpus(3).priority(9).submitted(5),
+        ],
+    )
+    p = run(snap)
+    assert sorted(p.decision("high").workers.add_nodes) == ["n0", "n1"]
+    assert p.decision("low").workers.remove in (("low-w1",), ("low-w2",))
+
+
+def test_a_job_shrunk_for_another_may_take_idle_gpus_in_the_same_resize_and_says_so() -> None:
+    snap = snapshot(
+        [node("n0").gpus(2), node("n1").gpus(2).taint("dedicated", "train")],
+        [
+            job("low")
+            .min(1)
+            .max(4)
+            .priority(1)
+            .tolerates("dedicated")
+            .started(990.0)  # within its cool-down: only this shrink's resize may grow it
+            .running(("n0", 2)),
+            job("high").min(1).max(1).priority(9).submitted(5),
+        ],
+    )
+    p = plan(snap, EDL, 1000.0)
+    low = p.decision("low")
+    assert low.reason is Reason.SHRUNK_TO_ADMIT and low.for_job == "high"
+    assert low.workers.add_nodes == ("n1", "n1") and len(low.workers.remove) == 1
+    assert "in the same resize it took 2 workers on idle GPUs elsewhere" in low.message
+
+
+def test_a_node_gives_only_the_victims_it_needs_so_the_budget_reaches_other_nodes() -> None:
+    # "high" needs two 3-GPU workers; each node makes room for one after one victim; "low"
+    # may give two workers: one on each node, not both on n0.
+    snap = snapshot(
+        [node("n0").gpus(4), node("n1").gpus(4)],
+        [
+            job("low").min(2).max(4).priority(1).cpu(4000).running(("n0", 2), ("n1", 2)),
+            job("high").min(2).max(2).gpus(3).priority(9).submitted(5),
+        ],
+    )
+    p = run(snap)
+    assert sorted(p.decision("high").workers.add_nodes) == ["n0", "n1"]
+    assert len(p.decision("low").workers.remove) == 2
