@@ -114,6 +114,29 @@ def splitting_among(window: Sequence[SampleRange], parts: int) -> list[list[Samp
     return slices
 
 
+def slice_of(window: Sequence[SampleRange], parts: int, part: int) -> list[SampleRange]:
+    """Slice `part` of `splitting_among(window, parts)`, computed alone (the hot path of
+    every step: no other slice is built)."""
+    if not 0 <= part < parts:
+        raise ValueError(f"part {part} is not one of {parts} parts")
+    base, extra = divmod(counting(window), parts)
+    skip = part * base + min(part, extra)
+    size = base + (1 if part < extra else 0)
+    taken: list[SampleRange] = []
+    for current in window:
+        if size == 0:
+            break
+        length = len(current)
+        if skip >= length:
+            skip -= length
+            continue
+        stop = min(length, skip + size)
+        taken.append(SampleRange(current.start + skip, current.start + stop))
+        size -= stop - skip
+        skip = 0
+    return taken
+
+
 def merging(ranges: Iterable[SampleRange]) -> list[SampleRange]:
     """Sorted ranges with touching neighbours joined; raises if any two overlap."""
     merged: list[SampleRange] = []

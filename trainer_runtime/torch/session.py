@@ -24,8 +24,6 @@ What must stay true: a step counts once committed, and the committed steps are t
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 import warnings
 from collections import deque
@@ -39,67 +37,19 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime.agent import Outcome, WorkerAgent
-from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, splitting_among
+from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
-COMMIT_INTERVAL_S = 0.2
-COMMIT_BATCH = 64
-
-
-class Committer:
-    """Rank 0's background sender of step windows, in batches: one `Commit` call carries the
-    windows of up to `COMMIT_INTERVAL_S` (or `COMMIT_BATCH` windows), so the coordinator sees
-    a few calls a second whatever the step time, and the training thread never waits for an
-    RPC. A fenced batch is dropped (the next generation's reconcile carries it)."""
-
-    def __init__(self, agent: WorkerAgent) -> None:
-        self.agent = agent
-        self.queue: queue.Queue[tuple[int, StepWindow, float]] = queue.Queue()
-        self.idle = threading.Event()
-        self.idle.set()
-        self.hurry = threading.Event()
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self.sending, name="edl-commit", daemon=True)
-        self.thread.start()
-
-    def enqueue(self, generation: int, window: StepWindow, step_time_s: float) -> None:
-        self.idle.clear()
-        self.queue.put((generation, window, step_time_s))
-        if self.queue.qsize() >= COMMIT_BATCH:
-            self.hurry.set()
-
-    def sending(self) -> None:
-        while True:
-            batch = [self.queue.get()]
-            self.hurry.wait(COMMIT_INTERVAL_S)
-            self.hurry.clear()
-            while not self.queue.empty():
-                batch.append(self.queue.get_nowait())
-            generation = batch[-1][0]
-            windows = [w for g, w, _ in batch if g == generation]
-            try:
-                self.agent.client.commit(self.agent.worker_id, generation, windows, batch[-1][2])
-            except Fenced:
-                LOG.info(
-                    "commits of generation %d fenced; the next reconcile carries them", generation
-                )
-            except CoordinatorError as error:
-                self.failure = error
-            except ValueError:  # the session closed its channel: nothing more to send
-                self.idle.set()
-                return
-            if self.queue.empty():
-                self.idle.set()
-
-    def flushing(self, timeout_s: float) -> bool:
-        """Send what is queued now; whether it was all sent within `timeout_s`."""
-        self.hurry.set()
-        return self.idle.wait(timeout_s)
+# Applied windows each worker keeps for the reconcile of the next generation: the steps its
+# state holds that the coordinator may not have committed yet (rank 0 commits within about
+# `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
+APPLIED_KEPT = 4096
 
 
 class ElasticSession:
@@ -124,7 +74,7 @@ class ElasticSession:
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
         self.committer = Committer(self.agent)
         self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=256)
+        self.applied: deque[StepWindow] = deque(maxlen=APPLIED_KEPT)
         self.walk: Walk | None = None
         self.ddp: DistributedDataParallel | None = None
         self.rank = -1
@@ -156,6 +106,7 @@ class ElasticSession:
             LOG.warning("the session ended before the job did")
         if kind is None:
             self.agent.leaving()
+        self.committer.closing()
         self.agent.closing()
         dissolving()
 
@@ -239,6 +190,9 @@ class ElasticSession:
 
     def fetching(self, ranges: Sequence[SampleRange]) -> Any:
         """This rank's batch: fresh tensors (a copy, never a view of the dataset)."""
+        if isinstance(self.dataset, TensorDataset) and len(ranges) == 1:
+            start, stop = ranges[0].start, ranges[0].stop
+            return tuple(t[start:stop].clone() for t in self.dataset.tensors)
         if isinstance(self.dataset, TensorDataset):  # ranges are contiguous: copy slices
             return tuple(
                 torch.cat([t[r.start : r.stop] for r in ranges]) for t in self.dataset.tensors
@@ -250,6 +204,8 @@ class ElasticSession:
         while True:
             if not self.stepped:
                 raise RuntimeError("call s.step(loss) once for every batch")
+            if self.committer.failure is not None:
+                raise self.committer.failure
             if (self.broken or self.agent.changed()) and not self.reforming():
                 return
             assert self.walk is not None
@@ -258,9 +214,9 @@ class ElasticSession:
                 if self.finishing():
                     return
                 continue
-            mine = splitting_among(window.ranges, self.world_size)[self.rank]
-            self.window, self.window_size = window, sum(len(r) for r in window.ranges)
-            self.local_samples = sum(len(r) for r in mine)
+            mine = slice_of(window.ranges, self.world_size, self.rank)
+            self.window, self.window_size = window, counting(window.ranges)
+            self.local_samples = counting(mine)
             if self.local_samples == 0:
                 # more ranks than samples in this step: a stand-in sample whose loss weighs
                 # nothing, so that this rank still runs DDP's forward and its allreduce
