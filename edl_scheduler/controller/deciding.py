@@ -464,7 +464,9 @@ def _decide_job(
             and now >= since + tj.spec.timeouts.drain_seconds
         ):
             cycle.delete(pod)
-    if decision is not None:  # 6
+    if tj.spec.suspend:  # 6
+        _suspend(cycle)
+    elif decision is not None:
         _act(cycle, decision, config, namer, used_ports, nodes)
     _status(cycle, decision, attained_due)  # 7
     _write_status(cycle, old_status)
@@ -507,6 +509,33 @@ def _leave_lost_nodes(cycle: _JobCycle, nodes: NodeStates) -> None:
                 EventReason.SCALED_DOWN,
                 f"{name} leaves node {node}, which takes no new work; it is replaced elsewhere",
             )
+
+
+def _suspend(cycle: _JobCycle) -> None:
+    """``spec.suspend``: every replica leaves (running ones drain, the others are deleted);
+    the coordinator and its saved state stay, so the job resumes where it stopped."""
+    victims: list[str] = []
+    for pod in cycle.view.replicas:
+        name = str(_meta(pod)["name"])
+        if name in cycle.removed or _terminating(pod) or _draining_since(pod) is not None:
+            continue
+        if _phase(pod) in ("Succeeded", "Failed"):
+            continue
+        victims.append(name)
+        if _phase(pod) == "Running":
+            cycle.out.intents.append(MarkDraining(cycle.tj.metadata.namespace, name, cycle.now))
+            cycle.out.intents.append(Drain(cycle.tj.key, name))
+        else:
+            cycle.delete(pod)
+    if victims:
+        cycle.emit(EventType.NORMAL, EventReason.SUSPENDED,
+                   f"suspended by its spec; victims: {', '.join(victims)}")  # fmt: skip
+        cycle.status["lastResize"] = {
+            "time": _iso(cycle.now),
+            "from": len(victims),
+            "to": 0,
+            "reason": "UserSuspended",
+        }
 
 
 def _replace_finished(cycle: _JobCycle) -> None:
@@ -650,10 +679,7 @@ def _decision_events(cycle: _JobCycle, decision: JobDecision) -> None:
     size = f"{w.current} -> {w.target} workers"
     victims = ", ".join(w.remove) or "none"
     counts = cycle.out.counts
-    old_phase = JobPhase(cycle.view.body.get("status", {}).get("phase", "Pending"))
     if decision.action is Action.START:
-        if old_phase is JobPhase.SUSPENDED:
-            cycle.emit(EventType.NORMAL, EventReason.RESUMED, f"{size}: {decision.message}")
         cycle.emit(
             EventType.NORMAL,
             EventReason.ADMITTED,
@@ -733,6 +759,8 @@ def _status(
     else:
         desired = JobPhase.PENDING
     phase = step_toward(old_phase, desired)
+    if old_phase is JobPhase.SUSPENDED and phase is not JobPhase.SUSPENDED:
+        cycle.emit(EventType.NORMAL, EventReason.RESUMED, "spec.suspend cleared: resuming")
     status["phase"] = phase.value
     status["replicas"] = workers
     status["pserverReplicas"] = pservers
@@ -740,7 +768,9 @@ def _status(
     status["selector"] = f"edl.dev/job={tj.metadata.name},edl.dev/role=worker"
     if tj.metadata.generation is not None:
         status["observedGeneration"] = tj.metadata.generation
-    if decision is not None:
+    if tj.spec.suspend:
+        status["message"] = "suspended by its spec: set spec.suspend to false to resume"
+    elif decision is not None:
         status["message"] = decision.message
         if cycle.deferred:
             status["message"] = f"{decision.message}; waiting for leaving replicas to go"

@@ -48,7 +48,7 @@ from edl_scheduler.controller.deciding import (
 from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.leading import LeaderElector
 from edl_scheduler.controller.metrics import Metrics
-from edl_scheduler.controller.observing import observe, pod_requests, replica_of
+from edl_scheduler.controller.observing import Memo, observe, pod_requests, replica_of
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
 from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
 
@@ -105,6 +105,7 @@ class PlanningLoop:
         self._attained: dict[str, float] = {}
         self.actuator = Actuator(kube, config, self._client_of)
         self.reservations: tuple[Reservation, ...] = ()
+        self.memo = Memo()
         self.synced = asyncio.Event()
         self.dirty = asyncio.Event()
         self.stopping = threading.Event()
@@ -154,7 +155,7 @@ class PlanningLoop:
         pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
         bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
         observation = observe(
-            world.nodes, pods, bodies, world.priority_classes, self.reservations
+            world.nodes, pods, bodies, world.priority_classes, self.reservations, self.memo
         )  # 3
         result = plan(observation.snapshot, self.config.policy, now)
         self.reservations = result.reservations

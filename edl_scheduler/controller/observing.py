@@ -18,9 +18,9 @@ must stay true:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from edl_scheduler.api import TrainingJob, TrainingJobError, load_training_job
 from edl_scheduler.api.quantity import Quantity, QuantityError
@@ -44,6 +44,7 @@ from edl_scheduler.core import (
 from edl_scheduler.core.building import job_from_training_job
 
 Obj = Mapping[str, Any]
+T = TypeVar("T")
 _FINISHED = frozenset({"Succeeded", "Failed"})
 
 
@@ -160,14 +161,47 @@ def resolve_priority(tj: TrainingJob, priority_classes: Mapping[str, int]) -> in
     return priority_classes[name]
 
 
+class Memo:
+    """What parsing an object gave, by the object's identity and version, so that a cycle
+    re-reads only the objects that changed since the last one. A hit needs the same uid,
+    resourceVersion and status object (a status the controller just wrote is laid over an
+    object of the same version); bounded, cleared when full."""
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._values: dict[tuple[str, str, str, int], object] = {}
+
+    def get(self, kind: str, obj: Obj, compute: Callable[[Obj], T]) -> T:
+        meta = obj.get("metadata", {})
+        version = meta.get("resourceVersion")
+        if not version:
+            return compute(obj)
+        key = (kind, str(meta.get("uid") or meta.get("name")), str(version), id(obj.get("status")))
+        found = self._values.get(key, _MISSING)
+        if found is _MISSING:
+            if len(self._values) >= self.limit:
+                self._values.clear()
+            found = self._values[key] = compute(obj)
+        return found  # type: ignore[return-value]
+
+
+_MISSING = object()
+
+
 def observe(
     nodes: Iterable[Obj],
     pods: Iterable[Obj],
     training_jobs: Iterable[Obj],
     priority_classes: Mapping[str, int],
     reservations: tuple[Reservation, ...] = (),
+    memo: Memo | None = None,
 ) -> Observation:
-    """Build the planner's snapshot from the cluster's objects."""
+    """Build the planner's snapshot from the cluster's objects. With ``memo``, objects that
+    did not change since an earlier call are not parsed again."""
+
+    def cached(kind: str, obj: Obj, compute: Callable[[Obj], T]) -> T:
+        return memo.get(kind, obj, compute) if memo is not None else compute(obj)
+
     others: dict[str, Resources] = {}
     replicas: dict[str, list[tuple[str, Replica]]] = {}
     for pod in pods:
@@ -180,9 +214,12 @@ def observe(
                 created = str(pod["metadata"].get("creationTimestamp", ""))
                 replicas.setdefault(found[0], []).append((created, found[1]))
                 continue
-        others[node] = others.get(node, Resources()) + pod_requests(pod)
+        others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
     node_views = tuple(
-        node_view(n, others.get(n["metadata"]["name"], Resources()))
+        replace(
+            cached("node", n, lambda o: node_view(o, Resources())),
+            used_by_others=others.get(n["metadata"]["name"], Resources()),
+        )
         for n in sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
     )
     known = {n.name for n in node_views}
@@ -193,7 +230,7 @@ def observe(
         meta = obj.get("metadata", {})
         key = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
         try:
-            tj = load_training_job(dict(obj))
+            tj = cached("job", obj, lambda o: load_training_job(dict(o)))
             priority = resolve_priority(tj, priority_classes)
         except TrainingJobError as err:
             rejected[key] = str(err).replace("\n", " ")

@@ -103,13 +103,13 @@ def test_graceful_preemption_through_the_coordinator(
     kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
 ) -> None:
     for i in range(2):
-        create_node(kube_api.api_client, f"e2e-pre-{i}", gpus=2, labels={POOL: "pre"},
+        create_node(kube_api.api_client, f"e2e-pre-{i}", gpus=2, labels={POOL: "e2e-pre"},
                     kubelet=True)  # fmt: skip
-    cluster.create_job(job("low", "pre", max_replicas=4, priority=10, samples=40000))
+    cluster.create_job(job("low", "e2e-pre", max_replicas=4, priority=10, samples=40000))
     eventually(lambda: len(live_workers(cluster, NS, "low")) == 4, 60, "low at 4 workers")
     started = time.monotonic()
     cluster.create_job(
-        job("high", "pre", min_replicas=2, max_replicas=2, priority=100, samples=600)
+        job("high", "e2e-pre", min_replicas=2, max_replicas=2, priority=100, samples=600)
     )
 
     def high_running() -> bool:
