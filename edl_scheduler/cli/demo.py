@@ -47,14 +47,14 @@ class DemoJob:
 
 
 def scenario() -> tuple[DemoJob, DemoJob]:
-    """``research``: 2,048 steps of 32 samples; ``urgent``: 32 steps."""
+    """``research``: 1,536 steps of 32 samples; ``urgent``: 32 steps."""
     return (
-        DemoJob("research", 10, 1, 4, 1024, 64),
+        DemoJob("research", 10, 1, 4, 1024, 48),
         DemoJob("urgent", 100, 2, 2, 512, 2),
     )
 
 
-SLOW_PACE_S = 0.01
+SLOW_PACE_S = 0.02
 """Simulated compute per sample of ``research`` until it has grown back (then none)."""
 
 
