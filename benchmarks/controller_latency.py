@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -54,24 +55,31 @@ POOL = "edl.bench/pool"
 
 
 def played_kubelet(cluster: Cluster, real: set[str], stop: threading.Event) -> None:
-    """Reports the pods of the played nodes Running and removes deleted ones at once."""
-    while not stop.is_set():
+    """Reports the workers of the played nodes Running and removes deleted pods at once.
+    Their coordinators stay Pending: there is no process to ask for progress."""
+
+    def settle(pod: Any) -> None:
+        name = pod.metadata.name
         try:
-            pods = cluster.core.list_namespaced_pod(NS).items
+            if pod.metadata.deletion_timestamp:
+                cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
+            elif (
+                pod.status.phase == "Pending"
+                and pod.metadata.labels.get("edl.dev/role") != "coordinator"
+            ):
+                cluster.set_pod_phase(NS, name, "Running")
         except ApiException:
-            continue
-        for pod in pods:
-            if pod.spec.node_name is None or pod.spec.node_name in real:
-                continue
-            name = pod.metadata.name
+            pass
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        while not stop.is_set():
             try:
-                if pod.metadata.deletion_timestamp:
-                    cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-                elif pod.status.phase == "Pending":
-                    cluster.set_pod_phase(NS, name, "Running")
+                pods = cluster.core.list_namespaced_pod(NS).items
             except ApiException:
-                pass
-        stop.wait(0.3)
+                continue
+            todo = [p for p in pods if p.spec.node_name and p.spec.node_name not in real]
+            list(pool.map(settle, todo))
+            stop.wait(0.3)
 
 
 def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
@@ -99,8 +107,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--real-nodes", type=int, default=2)
-    parser.add_argument("--high-workers", type=int, default=4)
+    parser.add_argument("--real-nodes", type=int, default=1)
+    parser.add_argument("--high-workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="high-priority jobs, one by one")
     args = parser.parse_args()
     if args.rounds * args.high_workers > args.real_nodes * args.gpus - args.real_nodes:
