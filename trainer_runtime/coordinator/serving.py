@@ -35,6 +35,15 @@ TICK_S = 0.02
 LONGEST_WAIT_S = 30.0
 WATCH_REFRESH_S = 1.0
 
+# Clients ping every 5 s, also on an idle Watch stream (`client.py`); gRPC's default server
+# answers pings more frequent than 5 minutes without data with GOAWAY "too_many_pings",
+# which drops the stream, and a dropped Watch means a dead worker or server here.
+KEEPALIVE_ACCEPTED = (
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+
 PHASE_STATUS = {
     WorkerPhase.MEMBER: pb.MEMBER,
     WorkerPhase.DRAINED: pb.DRAINED,
@@ -323,6 +332,7 @@ class CoordinatorServer:
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="coordinator"),
+            options=list(KEEPALIVE_ACCEPTED),
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))

@@ -42,8 +42,15 @@ class Liveness:
     """The server's side of membership: one Watch stream, reopened while the coordinator
     restarts; sets `ended` when the job finished or the server was fenced."""
 
-    def __init__(self, client: CoordinatorClient, server_id: str, timeout_s: float) -> None:
+    def __init__(
+        self,
+        client: CoordinatorClient,
+        server_id: str,
+        timeout_s: float,
+        released: threading.Event,
+    ) -> None:
         self.client = client
+        self.released = released
         self.server_id = server_id
         self.timeout_s = timeout_s
         self.ended = threading.Event()
@@ -56,7 +63,7 @@ class Liveness:
             try:
                 for notice in self.client.watch(self.server_id):
                     lost_since = None
-                    if notice.finished:
+                    if notice.finished or self.released.is_set():
                         self.ending(0)
                     elif notice.generation < 0:
                         LOG.error("%s is no longer known to the coordinator", self.server_id)
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     client = CoordinatorClient(
         contract.coordinator, contract.token, timeout_s=5.0, retry_s=contract.timeout_s
     )
-    liveness = Liveness(client, contract.worker_id, contract.timeout_s)
+    liveness = Liveness(client, contract.worker_id, contract.timeout_s, released)
     try:
         client.register(contract.worker_id, contract.node, address, server=True)
     except CoordinatorError as error:

@@ -310,14 +310,17 @@ class PsSession:
                 self.config.snapshot_every,
             )
             self.rolled_back += formation.rolled_back
-            reconciling_ledger(
-                self.agent.client,
-                self.agent.worker_id,
-                place.generation,
-                plan,
-                self.config.global_batch,
-                formation.cut,
-            )
+            try:
+                reconciling_ledger(
+                    self.agent.client,
+                    self.agent.worker_id,
+                    place.generation,
+                    plan,
+                    self.config.global_batch,
+                    formation.cut,
+                )
+            except Fenced as error:  # another generation opened while this one formed
+                raise Reassigning(str(error)) from error
             if self.committer is None:
                 self.committer = Committer(self.agent)
         self.pieces = tuple(laying_out(self.model_shape.size, place.servers))

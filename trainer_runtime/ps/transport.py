@@ -155,9 +155,9 @@ class ServerLink:
             stream = self.calls[lane % len(self.calls)]["Pull"](
                 request, timeout=timeout_s + CALL_TIMEOUT_S, metadata=self.metadata
             )
-            found = dict(stream.initial_metadata()).get(PULL_HEADER)
-            if not isinstance(found, bytes):
-                raise ServerError(f"parameter server {self.address} sent no {PULL_HEADER}")
+            found = dict(stream.initial_metadata() or ()).get(PULL_HEADER)
+            if not isinstance(found, bytes):  # the call ended before the server answered
+                raise GroupChanged(f"parameter server {self.address} did not answer a pull")
             header = ps.PullHeader.FromString(found)
             if not header.ready:
                 stream.cancel()
