@@ -1,4 +1,5 @@
-"""Pause per resize: event -> first step of the new group, our runtime against torchrun.
+"""Pause per resize: event -> first step of the new group, our runtime (PyTorch and
+PaddlePaddle adapters) against torchrun.
 
 The same job everywhere: the tiny float64 MLP of the runtime tests (`tests/runtime/
 torch_job.py`), a global batch of 32 split among the workers, SGD with momentum, 10 ms of
@@ -8,6 +9,8 @@ run, `--repeats` times each (medians reported):
 - `ours`: a coordinator and three `torch_job.py` workers; graceful shrink = `drain` of the
   youngest member (3 -> 2), sigkill = SIGKILL of the youngest member (3 -> 2), join = a new
   worker process started (2 -> 3).
+- `paddle`: the same, with `paddle_job.py` workers (the same MLP, data and optimizer in
+  PaddlePaddle, gloo on CPU; the group re-forms in-process under a fresh group id).
 - `torchrun` and `torchrun_tuned`: three single-process agents, each its own
   `torchrun --nnodes=1:3 --nproc-per-node=1 --rdzv-backend=c10d --max-restarts=100 ...`
   with `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (which torch 2.13 needs to recover at all);
@@ -30,8 +33,9 @@ group sees (its last step before the new group -> the new group's first step).
 An event that does not complete within `--event-timeout-s` is recorded as that value (and
 listed under `timeouts`); the torchrun job is then restarted, so a hang of torchrun never
 hangs the benchmark. Prints one JSON line:
-`{"ours": {...}, "torchrun": {...}, "torchrun_tuned": {...}, "tuned_over_ours": {...}, ...}`
-with the same keys in each entry.
+`{"ours": {...}, "paddle": {...}, "torchrun": {...}, "torchrun_tuned": {...},
+"tuned_over_ours": {...}, ...}` with the same keys in each entry; `--systems` runs only some
+of them.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "tests" / "runtime" / "torch_job.py"
+PADDLE_JOB = REPO / "tests" / "runtime" / "paddle_job.py"
 TOKEN = "bench"
 SAMPLES = 200_000
 GLOBAL_BATCH = 32
@@ -192,7 +197,7 @@ def free_port() -> int:
 # ----- ours -----
 
 
-def running_ours(root: Path, repeats: int, timeout_s: float) -> Results:
+def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) -> Results:
     results = Results(extra={"join_from_ready_s": []})
     trace = Trace(root / "trace")
     trace.path.touch()
@@ -221,10 +226,11 @@ def running_ours(root: Path, repeats: int, timeout_s: float) -> Results:
                           "EDL_WORKER_ID": name, "EDL_TIMEOUT_S": "30"}  # fmt: skip
             moment = time.time()
             processes[name] = subprocess.Popen(
-                [sys.executable, str(JOB), "--kind", "mlp", "--samples", str(SAMPLES),
+                [sys.executable, str(job), "--kind", "mlp", "--samples", str(SAMPLES),
                  "--global-batch", str(GLOBAL_BATCH), "--step-sleep-s", str(STEP_SLEEP_S),
                  "--out", str(root / "out"), "--trace", str(trace.path)],
-                env=worker_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                env=worker_env, stdout=(root / f"{name}.log").open("ab"),
+                stderr=subprocess.STDOUT,
             )  # fmt: skip
             return moment
 
@@ -455,8 +461,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--event-timeout-s", type=float, default=90.0)
     parser.add_argument(
-        "--systems", nargs="+", default=["ours", "torchrun", "torchrun_tuned"],
-        choices=["ours", "torchrun", "torchrun_tuned"],
+        "--systems", nargs="+", default=["ours", "paddle", "torchrun", "torchrun_tuned"],
+        choices=["ours", "paddle", "torchrun", "torchrun_tuned"],
     )  # fmt: skip
     parser.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
@@ -471,16 +477,22 @@ def main() -> None:
         root = Path(tempfile.mkdtemp(prefix=f"edl-resize-{system}-"))
         if system == "ours":
             results = running_ours(root, args.repeats, args.event_timeout_s)
+        elif system == "paddle":
+            results = running_ours(root, args.repeats, args.event_timeout_s, PADDLE_JOB)
         else:
             tuned = system == "torchrun_tuned"
             results = running_torchrun(root, tuned, args.repeats, args.event_timeout_s)
         report[system] = results.medians()
-        details[system] = {
+        entry: dict[str, object] = {
             "samples": {k: [round(x, 3) for x in v] for k, v in results.samples.items()},
             "timeouts": results.timeouts,
             **{k: [round(x, 3) for x in v] for k, v in results.extra.items()},
         }
-        shutil.rmtree(root, ignore_errors=True)
+        if results.timeouts:  # keep the workers' logs of a run that went wrong
+            entry["kept"] = str(root)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+        details[system] = entry
     ours, tuned_entry = report.get("ours"), report.get("torchrun_tuned")
     if isinstance(ours, dict) and isinstance(tuned_entry, dict):
         report["tuned_over_ours"] = {

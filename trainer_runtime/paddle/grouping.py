@@ -14,7 +14,8 @@ allreduce per bucket, the last one carrying a stop flag so that all ranks leave 
 generation at the same step boundary; rank 0's model, optimizer accumulators and a small
 picklable header (the ledger view, the policy state) are broadcast at every generation.
 
-What must stay true: every wait is bounded (forming by the contract's timeout or a newer
+What must stay true: no member builds a group another member gave up on (see `forming`);
+every wait is bounded (forming by the contract's timeout or, on rank 0, a newer
 generation; gloo connects every pair of members, so a collective whose peer died raises at
 once in every member, and one whose peer went silent after gloo's own 30 s); after
 `broadcasting_state` returns, all members hold rank 0's state.
@@ -25,7 +26,6 @@ from __future__ import annotations
 import os
 import pickle
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,7 +41,8 @@ from trainer_runtime.agent import Assignment
 GROUP_ID_BASE = 1_000_000
 BUCKET_BYTES = 16 * 1024 * 1024
 STORE_PORT_ATTEMPTS = 8
-FORMING_POLL_S = 0.02
+ROLL_POLL_S = 0.005
+BUILD, ABANDON = 1, 2  # rank 0's decision on a generation, in its store
 
 
 def free_port(host: str) -> int:
@@ -52,13 +53,12 @@ def free_port(host: str) -> int:
 
 
 class StoreHost:
-    """This worker's store server, and fresh clients to the store of a generation's rank 0.
+    """This worker's store server, and one client connection to each other worker's store.
 
     Paddle's TCPStore cannot listen on port 0 and report the port it got, so a free port
-    is picked first; another process may take it in between, hence a few attempts. Each
-    generation opens a client connection of its own (to this worker's own server too): a
-    formation given up on may leave a thread blocked on its connection (see `forming`),
-    and a connection must never be read by two threads.
+    is picked first; another process may take it in between, hence a few attempts. A
+    connection that a given-up formation may still be blocked on is dropped (`forgetting`),
+    so that no connection is ever read by two threads.
     """
 
     def __init__(self, host: str, timeout_s: float) -> None:
@@ -75,10 +75,18 @@ class StoreHost:
         if self.server is None:
             raise RuntimeError(f"could not host a store on {host}: {error}")
         self.address = f"{host}:{port}"
+        self.clients: dict[str, Any] = {}
 
-    def connecting(self, address: str) -> Any:
-        host, port = address.rsplit(":", 1)
-        return core.TCPStore(host, int(port), False, 1, self.timeout_s)
+    def store_of(self, address: str) -> Any:
+        if address == self.address:
+            return self.server
+        if address not in self.clients:
+            host, port = address.rsplit(":", 1)
+            self.clients[address] = core.TCPStore(host, int(port), False, 1, self.timeout_s)
+        return self.clients[address]
+
+    def forgetting(self, address: str) -> None:
+        self.clients.pop(address, None)
 
 
 def backend_for(place: str) -> str:
@@ -111,51 +119,66 @@ class Group:
 def forming(
     assignment: Assignment, stores: StoreHost, given_up: Callable[[], bool], timeout_s: float
 ) -> Group:
-    """Join this generation's group (the caller drops the previous one).
+    """Join this generation's group (the caller keeps the previous one alive).
 
-    Paddle's group constructor waits without a bound for every member to arrive, so it
-    runs in a thread of its own (it releases the GIL) and is given up on, with a
-    `RuntimeError`, once `given_up()` says a newer generation opened or `timeout_s`
-    passes; the blocked thread is left behind with its own store connection.
+    Paddle's group constructor waits for every member without a bound of its own, and its
+    store server has been seen to answer a waiting client wrongly when another client
+    connects meanwhile (torn addresses, refused connections). Hence a roll call first,
+    with non-blocking counters only: every member connects to rank 0's store and says it
+    arrived; rank 0 alone decides that the group is built once everybody has arrived, or
+    that it is not, when a newer generation opened first (`given_up()`) or `timeout_s`
+    passed; the others follow its decision. Nobody builds a group another member gave up
+    on, and no client connects while a member waits in the constructor.
     """
     leader = next(p for p in assignment.peers if p.rank == 0)
     place = str(paddle.device.get_device())
     backend = backend_for(place)
     # Paddle's C++ reads the process's global rank from here when it builds a group.
     os.environ["PADDLE_TRAINER_ID"] = str(assignment.rank)
-    os.environ["PADDLE_TRAINERS_NUM"] = str(assignment.world_size)
     if backend == "nccl":
         core.CommContextManager.set_device_id(int(place.split(":")[1]))
-    store = stores.connecting(leader.store_address)
-    built: dict[str, Any] = {}
-
-    def building() -> None:
+    try:
+        store = stores.store_of(leader.store_address)
+        calling_roll(store, assignment, given_up, time.monotonic() + timeout_s)
         make: Any = collective._new_process_group_impl  # no public API takes a group id
-        try:
-            built["group"] = make(
-                backend,
-                store,
-                assignment.rank,
-                assignment.world_size,
-                f"edl_g{assignment.generation}",
-                pg_options=None,
-                group_id=GROUP_ID_BASE + assignment.generation,
-            )
-        except Exception as error:  # handed to the caller's thread
-            built["error"] = error
+        process_group = make(
+            backend,
+            store,
+            assignment.rank,
+            assignment.world_size,
+            f"edl_g{assignment.generation}",
+            pg_options=None,
+            group_id=GROUP_ID_BASE + assignment.generation,
+        )
+    except ValueError as error:  # Paddle's store reports a lost connection so
+        stores.forgetting(leader.store_address)
+        raise RuntimeError(f"generation {assignment.generation} did not form: {error}") from error
+    return Group(process_group, assignment.rank, assignment.world_size, assignment.generation)
 
-    thread = threading.Thread(target=building, name="edl-form", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout_s
-    while thread.is_alive():
-        thread.join(FORMING_POLL_S)
-        if thread.is_alive() and (given_up() or time.monotonic() > deadline):
-            raise RuntimeError(
-                f"generation {assignment.generation} did not form: a member never arrived"
-            )
-    if "error" in built:
-        raise RuntimeError(f"generation {assignment.generation} did not form: {built['error']}")
-    return Group(built["group"], assignment.rank, assignment.world_size, assignment.generation)
+
+def calling_roll(
+    store: Any, assignment: Assignment, given_up: Callable[[], bool], deadline: float
+) -> None:
+    """Return once rank 0 decided that this generation's group is built; raise
+    `RuntimeError` once it decided not to, or at `deadline`."""
+    prefix = f"edl/g{assignment.generation}/"
+    store.add(prefix + "arrived", 1)
+    if assignment.rank == 0:
+        while store.add(prefix + "arrived", 0) < assignment.world_size:
+            if given_up() or time.monotonic() > deadline:
+                store.add(prefix + "decision", ABANDON)
+                raise RuntimeError(
+                    f"generation {assignment.generation} given up: not every member came"
+                )
+            time.sleep(ROLL_POLL_S)
+        store.add(prefix + "decision", BUILD)
+        return
+    while (decision := store.add(prefix + "decision", 0)) == 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"rank 0 of generation {assignment.generation} never decided")
+        time.sleep(ROLL_POLL_S)
+    if decision != BUILD:
+        raise RuntimeError(f"rank 0 gave generation {assignment.generation} up")
 
 
 def buckets(tensors: Sequence[paddle.Tensor]) -> Iterator[list[paddle.Tensor]]:

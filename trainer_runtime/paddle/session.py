@@ -78,6 +78,7 @@ class ElasticSession:
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
         self.committer = Committer(self.agent)
         self.group: Group | None = None
+        self.retired: list[Group] = []
         self.step_count = 0
         self.applied: deque[StepWindow] = deque(maxlen=256)
         self.walk: Walk | None = None
@@ -152,7 +153,11 @@ class ElasticSession:
         raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
 
     def forming_generation(self, assignment: Assignment) -> None:
-        self.group = None  # drop the old group before building the next
+        if self.group is not None:
+            # Never destroyed: freeing a Paddle group while newer ones form breaks their
+            # rendezvous (measured: refused connections, torn addresses), so it is kept.
+            self.retired.append(self.group)
+        self.group = None
         group = forming(assignment, self.stores, self.agent.changed, self.contract.timeout_s)
         extra: dict[str, Any] | None = None
         failure: CoordinatorError | None = None
