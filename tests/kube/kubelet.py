@@ -35,14 +35,13 @@ What must stay true:
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ from typing import Any
 
 import kubernetes
 from kubernetes.client import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from edl_scheduler.local.processes import (
     ProcessSpec,
@@ -59,6 +57,7 @@ from edl_scheduler.local.processes import (
     UnknownProcess,
 )
 
+from .listing import keep_listed
 from .nodes import renew_node_lease, report_node_ready
 from .pod_environment import ContainerConfigError, ContainerEnvironment, container_argv
 from .pod_status import (
@@ -91,9 +90,13 @@ class MiniKubelet:
     """Plays the kubelet for the nodes named in `nodes` (None: every node) that carry all of
     `node_labels`.
 
-    Use as a context manager, or call `start()` and `stop()`. Threads: one watches the pods
-    bound to nodes, one syncs (starts processes, reports status, renews Leases), and a small
-    pool finishes deletions, so one pod's grace period never holds up the others.
+    Use as a context manager, or call `start()` and `stop()`. Threads: a watch of the pods
+    bound to nodes, kept as the API's JSON; one
+    sync loop that starts and restarts processes and decides each pod's status; a pool that
+    writes statuses (one write in flight per pod); a pool that finishes deletions, so one
+    pod's grace period never holds up the others; and one thread for the nodes' heartbeats.
+    A settled pod is looked at again only when its object changes or a child exits, so a
+    hundred nodes with hundreds of pods cost little when nothing happens.
     """
 
     def __init__(
@@ -120,10 +123,9 @@ class MiniKubelet:
         self.lease_duration_s = lease_duration_s
         self.restart_backoff_s = restart_backoff_s
         self.supervisor = ProcessSupervisor()
-        self.environment = ContainerEnvironment(self.core, self._services_in)
+        self.environment = ContainerEnvironment(self.core)
         self._lock = threading.Lock()
         self._seen: dict[str, Obj] = {}  # uid -> latest pod object from the watch
-        self._services: dict[str, Obj] = {}  # uid -> latest Service from its watch
         self._pods: dict[str, PodRun] = {}  # uid -> what runs here
         #: (namespace, name) -> the directory and containers of the latest pod of that name
         #: run here, kept after deletion so that its logs can still be read.
@@ -145,7 +147,6 @@ class MiniKubelet:
         self._refresh_nodes(force=True)
         for target, name in (
             (self._watch_pods, "kubelet-watch"),
-            (self._watch_services, "kubelet-services"),
             (self._sync_loop, "kubelet-sync"),
             (self._heartbeat_loop, "kubelet-heartbeat"),
         ):
@@ -223,76 +224,14 @@ class MiniKubelet:
 
     def _watch_pods(self) -> None:
         """Keeps `_seen` equal to the pods bound to any node."""
-        self._inform(self.core.list_pod_for_all_namespaces, self._seen, "spec.nodeName!=")
-
-    def _watch_services(self) -> None:
-        """Keeps `_services` equal to the cluster's Services, for the service links (a
-        kubelet reads them from a watch too, not per container)."""
-        self._inform(self.core.list_service_for_all_namespaces, self._services, None)
-
-    def _inform(
-        self, list_all: Callable[..., Any], store: dict[str, Obj], field_selector: str | None
-    ) -> None:
-        """Keeps `store` (uid -> object) equal to what `list_all` lists: list, then watch from
-        there; list afresh when the watch has expired; retry after connection trouble."""
-        selector = {"field_selector": field_selector} if field_selector else {}
-        resource_version: str | None = None
-        while not self._stopping.is_set():
-            try:
-                if resource_version is None:
-                    # The API's JSON as it is: the client's models cost more than the rest.
-                    answer = list_all(_preload_content=False, **selector)
-                    listed = json.loads(answer.data)
-                    with self._lock:
-                        store.clear()
-                        store.update((o["metadata"]["uid"], o) for o in listed["items"])
-                    resource_version = listed["metadata"]["resourceVersion"]
-                    self._wake.set()
-                answer = list_all(
-                    watch=True,
-                    resource_version=resource_version,
-                    timeout_seconds=2,
-                    _request_timeout=10,
-                    _preload_content=False,
-                    **selector,
-                )
-                try:
-                    for line in iter_resp_lines(answer):
-                        event = json.loads(line)
-                        obj = event["object"]
-                        if event["type"] == "ERROR":
-                            raise ApiException(
-                                status=obj.get("code", 500), reason=obj.get("message")
-                            )
-                        resource_version = obj["metadata"]["resourceVersion"]
-                        if event["type"] == "BOOKMARK":
-                            continue
-                        with self._lock:
-                            if event["type"] == "DELETED":
-                                store.pop(obj["metadata"]["uid"], None)
-                            else:
-                                store[obj["metadata"]["uid"]] = obj
-                        self._wake.set()
-                        if self._stopping.is_set():
-                            return
-                finally:
-                    answer.close()
-                    answer.release_conn()
-            except ApiException as error:
-                if error.status == 410:
-                    resource_version = None
-                else:
-                    log.warning("watch failed: %s; retrying", error)
-                    self._stopping.wait(0.5)
-            except Exception as error:
-                if self._stopping.is_set():
-                    return
-                log.warning("watch broke: %s; retrying", error)
-                self._stopping.wait(0.5)
-
-    def _services_in(self, namespace: str) -> list[Obj]:
-        with self._lock:
-            return [s for s in self._services.values() if s["metadata"]["namespace"] == namespace]
+        keep_listed(
+            self.core.list_pod_for_all_namespaces,
+            self._seen,
+            self._lock,
+            self._wake,
+            self._stopping,
+            field_selector="spec.nodeName!=",
+        )
 
     # -- syncing ----------------------------------------------------------------------------
 
@@ -308,6 +247,7 @@ class MiniKubelet:
                 log.exception("kubelet sync failed; retrying")
 
     def _sync(self) -> None:
+        self.environment.forget_services()  # listed afresh, once per namespace and sync
         with self._lock:
             seen = dict(self._seen)
             pods = dict(self._pods)

@@ -19,11 +19,12 @@ and a message that names what is missing; nothing here starts a process.
 from __future__ import annotations
 
 import base64
+import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +49,15 @@ class ContainerConfigError(Exception):
 class ContainerEnvironment:
     """Resolves containers' environments against the API (Secrets, ConfigMaps, Services)."""
 
-    def __init__(
-        self, core: kubernetes.client.CoreV1Api, services: Callable[[str], list[Obj]]
-    ) -> None:
-        """`services(namespace)` gives the namespace's Services as the API's JSON (the
-        kubelet keeps them from a watch)."""
+    def __init__(self, core: kubernetes.client.CoreV1Api) -> None:
         self.core = core
-        self.services = services
+        self._services: dict[str, list[Obj]] = {}
+
+    def forget_services(self) -> None:
+        """Drops the Services listed so far. The kubelet calls it at each sync: a Service
+        created before a pod is then always in the pod's links (a list is a consistent
+        read; a watch may lag), at one list per namespace and sync."""
+        self._services.clear()
 
     def environment(self, directory: Path, obj: Obj, declared: Obj) -> dict[str, str]:
         """What a container runtime would give the container, in Kubernetes' order: service
@@ -142,8 +145,11 @@ class ContainerEnvironment:
         """`<NAME>_SERVICE_HOST` and `<NAME>_SERVICE_PORT[_<PORT>]` for each Service of the
         namespace, pointing at 127.0.0.1 and the numeric target port (a named target port,
         which only the serving pod could resolve, falls back to the Service's port)."""
+        if namespace not in self._services:
+            answer = self.core.list_namespaced_service(namespace, _preload_content=False)
+            self._services[namespace] = json.loads(answer.data)["items"]
         env = {}
-        for service in self.services(namespace):
+        for service in self._services[namespace]:
             prefix = _env_name(service["metadata"]["name"])
             ports = service.get("spec", {}).get("ports") or []
             if not ports:
