@@ -205,3 +205,43 @@ def test_servers_register_beside_workers_and_retire_when_drained() -> None:
     generation = state.membership.generation
     state.departing("ps1")
     assert state.ticking(4.0) and state.membership.generation == generation + 1
+
+
+def test_bad_ps_configurations_name_the_field() -> None:
+    from trainer_runtime.ps.session import PsConfig, flattening
+
+    with pytest.raises(ValueError, match="global_batch"):
+        PsConfig(global_batch=0, lr=0.1, snapshot_dir="/tmp/x")
+    with pytest.raises(ValueError, match="snapshot_every"):
+        PsConfig(global_batch=8, lr=0.1, snapshot_dir="/tmp/x", snapshot_every=500)
+    mixed = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2).double())
+    with pytest.raises(ValueError, match="one dtype"):
+        flattening(mixed)
+
+
+def test_a_job_without_servers_fails_clearly_within_the_timeout(tmp_path: Path) -> None:
+    import time
+
+    from trainer_runtime.client import CoordinatorUnreachable
+    from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
+    from trainer_runtime.coordinator.storing import MemoryStore
+    from trainer_runtime.environment import WorkerContract
+    from trainer_runtime.ps.session import PsConfig, ps_session
+
+    state = CoordinatorState.starting(DatasetPlan(8, 4, 1), join_window_s=0.05)
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), "t")).start()
+    try:
+        contract = WorkerContract(server.address, "t", "job", "w0", "node", timeout_s=2.0)
+        model = torch.nn.Linear(2, 1)
+        data = torch.utils.data.TensorDataset(torch.zeros(8, 2), torch.zeros(8, 1))
+        config = PsConfig(global_batch=4, lr=0.1, snapshot_dir=tmp_path)
+        started = time.monotonic()
+        with (
+            pytest.raises(CoordinatorUnreachable, match="no parameter server"),
+            ps_session(model, data, config, contract) as s,
+        ):
+            for _ in s.batches():
+                pass
+        assert time.monotonic() - started < 15
+    finally:
+        server.stop(0.1)

@@ -279,16 +279,18 @@ class PsSession:
                     following = self.assigning()
                 except (Reassigning, GroupChanged) as reason:
                     LOG.info("re-forming: %s", reason or "a new generation opened")
-                    self.awaiting_change()
+                    self.awaiting_change(str(reason) or "a new generation opened")
         except Ended:
             return
 
-    def awaiting_change(self) -> None:
+    def awaiting_change(self, reason: str) -> None:
         """After a failed call, wait (bounded) for the generation that replaces ours."""
         deadline = time.monotonic() + self.contract.timeout_s
         while not self.agent.changed():
             if time.monotonic() > deadline:
-                raise CoordinatorUnreachable("a server failed and no new generation opened")
+                raise CoordinatorUnreachable(
+                    f"{reason}, and no new generation opened within {self.contract.timeout_s:.0f} s"
+                )
             time.sleep(0.02)
 
     def entering(self) -> int:
@@ -296,7 +298,10 @@ class PsSession:
         place, plan = self.place, self.plan
         assert place is not None and plan is not None
         if not place.servers:
-            raise Reassigning("the generation has no parameter server yet")
+            raise Reassigning(
+                "the job has no parameter server: start `python -m trainer_runtime.ps "
+                "--snapshot-dir DIR` with the job's environment"
+            )
         if self.leader:
             formation = forming(
                 self.links,
