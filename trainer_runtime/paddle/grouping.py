@@ -6,8 +6,10 @@ uses it. Instead every generation builds a group of its own, `ProcessGroupGloo` 
 `ProcessGroupNCCL` (GPU), with a fresh group id (`GROUP_ID_BASE + generation`), meeting
 in the TCPStore that its rank 0 has hosted since that worker started. Group ids are
 namespaces in the store and in Paddle's registry of groups, so no key of an older
-generation is ever read and nothing has to be torn down in C++: the old group object is
-dropped. No process restart, no re-import, no checkpoint reload.
+generation is ever read. A Paddle group cannot be torn down (its connections stay open),
+and freeing one while newer ones form was measured to break their rendezvous, so the
+session keeps every old group for the life of the process. No process restart, no
+re-import, no checkpoint reload.
 
 Collectives go straight to the group object: gradients are averaged in flat buckets, one
 allreduce per bucket, the last one carrying a stop flag so that all ranks leave a
