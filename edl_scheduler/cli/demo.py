@@ -91,7 +91,10 @@ def manifest(job: DemoJob, work: Path) -> str:
             "maxReplicas": job.max_replicas,
             "priority": job.priority,
             "framework": "torch",
-            "failurePolicy": {"maxRestarts": 2},
+            # Generous bounds: on a loaded machine a newcomer's torch import and first
+            # group can take long; a worker that still fails is replaced (and reported).
+            "failurePolicy": {"maxRestarts": 8},
+            "timeouts": {"joinSeconds": 180},
             "template": {
                 "spec": {
                     "containers": [
@@ -304,6 +307,10 @@ def _summarize(
         highlight=False,
     )
     console.print(
+        f"  workers that failed and were replaced: {r.summary.restarts + u.summary.restarts}",
+        highlight=False,
+    )
+    console.print(
         f"  research survivors kept their processes: {same_pids} (PIDs {sorted(survivor_pids)})",
         highlight=False,
     )
@@ -320,6 +327,7 @@ def _summarize(
         "samples_repeated": repeated + u_repeated + max(0, done - expected),
         "utilization": round(utilization, 3),
         "same_pids": same_pids,
+        "worker_restarts": r.summary.restarts + u.summary.restarts,
     }
     print(json.dumps(summary), flush=True)
     return 0

@@ -28,7 +28,12 @@ def test_the_demo_shrinks_and_grows_without_losing_a_sample() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     lines = result.stdout.strip().splitlines()
     summary = json.loads(lines[-1])
-    assert summary["resizes"] == 2
+    # Two resizes (4 -> 2, 2 -> 4); more only where a worker failed on an overloaded machine
+    # and the planner refilled the job (the summary reports how many were replaced).
+    if summary["worker_restarts"] == 0:
+        assert summary["resizes"] == 2
+    else:
+        assert summary["resizes"] >= 2
     assert summary["samples_lost"] == 0 and summary["samples_repeated"] == 0
     assert summary["same_pids"] is True
     assert 0 < summary["max_pause_s"] < 10
