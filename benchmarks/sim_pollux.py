@@ -16,15 +16,13 @@ from pathlib import Path
 import click
 
 from edl_scheduler.core import preset
-from simulations.engine import SimConfig, simulate
+from simulations.engine import simulate
+from simulations.fidelity import POLLUX_ROUNDS
 from simulations.reporting import summarize
 from simulations.traces import load_cluster, load_pollux
 from simulations.workload import Elasticity, ScalingRule, shape
 
 _TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
-POLLUX_ROUNDS = SimConfig(
-    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
-)
 #: (label, preset, elastic, adapt batch)
 RUNS = {
     "tiresias-pollux": ("tiresias-pollux", False, False),

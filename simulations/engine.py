@@ -232,6 +232,8 @@ class Engine:
         self.useful = 0.0
         self.timeline: list[tuple[float, int, float]] = []
         self.plans = 0
+        #: Plans left out because only jobs that cannot start had arrived.
+        self.skipped = 0
         self.plan_wall = 0.0
         self.fresh_attained = policy.ordering in (Ordering.LAS_QUEUES, Ordering.LEAST_ATTAINED)
 
@@ -261,6 +263,9 @@ class Engine:
         next_tick = jobs[0].submit_time if (tick > 0 and jobs) else _INF
         wake_at = _INF
         dirty = False
+        #: Whether something other than arrivals changed since the last plan.
+        changed = False
+        arrived: list[str] = []
         self.timeline.append((jobs[0].submit_time if jobs else 0.0, 0, 0.0))
         while True:
             arrival_at = jobs[next_arrival].submit_time if next_arrival < n else _INF
@@ -277,7 +282,7 @@ class Engine:
                     continue
                 if kind == _COMPLETE:
                     self._complete(run, now)
-                    dirty = True
+                    dirty = changed = True
                 else:
                     run.advance(now)
                     self._set_useful(run, run.useful_now())
@@ -285,6 +290,7 @@ class Engine:
             while next_arrival < n and jobs[next_arrival].submit_time <= now:
                 job = jobs[next_arrival]
                 self.active[job.name] = _Run(job, next_arrival, job.work, last=now)
+                arrived.append(job.name)
                 next_arrival += 1
                 dirty = True
             # 4. plan when this instant asks for it
@@ -295,8 +301,10 @@ class Engine:
                 next_tick += tick
             may_plan = self.config.plan_on_events or at_tick
             if may_plan and (dirty or now >= wake_at):
-                self._plan(now)
-                dirty = False
+                only_arrivals = not changed and now < wake_at
+                self._plan(now, arrived if only_arrivals else None)
+                dirty = changed = False
+                arrived.clear()
                 wake_at = self._next_wake(now)
             if not (self.running or dirty or next_arrival < n or wake_at < _INF):
                 break  # nothing runs, arrives or falls due: what is left never starts
@@ -364,11 +372,20 @@ class Engine:
         run.cached = built
         return built
 
-    def _plan(self, now: float) -> None:
+    def _plan(self, now: float, arrived: list[str] | None = None) -> None:
+        """Plan and apply. ``arrived``: the jobs that arrived since the last plan, when
+        nothing else changed and no time-based rule fell due; if the planner would not see
+        any of them (they cannot start), the plan is left out: the last plan's result is a
+        fixed point (invariant 6) and jobs that cannot start change no decision."""
         jobs = [self._snapshot_job(r, now) for r in self.active.values()]
         if self.config.prune:
             free = self.cluster.gpus - self.allocated
-            jobs = visible(jobs, self.policy, now, free, bool(self.reservations))
+            jobs = visible(jobs, self.policy, now, free, self.reservations)
+            if arrived is not None and len(jobs) < len(self.active):
+                shown = {j.name for j in jobs}
+                if not any(name in shown for name in arrived):
+                    self.skipped += 1
+                    return
         snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
         result: Plan = plan(snapshot, self.policy, now)

@@ -24,6 +24,10 @@ from simulations.workload import Elasticity, ScalingRule, shape
 
 #: The Tiresias simulator's runs: no ticks, no pauses.
 EVENT_DRIVEN = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
+#: The Pollux simulator's runs: 60 s rounds, 30 s at every start, restart and resize.
+POLLUX_ROUNDS = SimConfig(
+    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
+)
 TOLERANCE = 0.10
 
 

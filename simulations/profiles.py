@@ -198,8 +198,10 @@ class ProfileSpeed:
         return _rate(self, tuple(sorted(placement)), self.app.epoch(done))
 
     def useful(self, placement: tuple[int, ...], done: float) -> float:
-        """GPUs worth, as single GPUs at the submitted batch: rate over one GPU's rate."""
-        one = _rate(ProfileSpeed(self.app, self.batch, False), (1,), self.app.epoch(done))
+        """GPUs worth, as single GPUs of the same job: its rate over its rate on one GPU
+        (with batch adaptation, one GPU at its own best batch too; measured against the
+        submitted batch instead, an adapting job counted more useful GPUs than it held)."""
+        one = _rate(self, (1,), self.app.epoch(done))
         return self.rate(placement, done) / one if one > 0 else 0.0
 
 

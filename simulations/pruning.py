@@ -4,35 +4,40 @@ The planner's cost grows with the jobs in its snapshot, and in a congested clust
 them are waiting jobs that this plan cannot start. Leaving those out changes no decision,
 because admission tries each waiting job in a statement that is discarded when its gang does
 not fit: a job that fails takes nothing, reserves nothing and blocks nothing, except under
-strict FIFO (head-of-line), where it blocks every job ranked below it.
+strict FIFO (head-of-line), where it blocks every job ranked below it. A job that cannot
+even reach its trial (its gang needs more than free plus preemptible GPUs) does not touch
+the planner's node buckets either, so node choices of the others stay the same.
 
-A waiting job ``X`` cannot start when its gang needs more GPUs than could possibly be
-freed for it:
+A waiting job ``X`` cannot start when its gang needs more GPUs than could possibly be free
+at its turn in any round of the cycle:
 
     free GPUs
     + (shrink allowed)   workers above the minimum of every running job
-    + (suspend allowed)  all workers of every running job ranked below ``X``
+    + (suspend allowed)  all workers of every running job that some waiting job may suspend
+
+The last term is not "jobs ranked below ``X``": a job ranked above ``X`` may suspend a whole
+job to start, use part of its GPUs, and leave the rest free for ``X``, whose own rank never
+entered into it (on ``philly_1d`` under ``tiresias`` a 1-GPU job suspended a 4-GPU job and a
+2-GPU job ranked below both started on the rest). So the term counts every running job the
+best-ranked waiting job could suspend (ranked below it, or of lower priority where the policy
+uses priorities); a job ranked below that one can suspend no other. Growth only moves GPUs
+from "free" to "above the minimum", so it cannot raise the sum.
 
 Each term is an upper bound of what the planner could take (it may take less: cool-downs,
-priorities, node fit), so the rule only errs toward showing a job. Under head-of-line
-admission the first waiting job is always kept (it may block the rest), and at most
-``free + 1`` waiting jobs can matter when nothing can be preempted. With capacity held by
-reservations, or with the least-attained ordering, every job is shown.
-
-Known gap: under preemptive policies the rule is off by default (``prune_preemptive``). On
-``philly_1d`` under ``tiresias`` it changed a few jobs' preemption counts (average JCT
-10,248.34 s pruned against 10,248.19 s unpruned), so some decision of the planner depends on
-a waiting job that the bound says cannot start; until that is understood, only the
-non-preemptive policies (``fifo-gang``, ``fifo-backfill``) are pruned, where results are
-identical.
+priorities, node fit), so the rule only errs toward showing a job. Always shown: running
+jobs, jobs that hold reservations (the planner carries a hold only for a job it sees), and,
+under head-of-line admission, the first waiting job (it may block the rest; at most
+``free + 1`` waiting jobs can matter when nothing can be preempted). Everything is shown
+where the rule's premises fail: the least-attained ordering, a running job that may not be
+preempted (growth holds it back while a higher-ranked job waits, whether that job can start
+or not), and head-of-line admission with preemption or priorities.
 """
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 
-from edl_scheduler.core import Admission, Job, Ordering, Policy, Preemption, Role
+from edl_scheduler.core import Admission, Job, Ordering, Policy, Preemption, Reservation, Role
 from edl_scheduler.core.ordering import rank_key
 
 
@@ -45,14 +50,10 @@ def visible(
     policy: Policy,
     now: float,
     free_gpus: int,
-    reserved: bool,
-    *,
-    prune_preemptive: bool = False,
+    reservations: Sequence[Reservation] = (),
 ) -> list[Job]:
     """``jobs`` (in submit order) without the waiting ones that cannot start now."""
-    if reserved or policy.ordering is Ordering.LEAST_ATTAINED:
-        return list(jobs)
-    if policy.preemption is not Preemption.NONE and not prune_preemptive:
+    if policy.ordering is Ordering.LEAST_ATTAINED:
         return list(jobs)
     shrink = policy.elastic and policy.preemption in (
         Preemption.SHRINK,
@@ -60,36 +61,34 @@ def visible(
     )
     suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
     running = [j for j in jobs if j.live(Role.WORKER)]
+    if any(not j.preemptible for j in running):
+        return list(jobs)
+    held = {r.job for r in reservations}
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
             return list(jobs)
-        shown = list(running)
         waiting = [j for j in jobs if not j.live(Role.WORKER)]
-        return shown + waiting[: max(0, free_gpus) + 1]
+        first = waiting[: max(0, free_gpus) + 1]
+        return running + first + [j for j in waiting[len(first) :] if j.name in held]
     pool = max(0, free_gpus)
     if shrink:
         for j in running:
             gpu = j.worker.resources.gpu
             pool += max(0, len(j.live(Role.WORKER)) - _minimum(j, policy)) * gpu
-    keys: list[tuple[tuple[float, ...], str]] = []
-    suffix: list[int] = [0]
-    if suspend:
-        ranked = sorted(running, key=lambda j: (rank_key(j, policy, now), j.name))
-        keys = [(rank_key(j, policy, now), j.name) for j in ranked]
-        held = [len(j.live(Role.WORKER)) * j.worker.resources.gpu for j in ranked]
-        suffix = [0] * (len(held) + 1)
-        for i in range(len(held) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + held[i]
-    shown = []
-    for job in jobs:
-        if job.live(Role.WORKER):
-            shown.append(job)
-            continue
-        need = _minimum(job, policy) * job.worker.resources.gpu
-        could = pool
-        if suspend:
-            at = bisect.bisect_right(keys, (rank_key(job, policy, now), job.name))
-            could += suffix[at]
-        if need <= could:
-            shown.append(job)
-    return shown
+    waiting = [j for j in jobs if not j.live(Role.WORKER)]
+    if suspend and waiting:
+        top = min(waiting, key=lambda j: (rank_key(j, policy, now), j.name))
+        for j in running:
+            if policy.use_priority:
+                may = j.priority < top.priority
+            else:
+                may = (rank_key(j, policy, now), j.name) > (rank_key(top, policy, now), top.name)
+            if may:
+                pool += len(j.live(Role.WORKER)) * j.worker.resources.gpu
+    return [
+        job
+        for job in jobs
+        if job.live(Role.WORKER)
+        or job.name in held
+        or _minimum(job, policy) * job.worker.resources.gpu <= pool
+    ]
