@@ -81,7 +81,7 @@ NEEDED: list[Access] = [
     ("patch", "edl.dev", "trainingjobs/status", "research", ""),
     ("update", "edl.dev", "trainingjobs/finalizers", "research", ""),
     *[(v, "", "pods", "", "") for v in ("list", "watch")],
-    *[(v, "", "pods", "research", "") for v in ("create", "patch", "delete")],
+    *[(v, "", "pods", "research", "") for v in ("get", "create", "patch", "delete")],
     ("create", "", "services", "research", ""),
     *[(v, "", "configmaps", "research", "") for v in ("get", "create", "patch")],
     ("create", "", "secrets", "research", ""),
