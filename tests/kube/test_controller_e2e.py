@@ -132,14 +132,14 @@ def test_deleted_coordinator_continues_from_its_saved_state(
     kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
 ) -> None:
     create_node(kube_api.api_client, "e2e-co", gpus=1, labels={POOL: "co"}, kubelet=True)
-    cluster.create_job(job("phoenix", "co", samples=6000))
+    cluster.create_job(job("phoenix", "co", samples=3000))
 
     def half() -> int:
         status = cluster.job(NS, "phoenix").get("status", {})
         saved = [c for c in cluster.core.list_namespaced_config_map(NS).items
                  if c.metadata.name == "phoenix-coordinator-state"]  # fmt: skip
         done = int(status.get("progress", {}).get("samplesDone", 0))
-        return done if done > 1000 and saved else 0
+        return done if done > 500 and saved else 0
 
     before = eventually(half, 90, "progress and a saved state")
     old = cluster.pods(NS, "phoenix", "coordinator")[0]
