@@ -50,7 +50,7 @@ def coordinator_args(samples: int, epochs: int) -> list[str]:
 
 @pytest.mark.slow
 def test_model_ledger_is_exact_through_shrink_join_and_sigkill(cluster: Cluster) -> None:
-    samples, epochs = 800, 2
+    samples, epochs = 1600, 2
     cluster.starting_coordinator(*coordinator_args(samples, epochs))
     out = cluster.root / "out"
     args = job_args("ledger", samples, out, batch=8, sleep_s=0.05)

@@ -4,9 +4,10 @@ Paddle's default group cannot be re-initialized in a process (a second
 `init_parallel_env` fails in C++: "unique key 0 already exists"), so the adapter never
 uses it. Instead every generation builds a group of its own, `ProcessGroupGloo` (CPU) or
 `ProcessGroupNCCL` (GPU), with a fresh group id (`GROUP_ID_BASE + generation`), meeting
-in the TCPStore that its rank 0 has hosted since that worker started. Group ids are
-namespaces in the store and in Paddle's registry of groups, so no key of an older
-generation is ever read. A Paddle group cannot be torn down (its connections stay open),
+in a TCPStore server of its own that its rank 0 starts for it (the port is published in
+the store that worker has hosted since it started, whose address it registered): Paddle
+does not namespace all of a group's rendezvous keys by its id, so groups never share a
+store. A Paddle group cannot be torn down (its connections stay open),
 and freeing one while newer ones form was measured to break their rendezvous, so the
 session keeps every old group for the life of the process. No process restart, no
 re-import, no checkpoint reload.
@@ -76,8 +77,20 @@ class StoreHost:
                 error = failure
         if self.server is None:
             raise RuntimeError(f"could not host a store on {host}: {error}")
+        self.host = host
         self.address = f"{host}:{port}"
         self.clients: dict[str, Any] = {}
+
+    def hosting(self) -> tuple[Any, int]:
+        """A new store server on a free port, for one generation's rendezvous alone."""
+        error: Exception | None = None
+        for _ in range(STORE_PORT_ATTEMPTS):
+            port = free_port(self.host)
+            try:
+                return core.TCPStore(self.host, port, True, 1, self.timeout_s), port
+            except (RuntimeError, OSError) as failure:  # the port was taken meanwhile
+                error = failure
+        raise RuntimeError(f"could not host a store on {self.host}: {error}")
 
     def store_of(self, address: str) -> Any:
         if address == self.address:
@@ -103,6 +116,7 @@ class Group:
     rank: int
     world_size: int
     generation: int
+    store: Any = None  # the generation's own store, alive as long as its group
 
     def all_reduce(self, tensor: paddle.Tensor) -> None:
         self.process_group.all_reduce(tensor, core.ReduceOp.SUM, True).wait()
@@ -123,14 +137,16 @@ def forming(
 ) -> Group:
     """Join this generation's group (the caller keeps the previous one alive).
 
-    Paddle's group constructor waits for every member without a bound of its own, and its
-    store server has been seen to answer a waiting client wrongly when another client
-    connects meanwhile (torn addresses, refused connections). Hence a roll call first,
-    with non-blocking counters only: every member connects to rank 0's store and says it
-    arrived; rank 0 alone decides that the group is built once everybody has arrived, or
-    that it is not, when a newer generation opened first (`given_up()`) or `timeout_s`
-    passed; the others follow its decision. Nobody builds a group another member gave up
-    on, and no client connects while a member waits in the constructor.
+    Two Paddle facts shape this. The group constructor writes rendezvous keys that are not
+    all namespaced by the group id, so two groups built on one store can read each other's
+    peer addresses (seen as torn addresses and refused connections): every generation
+    therefore meets in a store of its own, a new server that rank 0 starts and whose port
+    it publishes in the store it registered. And the constructor waits without a bound
+    for every member: so a roll call comes first, with counters only, in the registered
+    store; every member says it arrived, and rank 0 alone decides that the group is built
+    once everybody has arrived, or that it is not, when a newer generation opened first
+    (`given_up()`) or `timeout_s` passed; the others follow its decision, so nobody builds
+    a group another member gave up on.
     """
     leader = next(p for p in assignment.peers if p.rank == 0)
     place = str(paddle.device.get_device())
@@ -139,13 +155,22 @@ def forming(
     os.environ["PADDLE_TRAINER_ID"] = str(assignment.rank)
     if backend == "nccl":
         core.CommContextManager.set_device_id(int(place.split(":")[1]))
+    port_key = f"edl/g{assignment.generation}/port"
     try:
-        store = stores.store_of(leader.store_address)
-        calling_roll(store, assignment, given_up, time.monotonic() + timeout_s)
+        registered = stores.store_of(leader.store_address)
+        own: Any = None
+        if assignment.rank == 0:
+            own, port = stores.hosting()
+            registered.add(port_key, port)
+        calling_roll(registered, assignment, given_up, time.monotonic() + timeout_s)
+        if own is None:
+            port = int(registered.add(port_key, 0))
+            host = leader.store_address.rsplit(":", 1)[0]
+            own = core.TCPStore(host, port, False, 1, stores.timeout_s)
         make: Any = collective._new_process_group_impl  # no public API takes a group id
         process_group = make(
             backend,
-            store,
+            own,
             assignment.rank,
             assignment.world_size,
             f"edl_g{assignment.generation}",
@@ -155,7 +180,7 @@ def forming(
     except ValueError as error:  # Paddle's store reports a lost connection so
         stores.forgetting(leader.store_address)
         raise RuntimeError(f"generation {assignment.generation} did not form: {error}") from error
-    return Group(process_group, assignment.rank, assignment.world_size, assignment.generation)
+    return Group(process_group, assignment.rank, assignment.world_size, assignment.generation, own)
 
 
 def calling_roll(
