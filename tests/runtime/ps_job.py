@@ -95,6 +95,7 @@ def main() -> None:
             "rolled_back": s.rolled_back,
             "worlds": sorted(worlds),
             "pid": os.getpid(),
+            "pulled": s.pulled,
         }
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(

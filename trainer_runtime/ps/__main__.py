@@ -3,7 +3,8 @@
 Its identity and its job come from the environment contract (`EDL_WORKER_ID` is the
 server's name; `EDL_WORKER_HOST` the address workers reach it at). It serves, registers with
 the coordinator as a server, and keeps a `Watch` stream open (its liveness). It exits 0 when
-the leader releases it (it was drained, and its partition moved) or the job finished, and
+the leader releases it (it was drained, and its partition moved) or the job finished (once
+no worker pulled for a few seconds: the workers pull the final parameters last), and
 non-zero when the coordinator no longer knows it (fenced) or stays unreachable.
 """
 
@@ -25,6 +26,7 @@ from trainer_runtime.ps.snapshots import SnapshotDirectory
 LOG = logging.getLogger("trainer_runtime.ps")
 EXIT_FENCED = 3
 EXIT_UNREACHABLE = 4
+QUIET_S = 3.0  # after the job finished, serve until no pull came for this long
 
 
 def parsing(argv: list[str] | None) -> argparse.Namespace:
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     while not (released.wait(0.2) or liveness.ended.is_set()):
         pass
     outcome = 0 if released.is_set() else liveness.outcome
+    if not released.is_set() and outcome == 0:  # the job finished: let the last pulls end
+        service.awaiting_quiet(QUIET_S, contract.timeout_s)
     if released.is_set():
         try:
             client.leave(contract.worker_id)

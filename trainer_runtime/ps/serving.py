@@ -117,6 +117,8 @@ class ParameterService:
         self.writer = SnapshotWriter(directory)
         self.partition = Partition(on_snapshot=self.writer.enqueue)
         self.changed = threading.Condition()
+        self.in_flight = 0  # pushes and pulls being served
+        self.last_call = clock()
 
     # ----- plumbing -----
 
@@ -191,7 +193,37 @@ class ParameterService:
 
     # ----- workers -----
 
+    def calling(self, entering: bool) -> None:
+        with self.changed:
+            self.in_flight += 1 if entering else -1
+            self.last_call = self.clock()
+
+    def awaiting_quiet(self, idle_s: float, limit_s: float) -> bool:
+        """Wait until no push or pull was served for `idle_s` (bounded by `limit_s`): once
+        the job finished, workers may still be pulling the final parameters."""
+        deadline = self.clock() + limit_s
+        while self.clock() < deadline:
+            with self.changed:
+                if self.in_flight == 0 and self.clock() - self.last_call >= idle_s:
+                    return True
+            time.sleep(0.05)
+        return False
+
     def Push(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        self.calling(True)
+        try:
+            return self.pushing(requests, context)
+        finally:
+            self.calling(False)
+
+    def Pull(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        self.calling(True)
+        try:
+            yield from self.pulling(request, context)
+        finally:
+            self.calling(False)
+
+    def pushing(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
         found = dict(context.invocation_metadata()).get(PUSH_HEADER)
         if not isinstance(found, bytes):
             raise PartitionError(f"a push needs the {PUSH_HEADER} metadata")
@@ -215,7 +247,7 @@ class ParameterService:
                 self.changed.notify_all()
             return ps.PushReply(complete=complete)
 
-    def Pull(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+    def pulling(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self.changed:
             ready = self.awaiting(
                 request.generation,

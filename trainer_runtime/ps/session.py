@@ -191,6 +191,7 @@ class PsSession:
         self.rolled_back = 0
         self.loss_taken = False
         self.window_size = 0  # samples of the current step's whole window (all workers)
+        self.pulled = -1  # the step of the parameters this worker holds (-1: its own)
 
     # ----- context -----
 
@@ -280,7 +281,15 @@ class PsSession:
                 except (Reassigning, GroupChanged) as reason:
                     LOG.info("re-forming: %s", reason or "a new generation opened")
                     self.awaiting_change(str(reason) or "a new generation opened")
-        except Ended:
+        except Ended as end:
+            total = total_steps(self.plan, self.config.global_batch)
+            if str(end) == "FINISHED" and self.pulled < total:
+                LOG.warning(
+                    "the job finished before this worker pulled the final parameters "
+                    "(it holds step %d of %d)",
+                    self.pulled,
+                    total,
+                )
             return
 
     def awaiting_change(self, reason: str) -> None:
@@ -348,6 +357,7 @@ class PsSession:
                 self.pieces, self.place.generation, at_least, POLL_S, self.flat.numpy()
             )
             if mark is not None:
+                self.pulled = mark
                 return mark
             self.checking()
 
