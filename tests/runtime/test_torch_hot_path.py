@@ -5,16 +5,22 @@ Aspects:
 - rank 0's committer sends handed-over windows in order, and `flushing` returns once the
   coordinator answered them (the step is then committed in the ledger);
 - a batch of a closed generation is dropped (the next reconcile carries it), while any
-  other refusal is kept for the training thread, which raises it at its next step boundary.
+  other refusal is kept for the training thread, which raises it at its next step boundary;
+- in a real session (one worker, in-process coordinator), commits that cannot reach the
+  coordinator stop the worker with `CommitFailed` instead of training on uncounted steps.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from torch import nn
+from torch.utils.data import TensorDataset
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorClient, LedgerConflict
@@ -30,7 +36,9 @@ from trainer_runtime.sharding import (
     slice_of,
     splitting_among,
 )
+from trainer_runtime.torch import KeepGlobalBatch, session
 from trainer_runtime.torch.committing import Committer
+from trainer_runtime.torch.session import CommitFailed
 
 from .harness import TOKEN
 
@@ -109,3 +117,28 @@ def test_a_fenced_batch_is_dropped_and_a_conflict_is_kept_for_the_training_threa
     assert isinstance(committer.failure, LedgerConflict)
     assert server.service.state.ledger.committed_step == 0
     committer.closing()
+
+
+def test_a_session_whose_commits_cannot_land_stops_with_commit_failed() -> None:
+    samples = 2000
+    state = CoordinatorState.starting(DatasetPlan(samples, 10, 1), join_window_s=0.01)
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    contract = WorkerContract(server.address, TOKEN, "job", "w0", "node-a", timeout_s=2.0)
+    model = nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    dataset = TensorDataset(torch.randn(samples, 2), torch.randn(samples, 1))
+    steps = 0
+    try:
+        with (
+            pytest.raises(CommitFailed, match="unreachable"),
+            session(model, optimizer, dataset, KeepGlobalBatch(4), contract) as s,
+        ):
+            for inputs, targets in s.batches():
+                s.step(nn.functional.mse_loss(s.model(inputs), targets))
+                steps += 1
+                if steps == 5:
+                    server.stop(0.1)
+                time.sleep(0.02)
+    finally:
+        server.stop(0.1)
+    assert steps < samples // 4, "the worker trained through the whole dataset uncounted"

@@ -18,7 +18,9 @@ is not applied, the group re-forms, and the new rank 0 reconciles the coordinato
 with the step its state has reached (see `CoordinatorState.reconciling`).
 
 What must stay true: a step counts once committed, and the committed steps are those in rank
-0's state; every wait is bounded; a fenced worker raises, it never trains alone.
+0's state; every wait is bounded; a fenced worker raises, it never trains alone; a commit
+refused for another reason than a fence (or never answered) stops the worker with
+`CommitFailed` at the next step boundary, unless a new generation's reconcile repaired it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,15 @@ MAX_FAILED_FORMATIONS = 5
 # state holds that the coordinator may not have committed yet (rank 0 commits within about
 # `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
 APPLIED_KEPT = 4096
+
+
+class CommitFailed(Exception):
+    """Rank 0's background commits were refused or could not reach the coordinator; the
+    steps since the last commit would not count, so the worker stops."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"committing applied steps failed: {cause}")
+        self.__cause__ = cause
 
 
 class ElasticSession:
@@ -171,6 +182,7 @@ class ElasticSession:
                 "policy": self.policy.shared_state(),
             }
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
+        self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.policy.adopting(sent["policy"])
         self.step_count = int(sent["step"])
         self.walk = Walk(
@@ -204,10 +216,10 @@ class ElasticSession:
         while True:
             if not self.stepped:
                 raise RuntimeError("call s.step(loss) once for every batch")
-            if self.committer.failure is not None:
-                raise self.committer.failure
             if (self.broken or self.agent.changed()) and not self.reforming():
                 return
+            if self.committer.failure is not None:
+                raise CommitFailed(self.committer.failure)
             assert self.walk is not None
             window = self.walk.next_window(self.policy.global_batch(self.world_size))
             if window is None:
@@ -259,6 +271,8 @@ class ElasticSession:
         try:
             if self.rank == 0 and not self.committer.flushing(self.contract.timeout_s):
                 raise TimeoutError("the last commits were not acknowledged in time")
+            if self.committer.failure is not None:  # not a fence: re-forming would not help
+                raise CommitFailed(self.committer.failure)
             if self.rank == 0:
                 self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
             dist.barrier()
