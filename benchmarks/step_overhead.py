@@ -14,15 +14,20 @@ Method (made to hold on a small machine shared with other work):
 - A step is timed from before the batch is fetched (for ours: the step-boundary check and
   cutting the step window) to after the optimizer step, back to back; the first steps of
   each block are dropped (the two ranks resume from a pipe at slightly different moments).
-- Each block gives its mean wall time per step and its CPU time per step (process time of
-  each worker, all its threads: gloo's, the runtime's background threads; averaged over
-  the two ranks). Mean per block, so that periodic work (a batched commit) is charged to
-  the steps; the reported values are medians over blocks, so that a block hit by an
-  outside burst of load does not move them. CPU time is much less inflated by other load
-  than wall time, and shows where the runtime spends work of its own.
-- `ratio` is ours over ddp of the block medians of wall time; `paired_ratio` the median of
-  the ratios of neighbouring blocks (less sensitive to slow drift); `cpu_ratio` the same as
-  `ratio` for CPU time.
+- Each block gives its mean wall time per step (rank 0's) and its CPU time per step (process
+  time of each worker, all its threads: gloo's, the runtime's background threads; summed
+  over the two ranks). Means per block, so that periodic work (a batched commit) is charged
+  to the steps; medians over blocks, so that a block hit by an outside burst of load does
+  not move them. CPU time is much less inflated by other load than wall time, and shows
+  where the runtime spends work of its own.
+- The coordinator is part of ours' cost: its CPU time during ours' blocks (Linux
+  per-thread schedstat, to the nanosecond) is added to `ours_cpu_s` and shown alone as
+  `ours_coordinator_cpu_s`; what ours' idle processes (coordinator and sleeping workers)
+  use while DDP runs is `ours_idle_cpu_share` (CPU seconds per second), a cost the DDP
+  blocks bear too, so the wall ratio understates ours' cost by about that much.
+- `ratio` is the median over pairs of neighbouring blocks of ours / DDP wall time (robust
+  to slow drift of the outside load); `ratio_of_medians` divides the two block medians;
+  `cpu_ratio` divides the CPU medians; `*_main_cpu_s` is the training thread alone.
 
 Two models: the tiny float64 MLP of the runtime tests, and an MLP of about 22M float32
 parameters ("25m"). One JSON line per model:
