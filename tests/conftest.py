@@ -1,4 +1,5 @@
-"""Fixtures of the tests on a real API server (see `testenv.py`).
+"""Session fixtures of the tests on a real API server (see `tests/kube/testenv.py`), here at
+the root so that every directory (tests/kube, tests/cli) shares one control plane.
 
 The binaries are built, when missing, right after collection and before any test runs, so a
 cold build (minutes) never counts against a test's timeout; a failure to build is raised by
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from .kubelet import MiniKubelet, running_kubelet
-from .nodes import KUBELET_LABELS
-from .testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
+from tests.kube.kubelet import MiniKubelet, running_kubelet
+from tests.kube.nodes import KUBELET_LABELS
+from tests.kube.testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
 
 _binaries: Path | ControlPlaneError | None = None
 
@@ -50,7 +51,7 @@ def kube_api(kube_bin_dir: Path) -> Iterator[KubeAPI]:
 
 @pytest.fixture(scope="session")
 def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iterator[MiniKubelet]:
-    """The kubelet in miniature (`kubelet.py`) for the session's cluster.
+    """The kubelet in miniature (`tests/kube/kubelet.py`) for the session's cluster.
 
     It serves the nodes made with `nodes.create_node(..., kubelet=True)` (labelled
     `nodes.KUBELET_LABELS`; other nodes are left to tests that play the kubelet by hand).
