@@ -32,7 +32,7 @@ from edl_scheduler.controller.coordinating import (
     CoordinatorPort,
     GrpcCoordinator,
 )
-from edl_scheduler.controller.deciding import (
+from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
     DeletePod,

@@ -38,17 +38,13 @@ from edl_scheduler.controller.coordinating import (
     GrpcCoordinator,
     Progress,
 )
-from edl_scheduler.controller.deciding import (
-    JobView,
-    NodeStates,
-    coordinator_port_of,
-    decide,
-    group_pods,
-)
+from edl_scheduler.controller.deciding import NodeStates, decide
+from edl_scheduler.controller.intents import JobView
 from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.leading import LeaderElector
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.observing import Memo, observe, pod_requests, replica_of
+from edl_scheduler.controller.podstate import coordinator_port_of, group_pods
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
 from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
 

@@ -7,8 +7,10 @@ must stay true:
   out);
 - our replica pods are recognised by their labels alone (``naming``), so a restarted
   controller sees exactly what the last one created;
-- a replica pod that is terminating, or annotated draining, still occupies its node but no
-  longer counts toward its job's size;
+- a replica pod that is terminating, or annotated draining, no longer counts toward its
+  job's size, and the planner counts its capacity as free already (held by a reservation
+  for the job it was taken for); it does still occupy its node, so the controller creates
+  the pods that take its place only once it has really gone (``deciding.NodeStates.free``);
 - a cordoned node (``spec.unschedulable``) or one whose Ready condition is not True gets no
   new replica; replicas on a node that no longer exists are left out, so the planner
   replaces them elsewhere;

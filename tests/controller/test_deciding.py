@@ -24,7 +24,8 @@ import pytest
 from edl_scheduler.api import JobPhase, load_training_job
 from edl_scheduler.controller.config import ControllerConfig, PortRange
 from edl_scheduler.controller.coordinating import Progress
-from edl_scheduler.controller.deciding import (
+from edl_scheduler.controller.deciding import decide
+from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
     DeletePod,
@@ -35,11 +36,9 @@ from edl_scheduler.controller.deciding import (
     MarkDraining,
     PatchStatus,
     SetTarget,
-    decide,
-    group_pods,
-    step_toward,
 )
 from edl_scheduler.controller.observing import observe
+from edl_scheduler.controller.podstate import group_pods, step_toward
 from edl_scheduler.core import Action, JobDecision, Plan, Reason, Role, RoleChange, plan, preset
 
 CONFIG = ControllerConfig(
