@@ -90,7 +90,7 @@ class Grower:
             if js.size() >= js.hi:
                 continue
             gpu = js.resources(Role.WORKER).gpu
-            if gpu and sum(s.cluster.class_free_gpu[c] for c in js.classes) < gpu:
+            if gpu and s.cluster.free_in(js.classes) < gpu:
                 continue  # no GPU free anywhere it may run
             if policy.max_load < 1.0 and gpu and s.allocated_gpus() + gpu > limit + 1e-9:
                 js.hold(

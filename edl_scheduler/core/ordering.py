@@ -7,6 +7,8 @@ breaks the last tie so that ranking is total and deterministic.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from edl_scheduler.core.policy import Ordering, Policy
 from edl_scheduler.core.snapshot import Job
 
@@ -33,6 +35,41 @@ def rank_key(job: Job, policy: Policy, now: float) -> tuple[float, ...]:
     return (prio, job.submit_time)
 
 
+def _sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, ...]]:
+    """``(*rank_key(job, policy, now), job.name)`` with the policy's choices made once, not
+    once per job (this orders every job of every cycle)."""
+    use_priority = policy.use_priority
+    if policy.ordering is Ordering.LEAST_ATTAINED:
+
+        def least_attained(j: Job) -> tuple[float | str, ...]:
+            prio = -float(j.priority if use_priority else 0)
+            return (prio, j.attained_gpu_seconds, j.submit_time, j.name)
+
+        return least_attained
+    if policy.ordering is Ordering.LAS_QUEUES:
+        thresholds = policy.queue_thresholds_gpu_s
+        limit = policy.starvation_limit_s
+
+        def las(j: Job) -> tuple[float | str, ...]:
+            prio = -float(j.priority if use_priority else 0)
+            if limit is not None and not j.replicas and now - j.submit_time >= limit:
+                queue = 0
+            else:
+                got = j.attained_gpu_seconds
+                queue = 0
+                for t in thresholds:
+                    if got >= t:
+                        queue += 1
+            return (prio, float(queue), j.submit_time, j.name)
+
+        return las
+
+    def fifo(j: Job) -> tuple[float | str, ...]:
+        return (-float(j.priority if use_priority else 0), j.submit_time, j.name)
+
+    return fifo
+
+
 def ranked(jobs: tuple[Job, ...], policy: Policy, now: float) -> list[Job]:
     """Jobs in the order the policy serves them (first = highest ranked)."""
-    return sorted(jobs, key=lambda j: (*rank_key(j, policy, now), j.name))
+    return sorted(jobs, key=_sort_key(policy, now))

@@ -94,6 +94,20 @@ class Cluster:
             self.class_free_gpu[c] += delta
             self.free_gpu += delta
 
+    def free_in(self, classes: frozenset[int]) -> int:
+        """Free GPUs on the nodes of ``classes`` (most clusters have one class)."""
+        if len(classes) == 1:
+            for c in classes:
+                return self.class_free_gpu[c]
+        return sum(self.class_free_gpu[c] for c in classes)
+
+    def capacity_in(self, classes: frozenset[int]) -> int:
+        """GPUs the nodes of ``classes`` have in all."""
+        if len(classes) == 1:
+            for c in classes:
+                return self.class_capacity_gpu[c]
+        return sum(self.class_capacity_gpu[c] for c in classes)
+
     def take(self, node: int, res: Resources, count: int = 1) -> None:
         self._move(node, self.gpu[node] - res.gpu * count)
         self.cpu[node] -= res.cpu_milli * count
@@ -305,25 +319,28 @@ class Session:
         used = [[0, 0, 0] for _ in snapshot.nodes]
         self.jobs: list[JobState] = []
         pending: list[tuple[Job, int, int, dict[Role, list[Replica]]]] = []
+        elastic = policy.elastic
         for job in ranked(snapshot.jobs, policy, now):
-            lo, hi = (
-                (job.worker.min_replicas, job.worker.max_replicas)
-                if policy.elastic
-                else (job.rigid_size, job.rigid_size)
-            )
+            if elastic:
+                lo, hi = job.worker.min_replicas, job.worker.max_replicas
+            else:
+                lo = hi = job.rigid_size
             live: dict[Role, list[Replica]] = {_W: [], _P: []}
             for replica in job.replicas:
                 if not replica.draining:
                     live[replica.role].append(replica)
                     spec = job.worker if replica.role is _W else job.pserver
                     assert spec is not None  # validated
+                    res = spec.resources
                     u = used[index[replica.node]]
-                    u[0] += spec.resources.gpu
-                    u[1] += spec.resources.cpu_milli
-                    u[2] += spec.resources.memory_bytes
+                    u[0] += res.gpu
+                    u[1] += res.cpu_milli
+                    u[2] += res.memory_bytes
             pending.append((job, lo, hi, live))
         self.cluster = Cluster(snapshot.nodes, used)
         self._class_cache: dict[Constraints, frozenset[int]] = {}
+        self._last_constraints: Constraints | None = None
+        self._last_classes: frozenset[int] = frozenset()
         for rank, (job, lo, hi, live) in enumerate(pending):
             self.jobs.append(
                 JobState(
@@ -338,10 +355,12 @@ class Session:
                     pservers=len(live[_P]),
                 )
             )
-        self.by_name = {js.name: js for js in self.jobs}
+        self.by_name = {js.job.name: js for js in self.jobs}
         self._load_holds(snapshot)
 
     def eligible_classes(self, constraints: Constraints) -> frozenset[int]:
+        if constraints is self._last_constraints:  # most jobs share one object: no hashing
+            return self._last_classes
         found = self._class_cache.get(constraints)
         if found is None:
             found = frozenset(
@@ -350,6 +369,7 @@ class Session:
                 if allowed_on(constraints, example)
             )
             self._class_cache[constraints] = found
+        self._last_constraints, self._last_classes = constraints, found
         return found
 
     def _load_holds(self, snapshot: Snapshot) -> None:

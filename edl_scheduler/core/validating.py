@@ -8,7 +8,7 @@ over-commit a node.
 
 from __future__ import annotations
 
-from edl_scheduler.core.snapshot import Job, Role, Snapshot
+from edl_scheduler.core.snapshot import Job, Role, RoleSpec, Snapshot
 
 
 class SnapshotError(ValueError):
@@ -39,36 +39,48 @@ class InvalidJobError(SnapshotError):
     pass
 
 
+def _check_role(job: Job, role: Role, spec: RoleSpec | None, live: int, any_of_role: bool) -> None:
+    if spec is None:
+        if any_of_role:
+            raise InvalidJobError(
+                job.name, f"job {job.name} has {role.value} replicas but no {role.value} spec"
+            )
+        return
+    if spec.min_replicas < (1 if role is Role.WORKER else 0):
+        raise InvalidJobError(
+            job.name, f"job {job.name}: {role.value} minReplicas ({spec.min_replicas}) < 1"
+        )
+    if spec.max_replicas < spec.min_replicas:
+        raise InvalidJobError(
+            job.name,
+            f"job {job.name}: {role.value} maxReplicas ({spec.max_replicas}) is below "
+            f"minReplicas ({spec.min_replicas})",
+        )
+    if spec.resources.is_negative():
+        raise NegativeCapacityError(
+            job.name, f"job {job.name}: {role.value} resources are negative"
+        )
+    if live > spec.max_replicas:
+        raise OverMaximumError(
+            job.name,
+            f"job {job.name} has {live} live {role.value} replicas, more than its "
+            f"maxReplicas ({spec.max_replicas})",
+        )
+
+
 def _check_job(job: Job, node_names: set[str]) -> None:
-    for role in Role:
-        spec = job.role_spec(role)
-        if spec is None:
-            if any(r.role is role for r in job.replicas):
-                raise InvalidJobError(
-                    job.name, f"job {job.name} has {role.value} replicas but no {role.value} spec"
-                )
-            continue
-        if spec.min_replicas < (1 if role is Role.WORKER else 0):
-            raise InvalidJobError(
-                job.name, f"job {job.name}: {role.value} minReplicas ({spec.min_replicas}) < 1"
-            )
-        if spec.max_replicas < spec.min_replicas:
-            raise InvalidJobError(
-                job.name,
-                f"job {job.name}: {role.value} maxReplicas ({spec.max_replicas}) is below "
-                f"minReplicas ({spec.min_replicas})",
-            )
-        if spec.resources.is_negative():
-            raise NegativeCapacityError(
-                job.name, f"job {job.name}: {role.value} resources are negative"
-            )
-        live = len(job.live(role))
-        if live > spec.max_replicas:
-            raise OverMaximumError(
-                job.name,
-                f"job {job.name} has {live} live {role.value} replicas, more than its "
-                f"maxReplicas ({spec.max_replicas})",
-            )
+    # One pass over the replicas (this runs for every job of every cycle); the checks are
+    # then made in the order roles, requested size, replicas.
+    live_w = live_p = 0
+    pservers = False
+    for replica in job.replicas:
+        if replica.role is Role.WORKER:
+            live_w += not replica.draining
+        else:
+            pservers = True
+            live_p += not replica.draining
+    _check_role(job, Role.WORKER, job.worker, live_w, live_w > 0)
+    _check_role(job, Role.PSERVER, job.pserver, live_p, pservers)
     if job.requested is not None and not (
         job.worker.min_replicas <= job.requested <= job.worker.max_replicas
     ):
@@ -77,6 +89,8 @@ def _check_job(job: Job, node_names: set[str]) -> None:
             f"job {job.name}: requested size {job.requested} is outside "
             f"[{job.worker.min_replicas}, {job.worker.max_replicas}]",
         )
+    if not job.replicas:
+        return
     names: set[str] = set()
     for replica in job.replicas:
         if replica.node not in node_names:
