@@ -99,6 +99,22 @@ def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
     )
 
 
+def suspend_by_spec(session: Session) -> None:
+    """Every replica of a running job whose spec says ``suspend`` leaves, before admission
+    so that what it frees is for others this very cycle. A user's suspension is no
+    preemption: it obeys no policy's preemption setting and no stability rule."""
+    for js in session.jobs:
+        if not js.job.suspended or not js.running:
+            continue
+        stmt = session.statement()
+        for role in (Role.WORKER, Role.PSERVER):
+            for replica in js.live[role]:
+                stmt.remove(js, replica)
+        stmt.commit()
+        js.suspended = True
+        js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec: every replica leaves"
+
+
 def _may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
     if victim is js or not victim.job.preemptible or victim.started or not victim.running:
         return False
@@ -163,7 +179,8 @@ class Admitter:
         ahead = started = 0
         for js in self.s.jobs if jobs is None else jobs:
             if js.job.suspended:
-                js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
+                if js.reason is not Reason.USER_SUSPENDED:  # else it left this cycle: said so
+                    js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)

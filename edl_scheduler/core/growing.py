@@ -58,7 +58,11 @@ class Grower:
             resized_now = js.newly_started or bool(js.removed[Role.WORKER])
             until = None if resized_now else cooling_until(s, js)
             if until is not None:
-                js.hold(Reason.COOLING_DOWN, f"below maximum, cooling down until t={until:g}")
+                js.hold(
+                    Reason.COOLING_DOWN,
+                    f"below maximum, cooling down for {until - s.now:.0f}s more "
+                    f"(until t={until:.0f})",
+                )
                 continue
             if not js.job.preemptible and first_waiting is not None and first_waiting < js.rank:
                 js.hold(Reason.HELD_FOR_WAITING, "below maximum, held: a higher-ranked job waits")
@@ -129,6 +133,7 @@ class Grower:
         for js in jobs:
             self._grow_pservers(js)
             self._say_if_held(js)
+        self._servers_to_their_rule()
 
     def _say_if_held(self, js: JobState) -> None:
         """A job left below its maximum although a node it may use has room, because that
@@ -173,10 +178,34 @@ class Grower:
         ps = js.job.pserver
         if ps is None or js.name not in self.statements:
             return
-        want = -(-js.size() * ps.max_replicas // max(1, js.job.worker.max_replicas))
-        want = max(ps.min_replicas, min(ps.max_replicas, want))
-        more = want - js.size(Role.PSERVER)
         stmt = self.statements[js.name]
-        for _ in range(max(0, more)):
+        for _ in range(max(0, _servers_wanted(js) - js.size(Role.PSERVER))):
             if not place(self.s, stmt, js, Role.PSERVER, 1):
                 break
+
+    def _servers_to_their_rule(self) -> None:
+        """A job whose workers did not grow (at its maximum, say) still gets the servers
+        its rule gives, when it may be resized now: started this cycle, or past its
+        cool-down."""
+        for js in self.s.jobs:
+            if js.job.pserver is None or js.name in self.statements or js.job.suspended:
+                continue
+            if js.suspended or js.size() < js.lo or js.size(Role.PSERVER) >= _servers_wanted(js):
+                continue
+            if not js.newly_started and cooling_until(self.s, js) is not None:
+                continue
+            stmt = self.s.statement()
+            self.statements[js.name] = stmt
+            before = js.size(Role.PSERVER)
+            self._grow_pservers(js)
+            if js.size(Role.PSERVER) == before:
+                stmt.discard()
+                del self.statements[js.name]
+
+
+def _servers_wanted(js: JobState) -> int:
+    """ceil(workers * psMax / workerMax), within the servers' minimum and maximum."""
+    ps = js.job.pserver
+    assert ps is not None
+    want = -(-js.size() * ps.max_replicas // max(1, js.job.worker.max_replicas))
+    return max(ps.min_replicas, min(ps.max_replicas, want))

@@ -5,7 +5,8 @@ The cycle, in order:
 1. Validate the snapshot (``validating``): an inconsistent picture raises a typed error
    naming the job or node, and nothing is planned on it.
 2. Open a session: capacity left on every node after other pods and every live replica;
-   reservations from the last plan that still hold; jobs ranked by the policy.
+   reservations from the last plan that still hold; jobs ranked by the policy. A running
+   job whose spec says ``suspend`` gives up every replica now.
 3. Admit (``admitting``): in rank order, every waiting job starts as a whole gang, taking
    workers (or whole jobs) from lower-ranked ones where the policy allows; or it says why
    it waits.
@@ -28,7 +29,7 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from edl_scheduler.core.admitting import Admitter
+from edl_scheduler.core.admitting import Admitter, suspend_by_spec
 from edl_scheduler.core.growing import WAITING, Grower
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Policy
@@ -179,6 +180,7 @@ def plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
 def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     validate(snapshot)  # 1
     session = Session(snapshot, policy, now)  # 2
+    suspend_by_spec(session)
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
     grower.run()  # 4

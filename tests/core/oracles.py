@@ -177,7 +177,7 @@ def check_min_kept(before: Snapshot, plan: Plan, policy: Policy) -> list[str]:
         if current == 0:
             continue
         if d.action is Action.SUSPEND:
-            if not may_suspend:
+            if not may_suspend and not job.suspended:  # a user's suspension is no preemption
                 out.append(f"{d.job} suspended by a policy that may not suspend")
             continue
         floor = min(current, effective_min(job, policy))
@@ -353,7 +353,7 @@ def check_stable_step(
             gain = now_thr / was - 1.0
             if gain * policy.gain_horizon_s <= policy.resize_pause_s:
                 out.append(f"{d.job} grown for a gain of {gain:.3%}, not worth its pause")
-        if d.action in (Action.SHRINK, Action.SUSPEND):
+        if d.action in (Action.SHRINK, Action.SUSPEND) and not job.suspended:  # not by its user
             if d.for_job is None or d.for_job not in jobs:
                 out.append(f"{d.job} shrunk for no named job")
                 continue

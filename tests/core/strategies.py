@@ -257,8 +257,8 @@ def snapshots(
     for i in range(draw(st.integers(0, max_jobs))):
         job = draw(job_specs(f"j{i}", now, priorities))
         if draw(st.integers(0, 9)) == 0:
-            job = replace(job, suspended=True)
-        elif draw(st.booleans()):
+            job = replace(job, suspended=True)  # by its user: waiting, or running until now
+        if draw(st.booleans()):
             job = draw(running_job(job, usage, now, rigid))
         jobs.append(job)
     reservations: list[Reservation] = []

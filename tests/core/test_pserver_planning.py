@@ -9,13 +9,10 @@ Aspects:
 - a job without a `pserver` spec gets no server decision;
 - a job shrunk to admit another keeps at least its minimum of servers;
 - every plan here is idempotent: planning again on the applied state changes nothing;
-- known bug (xfail, strict): a job admitted at its worker maximum never gets more servers
-  than its minimum, although its rule gives more.
+- a job at its worker maximum still gets the servers its rule gives.
 """
 
 from __future__ import annotations
-
-import pytest
 
 from edl_scheduler.core import Action, Plan, Role, Snapshot, apply_plan, plan, preset
 from tests.core.builders import job, node, snapshot
@@ -55,26 +52,25 @@ def test_a_job_starts_with_its_minimum_workers_and_servers_at_once() -> None:
     assert d.action is Action.START
     assert d.workers.add_nodes == ("gpu", "gpu")
     assert d.pservers is not None and d.pservers.role is Role.PSERVER
-    assert d.pservers.add_nodes == ("cpu", "cpu"), "servers go where their CPU fits"
-    assert d.pservers.target == 2
+    # The gang is 2 workers and 2 servers; the rule ceil(2 * 3 / 2) then adds a third server.
+    assert d.pservers.add_nodes == ("cpu", "cpu", "cpu"), "servers go where their CPU fits"
+    assert d.pservers.target == 3
     assert settled(snap, p)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="planner bug: servers grow only beside growing workers (Grower._grow_pservers runs "
-    "for jobs with a growth statement), so a job admitted at its worker maximum stays at its "
-    "server minimum, below its own rule ceil(workers * psMax / workerMax), in every later plan",
-)
 def test_a_job_at_its_worker_maximum_gets_the_servers_its_rule_gives() -> None:
-    snap = snapshot(
-        [node("gpu").gpus(2).cpu(2500), node("cpu").gpus(0).cpu(16000)],
-        [job("p").min(2).max(2).cpu(1000).pservers(2, 3, 4000)],
-    )
-    first = run(snap)
-    again = run(apply_plan(snap, first))
-    servers = [d.pservers.target for d in (first.decision("p"), again.decision("p")) if d.pservers]
-    assert max(servers) == 3, "ceil(2 * 3 / 2) = 3 servers, and 3 fit on node cpu"
+    def at_maximum(started: float) -> Snapshot:
+        p = job("p").min(2).max(2).cpu(1000).started(started).running(("gpu", 2))
+        return snapshot(
+            [node("gpu").gpus(2).cpu(2500), node("cpu").gpus(0).cpu(16000)],
+            [p.pservers(2, 3, 4000, "cpu", "cpu")],
+        )
+
+    d = run(at_maximum(started=0.0)).decision("p")
+    assert d.workers.target == 2 and d.pservers is not None
+    assert d.pservers.target == 3 and d.pservers.add_nodes == ("cpu",), "ceil(2 * 3 / 2) = 3"
+    cooling = run(at_maximum(started=900.0))
+    assert cooling.is_empty, "within its cool-down it waits for the third server"
 
 
 def test_growth_grows_servers_beside_workers_up_to_their_maximum() -> None:

@@ -16,6 +16,8 @@ Aspects:
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edl_scheduler.core import (
@@ -553,3 +555,20 @@ def test_a_node_gives_only_the_victims_it_needs_so_the_budget_reaches_other_node
     p = run(snap)
     assert sorted(p.decision("high").workers.add_nodes) == ["n0", "n1"]
     assert len(p.decision("low").workers.remove) == 2
+
+
+def test_a_running_job_suspended_by_its_user_gives_up_every_replica_for_others() -> None:
+    snap = snapshot(
+        [node("n0").gpus(4)],
+        [
+            job("paused").min(2).max(4).priority(9).not_preemptible().running(("n0", 4)),
+            job("next").min(2).max(2).priority(1).submitted(5),
+        ],
+    )
+    snap = Snapshot(snap.nodes, (replace(snap.jobs[0], suspended=True), snap.jobs[1]))
+    p = run(snap)
+    paused = p.decision("paused")
+    assert paused.action is Action.SUSPEND and paused.reason is Reason.USER_SUSPENDED
+    assert paused.workers.target == 0 and len(paused.workers.remove) == 4
+    assert p.decision("next").action is Action.START
+    assert plan(apply_plan(snap, p), EDL, 1000.0).is_empty
