@@ -159,4 +159,5 @@ class WorkerAgent:
     def closing(self) -> None:
         self.stopping.set()
         self.client.close()
-        self.watcher.join(timeout=1.0)
+        if self.watcher.is_alive():  # never started when registering failed
+            self.watcher.join(timeout=1.0)

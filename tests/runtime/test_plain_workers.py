@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer_runtime.plain_worker import EXIT_UNREACHABLE
+
 from .harness import Cluster, waiting_for
 
 SAMPLES, SHARD, EPOCHS = 3000, 10, 2
@@ -113,3 +115,24 @@ def test_worker_without_contract_fails_clearly(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "EDL_COORDINATOR" in result.stderr
+
+
+def test_worker_with_unreachable_coordinator_exits_with_its_code_and_says_why() -> None:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "EDL_COORDINATOR": "127.0.0.1:9",  # discard port: nothing listens
+        "EDL_JOB_TOKEN": "t",
+        "EDL_JOB_ID": "j",
+        "EDL_WORKER_ID": "w0",
+        "EDL_TIMEOUT_S": "2",
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "trainer_runtime.plain_worker"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == EXIT_UNREACHABLE, result.stderr
+    assert "w0 stops" in result.stderr and "Traceback" not in result.stderr

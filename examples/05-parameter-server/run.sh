@@ -19,7 +19,7 @@ server ps0; ps0=$!
 server ps1; ps1=$!
 pids=()
 for ((i = 0; i < workers; i++)); do
-  EDL_WORKER_ID=w$i python examples/02-parameter-server/train.py & pids+=($!)
+  EDL_WORKER_ID=w$i python examples/05-parameter-server/train.py & pids+=($!)
 done
 waiting() {  # waiting "what" python-condition-on-progress
   python - "$1" "$2" <<'PY'
@@ -48,7 +48,7 @@ CoordinatorClient(os.environ['EDL_COORDINATOR'], os.environ['EDL_JOB_TOKEN']).dr
 wait "$ps0" && echo "ps0 drained and exited 0"
 waiting "after the drain" "p.committed_step >= 100 and 'ps0' not in servers"
 kill -9 "$ps1" && echo "ps1 killed"
-EDL_WORKER_ID=w$workers python examples/02-parameter-server/train.py & pids+=($!)
+EDL_WORKER_ID=w$workers python examples/05-parameter-server/train.py & pids+=($!)
 waiting "w$workers joined" "'w$workers' in members"
 for pid in "${pids[@]}"; do wait "$pid"; done
 wait "$coordinator"
