@@ -6,8 +6,9 @@ later). The kubernetes package's typed methods convert every body to and from it
 which costs time on the hot path and hides the status. This module reuses the package's
 configuration and connection pool (kubeconfig or in-cluster credentials) and sends JSON as is.
 
-What must stay true: only ``actuating`` (objects of jobs) and ``leading`` (the Lease) use
-this; every request has a timeout; a failed request raises ``KubeError`` carrying the status.
+What must stay true: only ``actuating`` (objects of jobs), ``leading`` (the Lease) and
+``reserving`` (the planner's reservations' ConfigMap) use this; every request has a
+timeout; a failed request raises ``KubeError`` carrying the status.
 """
 
 from __future__ import annotations

@@ -12,8 +12,10 @@ Events mark the world dirty; a cycle starts at most every ``min_period_s`` and a
 ``max_period_s``. A background thread asks each coordinator for its progress (and copies its
 state into the job's ConfigMap); a change that matters (finished, members) marks the world
 dirty too. What must stay true: nothing is remembered across cycles that the API does not
-hold, except the planner's reservations and short-lived expectations of our own writes; a
-restarted controller rebuilds everything from the API.
+hold, except short-lived expectations of our own writes; a restarted controller rebuilds
+everything from the API. The planner's reservations are stored (``reserving``) before the
+plan that made them is acted on, and a replica that becomes leader reads them before it
+plans.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ from edl_scheduler.controller.coordinating import (
 )
 from edl_scheduler.controller.deciding import NodeStates, decide
 from edl_scheduler.controller.intents import JobView
-from edl_scheduler.controller.kubeapi import Kube
+from edl_scheduler.controller.kubeapi import Kube, KubeError
 from edl_scheduler.controller.leading import LeaderElector
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.observing import Memo, observe, pod_requests, replica_of
 from edl_scheduler.controller.podstate import coordinator_port_of, group_pods
+from edl_scheduler.controller.reserving import ReservationStore
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
 from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
 
@@ -101,6 +104,9 @@ class PlanningLoop:
         self._attained: dict[str, float] = {}
         self.actuator = Actuator(kube, config, self._client_of)
         self.reservations: tuple[Reservation, ...] = ()
+        self.store = ReservationStore(kube, config.lease_namespace, config.lease_name)
+        #: Whether ``reservations`` were read from the store since this replica last led.
+        self._holds_loaded = False
         self.memo = Memo()
         self.synced = asyncio.Event()
         self.dirty = asyncio.Event()
@@ -145,8 +151,19 @@ class PlanningLoop:
         leader = self.elector.try_lead()  # 1
         self.metrics.leader.set(1 if leader else 0)
         if not leader:
+            self._holds_loaded = False  # another leader may change them meanwhile
             self.metrics.last_cycle = time.monotonic()
             return None
+        if not self._holds_loaded:
+            try:
+                self.reservations = self.store.load()
+            except KubeError as error:
+                log.warning("cannot read the stored reservations (%s); planning waits", error)
+                self.metrics.last_cycle = time.monotonic()
+                return None
+            self._holds_loaded = True
+            if self.reservations:
+                log.info("leading with %d stored reservations", len(self.reservations))
         now = time.time()
         pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
         bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
@@ -169,6 +186,7 @@ class PlanningLoop:
         )
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
+        self.store.save(result.reservations)  # before the drains that free their room
         self.actuator.run(decisions.intents)  # 4
         for key in decisions.attained_written:
             self._attained[key] = now
