@@ -9,9 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO_ROOT / "manifests" / "examples").glob("*.yaml"))
+#: The example TrainingJobs (the folder also holds their namespaces, PriorityClasses and a
+#: kustomization, applied together with `kubectl apply -k`).
+EXAMPLES = sorted(
+    path
+    for path in (REPO_ROOT / "manifests" / "examples").glob("*.yaml")
+    if [doc.get("kind") for doc in yaml.safe_load_all(path.read_text())] == ["TrainingJob"]
+)
+assert len(EXAMPLES) >= 2, "the example TrainingJobs are missing from manifests/examples"
 
 
 #: A full status as the controller would write it, every field set.
