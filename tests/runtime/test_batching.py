@@ -9,19 +9,12 @@ Aspects:
   can be turned off;
 - a newcomer that adopts rank 0's policy state ramps exactly as a survivor does;
 - in a real session (one worker, in-process coordinator) every step consumes
-  `per_worker * world` samples at the scaled rate;
-- the Paddle adapter's `ScaleBatch` (the same arithmetic, `trainer_runtime.batching`) sets
-  the same rates as the PyTorch one and keeps `lr * velocity` through a rate change, in a
-  process that never imports torch; the PyTorch adapter never imports paddle.
+  `per_worker * world` samples at the scaled rate.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -36,42 +29,6 @@ from trainer_runtime.sharding import DatasetPlan
 from trainer_runtime.torch import KeepGlobalBatch, LrRule, ScaleBatch, session
 
 from .harness import TOKEN
-
-# Run in a fresh process: the Paddle adapter's ScaleBatch on a `paddle.optimizer.Momentum`,
-# one step taken at 2 workers (so velocities exist), then a resize to 4 workers.
-PADDLE_RATES = textwrap.dedent(
-    """
-    import json, sys
-    import paddle
-    from trainer_runtime.paddle import ScaleBatch
-
-    model = paddle.nn.Linear(2, 1)
-    optimizer = paddle.optimizer.Momentum(
-        learning_rate=0.1, momentum=0.9, parameters=model.parameters()
-    )
-    policy = ScaleBatch(per_worker=8, base_lr=0.1, base_workers=1, warmup_steps=4)
-    seen = []
-    for world in [2, 2]:
-        policy.adjusting(optimizer, world)
-        seen.append(optimizer.get_lr())
-    model(paddle.ones([3, 2])).mean().backward()
-    optimizer.step()
-    optimizer.clear_grad()
-    velocities = optimizer._accumulators["velocity"]
-    def products():
-        return [float(x) for v in velocities.values() for x in (optimizer.get_lr() * v).flatten()]
-    before = products()
-    for world in [4, 4, 4, 4, 4, 4]:
-        policy.adjusting(optimizer, world)
-        seen.append(optimizer.get_lr())
-    print(json.dumps({
-        "torch_imported": "torch" in sys.modules,
-        "rates": seen,
-        "before": before,
-        "after": products(),
-    }))
-    """
-)
 
 
 def sgd(lr: float = 0.1, momentum: float = 0.9) -> torch.optim.SGD:
@@ -205,29 +162,3 @@ def test_a_session_with_scale_batch_steps_with_the_scaled_batch_and_rate() -> No
         assert state.ledger.finished
     finally:
         server.stop(0.1)
-
-
-def test_paddle_scale_batch_sets_the_same_rates_without_importing_torch() -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", PADDLE_RATES], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["torch_imported"] is False
-    torch_rates = rates(
-        ScaleBatch(per_worker=8, base_lr=0.1, base_workers=1, warmup_steps=4),
-        sgd(lr=0.1, momentum=0.9),
-        [2, 2, 4, 4, 4, 4, 4, 4],
-    )
-    assert seen["rates"] == pytest.approx(torch_rates)
-    assert seen["before"] and any(x != 0.0 for x in seen["before"])
-    assert seen["after"] == pytest.approx(seen["before"], rel=1e-5)
-
-
-def test_the_torch_adapter_never_imports_paddle() -> None:
-    probe = "import sys, trainer_runtime.torch; print('paddle' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "False"

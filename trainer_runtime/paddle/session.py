@@ -21,10 +21,7 @@ collective fails is not applied, the group re-forms, and the new rank 0 reconcil
 coordinator's ledger with the step its state has reached.
 
 What must stay true: a step counts once committed, and the committed steps are those in
-rank 0's state; every wait is bounded; a fenced worker raises, it never trains alone; a
-commit refused for another reason than a fence (or never answered) stops the worker with
-`CommitFailed` at the next step boundary, unless a new generation's reconcile repaired it
-(the same sender and semantics as the PyTorch adapter: `trainer_runtime.committing`).
+rank 0's state; every wait is bounded; a fenced worker raises, it never trains alone.
 """
 
 from __future__ import annotations
@@ -42,9 +39,9 @@ from paddle.io.dataloader.collate import default_collate_fn
 
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
-from trainer_runtime.committing import APPLIED_KEPT, CommitFailed, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
     StoreHost,
@@ -83,7 +80,7 @@ class ElasticSession:
         self.group: Group | None = None
         self.retired: list[Group] = []
         self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=APPLIED_KEPT)
+        self.applied: deque[StepWindow] = deque(maxlen=256)
         self.walk: Walk | None = None
         self.window: StepWindow | None = None
         self.local_samples = 0
@@ -111,7 +108,6 @@ class ElasticSession:
             LOG.warning("the session ended before the job did")
         if kind is None:
             self.agent.leaving()
-        self.committer.closing()
         self.agent.closing()
         self.group = None
 
@@ -177,7 +173,6 @@ class ElasticSession:
             raise failure
         if sent is None:
             raise Fenced(f"rank 0 abandoned generation {group.generation}")
-        self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.policy.adopting(sent["policy"])
         self.step_count = int(sent["step"])
         self.walk = Walk(
@@ -224,8 +219,6 @@ class ElasticSession:
                 raise RuntimeError("call s.step(loss) once for every batch")
             if (self.broken or self.leaving_generation) and not self.reforming():
                 return
-            if self.committer.failure is not None:
-                raise CommitFailed(self.committer.failure)
             assert self.walk is not None
             window = self.walk.next_window(self.policy.global_batch(self.world_size))
             if window is None:
@@ -273,28 +266,22 @@ class ElasticSession:
 
     def finishing(self) -> bool:
         """The walk is over: rank 0 makes sure its commits landed; all vote once more, so
-        that nobody leaves while a peer still has to re-form. A commit failure other than a
-        fence is raised as `CommitFailed` after the vote (re-forming would not help)."""
+        that nobody leaves while a peer still has to re-form."""
         assert self.group is not None
         landed = True
-        failure: CoordinatorError | None = None
         try:
             if self.rank == 0:
                 if not self.committer.flushing(self.contract.timeout_s):
                     raise TimeoutError("the last commits were not acknowledged in time")
-                failure = self.committer.failure
-                if failure is None:
-                    self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
+                self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
         except (CoordinatorError, TimeoutError) as error:
             LOG.info("finishing failed (%s): re-forming", error)
             landed = False
         try:
-            agreed = self.group.agreeing(landed and failure is None)
+            agreed = self.group.agreeing(landed)
         except (RuntimeError, OSError, ValueError) as error:
             LOG.info("finishing failed (%s): re-forming", error)
             agreed = False
-        if failure is not None:
-            raise CommitFailed(failure)
         if not agreed:
             self.broken = True
             return False

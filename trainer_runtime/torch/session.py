@@ -40,14 +40,27 @@ from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime.agent import Outcome, WorkerAgent
 from trainer_runtime.client import Fenced
-from trainer_runtime.committing import APPLIED_KEPT, CommitFailed, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
+# Applied windows each worker keeps for the reconcile of the next generation: the steps its
+# state holds that the coordinator may not have committed yet (rank 0 commits within about
+# `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
+APPLIED_KEPT = 4096
+
+
+class CommitFailed(Exception):
+    """Rank 0's background commits were refused or could not reach the coordinator; the
+    steps since the last commit would not count, so the worker stops."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"committing applied steps failed: {cause}")
+        self.__cause__ = cause
 
 
 class ElasticSession:

@@ -1,8 +1,4 @@
-"""Rank 0's background sender of applied step windows, shared by every framework adapter.
-
-It imports no framework, so the PyTorch and the PaddlePaddle sessions use this one sender
-with the same batching and the same failure semantics (`CommitFailed` at the next step
-boundary, cleared by a new generation's reconcile).
+"""Rank 0's background sender of applied step windows.
 
 The training thread hands each applied window over with one `deque.append` (atomic, no
 lock, no wake-up); a sender thread wakes every `COMMIT_INTERVAL_S` (or as soon as
@@ -18,9 +14,7 @@ that closed meanwhile is fenced and dropped for the same reason.
 
 What must stay true: windows go out in the order they were applied; `flushing` returns True
 only once every window handed over before the call is answered; a failure other than a
-fence is kept in `failure`, for the training thread to raise (as `CommitFailed`) at its
-next step boundary; the session clears it once a new generation's reconcile has made the
-ledger agree with rank 0's state.
+fence is kept in `failure`, for the training thread to raise at its next step boundary.
 """
 
 from __future__ import annotations
@@ -39,19 +33,6 @@ LOG = logging.getLogger(__name__)
 # sooner when 1024 wait (a quarter of what the session keeps for a reconcile).
 COMMIT_INTERVAL_S = 1.0
 COMMIT_BATCH = 1024
-# Applied windows each worker keeps for the reconcile of the next generation: the steps its
-# state holds that the coordinator may not have committed yet (rank 0 commits within about
-# `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
-APPLIED_KEPT = 4 * COMMIT_BATCH
-
-
-class CommitFailed(Exception):
-    """Rank 0's background commits were refused or could not reach the coordinator; the
-    steps since the last commit would not count, so the worker stops."""
-
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"committing applied steps failed: {cause}")
-        self.__cause__ = cause
 
 
 class Committer:
