@@ -294,3 +294,11 @@ def live_workers(cluster: Cluster, ns: str, job: str) -> list[Any]:
         if not p.metadata.deletion_timestamp
         and (p.metadata.annotations or {}).get("edl.dev/draining") != "true"
     ]
+
+
+def cluster_in(api: KubeAPI, namespace: str) -> Cluster:
+    """A `Cluster` on ``api`` with the CRD applied and ``namespace`` present: what every
+    controller test module starts from."""
+    apply_crd(api)
+    ensure_namespace(api, namespace)
+    return Cluster(api)

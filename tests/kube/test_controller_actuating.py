@@ -27,7 +27,7 @@ import pytest
 from .controller_harness import (
     Cluster,
     ControllerProcess,
-    apply_crd,
+    cluster_in,
     ensure_namespace,
     eventually,
     running_controller,
@@ -42,14 +42,13 @@ POOL = "edl.test/pool"
 
 @pytest.fixture(scope="module")
 def cluster(kube_api: KubeAPI) -> Cluster:
-    apply_crd(kube_api)
-    ensure_namespace(kube_api, NS)
+    cluster = cluster_in(kube_api, NS)
     for i in range(2):
         create_node(kube_api.api_client, f"act-{i}", gpus=4, labels={POOL: "act"})
     kubernetes.client.SchedulingV1Api(kube_api.api_client).create_priority_class(
         {"metadata": {"name": "act-high"}, "value": 1000}
     )
-    return Cluster(kube_api)
+    return cluster
 
 
 @pytest.fixture(scope="module")

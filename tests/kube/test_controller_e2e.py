@@ -27,8 +27,7 @@ import pytest
 from .controller_harness import (
     Cluster,
     ControllerProcess,
-    apply_crd,
-    ensure_namespace,
+    cluster_in,
     eventually,
     live_workers,
     running_controller,
@@ -56,9 +55,7 @@ def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    apply_crd(kube_api)
-    ensure_namespace(kube_api, NS)
-    return Cluster(kube_api)
+    return cluster_in(kube_api, NS)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,7 @@ from kubernetes.client import ApiException
 from .controller_harness import (
     Cluster,
     ControllerProcess,
-    apply_crd,
-    ensure_namespace,
+    cluster_in,
     eventually,
     live_workers,
     running_controller,
@@ -62,9 +61,7 @@ def cycles(proc: ControllerProcess) -> float:
 
 
 def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path) -> None:
-    apply_crd(kube_api)
-    ensure_namespace(kube_api, NS)
-    cluster = Cluster(kube_api)
+    cluster = cluster_in(kube_api, NS)
     create_node(kube_api.api_client, "hold-0", gpus=4, labels={POOL: "hold"})
     # The planner keeps a hold only until a plan places its job, which the next cycle does
     # (the pods wait for the victims to go): cycles 3 s apart leave the test time to kill

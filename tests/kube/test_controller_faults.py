@@ -20,8 +20,7 @@ import pytest
 from .controller_harness import (
     Cluster,
     ControllerProcess,
-    apply_crd,
-    ensure_namespace,
+    cluster_in,
     eventually,
     live_workers,
     running_controller,
@@ -37,9 +36,7 @@ POOL = "edl.test/pool"
 
 @pytest.fixture(scope="module")
 def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    apply_crd(kube_api)
-    ensure_namespace(kube_api, NS)
-    return Cluster(kube_api)
+    return cluster_in(kube_api, NS)
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ import pytest
 from .controller_harness import (
     Cluster,
     ControllerProcess,
-    apply_crd,
-    ensure_namespace,
+    cluster_in,
     eventually,
     live_workers,
     running_controller,
@@ -47,9 +46,7 @@ def pooled(manifest: dict[str, Any], pool: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def cluster(kube_api: KubeAPI) -> Cluster:
-    apply_crd(kube_api)
-    ensure_namespace(kube_api, NS)
-    return Cluster(kube_api)
+    return cluster_in(kube_api, NS)
 
 
 @pytest.fixture(scope="module")
