@@ -71,6 +71,20 @@ class JobPhase(StrEnum):
         """Whether the diagram above allows going from this phase to `other`."""
         return other is self or other in _NEXT[self]
 
+    def step_toward(self, wanted: JobPhase) -> JobPhase:
+        """``wanted`` if the diagram allows it from here, else the phase one step on the way
+        (Suspended -> Pending -> Running, Resizing -> Running -> Pending), else this one.
+
+        The controller and the local backend move a job's phase with this, one step per
+        cycle, so every phase a user sees is a legal state of the diagram.
+        """
+        if self.can_become(wanted):
+            return wanted
+        for middle in (JobPhase.RUNNING, JobPhase.PENDING):
+            if self.can_become(middle) and middle.can_become(wanted):
+                return middle
+        return self
+
 
 _NEXT: Final[dict[JobPhase, frozenset[JobPhase]]] = {
     JobPhase.PENDING: frozenset({JobPhase.RUNNING, JobPhase.SUSPENDED, JobPhase.FAILED}),

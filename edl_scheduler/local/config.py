@@ -9,11 +9,12 @@ back); a policy file (``base:`` plus overrides, see ``api/policy.py``) replaces 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from edl_scheduler.api.policy import PolicyConfig, load_policy_config
+from edl_scheduler.core import Policy
 from edl_scheduler.core.building import policy_from_config
-from edl_scheduler.local.controlling import LocalConfig
 from edl_scheduler.local.launching import detect_gpus
 
 DEFAULT_HOME = Path(os.environ.get("EDL_HOME", Path.home() / ".local" / "state" / "edl"))
@@ -28,6 +29,30 @@ LOCAL_POLICY = PolicyConfig.model_validate(
         "gainHorizonSeconds": 120,
     }
 )
+
+
+@dataclass(frozen=True, slots=True)
+class LocalConfig:
+    """How the local cluster runs. ``gpus``: slots are GPUs (workers see only theirs)."""
+
+    home: Path
+    slots: int
+    gpus: bool
+    policy: Policy
+    period_s: float = 0.5
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / "coordinators"
+
+
+def coordinator_name(key: str) -> str:
+    """The coordinator's process name (and log file stem) for the job ``key``."""
+    return f"{key.replace('/', '.')}.coordinator"
 
 
 def build_config(

@@ -16,6 +16,9 @@ Each cycle, in this order:
 5. Write each job's status (phase, message, replicas, progress, throughput), its Events
    and its resize history to SQLite.
 
+Processes are started, reached and stopped through ``spawning.Spawner``; the status a cycle
+writes is computed by the pure functions of ``statusing``.
+
 What must stay true:
 - Requests (submit, scale, ...) and cycles take one lock, so a cycle acts on one state.
 - Nothing in a request can stop the service: bad input raises ``LocalError`` with the field
@@ -30,27 +33,18 @@ import enum
 import json
 import logging
 import secrets
-import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edl_scheduler.api import (
-    JobPhase,
-    LastResize,
-    ThroughputSample,
-    TrainingJob,
-)
+from edl_scheduler.api import JobPhase, TrainingJob
 from edl_scheduler.core import (
-    Action,
     Job,
     Node,
     Plan,
-    Policy,
     Replica,
     Reservation,
     Resources,
@@ -61,27 +55,27 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.building import job_from_training_job
 from edl_scheduler.core.snapshot import NO_CONSTRAINTS
+from edl_scheduler.local.config import LocalConfig, coordinator_name
 from edl_scheduler.local.launching import (
     LOCAL_NODE,
     LaunchError,
     check_launchable,
-    coordinator_process,
     free_port,
     slots_per_worker,
     state_file,
-    worker_process,
 )
-from edl_scheduler.local.processes import (
-    AdoptionError,
-    ProcessState,
-    ProcessSupervisor,
-    UnknownProcess,
+from edl_scheduler.local.processes import AdoptionError, ProcessState, ProcessSupervisor
+from edl_scheduler.local.spawning import Spawner
+from edl_scheduler.local.statusing import (
+    RESIZE_EVENTS,
+    at,
+    final_status,
+    observed_status,
+    resized_status,
 )
 from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store, WorkerRow
 
 LOG = logging.getLogger("edl.local")
-KILL_GRACE_S = 5.0
-"""After a drain's deadline: SIGTERM, then SIGKILL this much later."""
 
 
 class ErrorKind(enum.Enum):
@@ -98,33 +92,6 @@ class LocalError(Exception):
     def __init__(self, kind: ErrorKind, message: str) -> None:
         super().__init__(message)
         self.kind = kind
-
-
-@dataclass(frozen=True, slots=True)
-class LocalConfig:
-    """How the local cluster runs. ``gpus``: slots are GPUs (workers see only theirs)."""
-
-    home: Path
-    slots: int
-    gpus: bool
-    policy: Policy
-    period_s: float = 0.5
-
-    @property
-    def log_dir(self) -> Path:
-        return self.home / "logs"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.home / "coordinators"
-
-
-def coordinator_name(key: str) -> str:
-    return f"{key.replace('/', '.')}.coordinator"
-
-
-def _now_dt(now: float) -> datetime:
-    return datetime.fromtimestamp(now, UTC)
 
 
 class LocalCluster:
@@ -144,7 +111,7 @@ class LocalCluster:
         self.lock = threading.RLock()
         self.reservations: tuple[Reservation, ...] = ()
         self.last_plan: Plan | None = None
-        self._clients: dict[str, Any] = {}
+        self.spawner = Spawner(config, store, supervisor)
         self._progress: dict[str, Any] = {}
         self._finished: set[str] = set()
         """Jobs one of whose workers exited 0 undrained: the runtime says the job is done."""
@@ -170,12 +137,12 @@ class LocalCluster:
             status = job.status.model_copy(
                 update={
                     "phase": JobPhase.PENDING,
-                    "submit_time": _now_dt(now),
+                    "submit_time": at(now),
                     "message": "submitted",
                     "priority": job.spec.priority or 0,
                 }
             )
-            meta = job.metadata.model_copy(update={"creation_timestamp": _now_dt(now)})
+            meta = job.metadata.model_copy(update={"creation_timestamp": at(now)})
             job = job.model_copy(update={"status": status, "metadata": meta})
             row = JobRow(
                 key=job.key,
@@ -246,23 +213,9 @@ class LocalCluster:
             row = self.get(key)
             names = [w.name for w in self.store.workers(key)] + [coordinator_name(key)]
             self.store.delete_job(key)
-            client = self._clients.pop(key, None)
+            self.spawner.drop_client(key)
             self._progress.pop(key, None)
-        if client is not None:
-            client.close()
-        stopper = threading.Thread(
-            target=self._stop_all, args=(names,), name=f"edl-delete-{row.key}", daemon=True
-        )
-        stopper.start()
-
-    def _stop_all(self, names: Iterable[str]) -> None:
-        for name in names:
-            if name in self.supervisor:
-                self.supervisor.signal(name, 15)
-        for name in names:
-            if name in self.supervisor:
-                self.supervisor.stop(name, grace_s=KILL_GRACE_S)
-                self.supervisor.forget(name)
+            self.spawner.stop_in_background(names, f"edl-delete-{row.key}")
 
     def _require_not_final(self, row: JobRow) -> None:
         if row.job.status.phase.final:
@@ -374,16 +327,16 @@ class LocalCluster:
 
     def _observe(self, row: JobRow, now: float) -> None:
         key = row.key
-        coordinator = self._process_state(coordinator_name(key))
+        coordinator = self.spawner.state(coordinator_name(key))
         workers = self.store.workers(key)
         for worker in workers:
-            state = self._process_state(worker.name)
+            state = self.spawner.state(worker.name)
             if state is None:
                 self.store.remove_worker(worker.name)
                 continue
             status, log_tail = state
             if status.running:
-                self._enforce_drain_deadline(row, worker, now)
+                self.spawner.enforce_drain_deadline(row, worker, now)
                 continue
             self.store.remove_worker(worker.name)
             self.supervisor.forget(worker.name)
@@ -451,25 +404,6 @@ class LocalCluster:
         except (OSError, ValueError, KeyError):
             return False
 
-    def _process_state(self, name: str) -> tuple[Any, str] | None:
-        try:
-            status = self.supervisor.status(name)
-        except UnknownProcess:
-            return None
-        tail = ""
-        if status.state.finished:
-            tail = _last_line(self.config.log_dir / f"{name}.log")
-        return status, tail
-
-    def _enforce_drain_deadline(self, row: JobRow, worker: WorkerRow, now: float) -> None:
-        if not worker.draining or worker.drain_since is None:
-            return
-        overdue = now - worker.drain_since - row.job.spec.timeouts.drain_seconds
-        if overdue > KILL_GRACE_S:
-            self.supervisor.signal(worker.name, 9)
-        elif overdue > 0:
-            self.supervisor.signal(worker.name, 15)
-
     def _worker_failed(
         self, row: JobRow, worker: WorkerRow, code: int | None, message: str, tail: str
     ) -> None:
@@ -496,22 +430,11 @@ class LocalCluster:
         names = [w.name for w in self.store.workers(row.key)]
         if phase is JobPhase.FAILED:
             names.append(coordinator_name(row.key))
-        for name in names:
-            if name in self.supervisor:
-                self.supervisor.signal(name, 15)
         for worker in self.store.workers(row.key):
             self.store.remove_worker(worker.name)
         if names:
-            threading.Thread(target=self._stop_all, args=(names,), daemon=True).start()
-        status = row.job.status.model_copy(
-            update={
-                "phase": phase,
-                "message": message,
-                "completion_time": _now_dt(now),
-                "replicas": 0,
-                "ready_replicas": 0,
-            }
-        )
+            self.spawner.stop_in_background(names, f"edl-finish-{row.key}")
+        status = final_status(row.job.status, phase, message, now)
         self.store.save_job(row.key, row.job.model_copy(update={"status": status}))
         self.store.set_coordinator(row.key, None, None)
         kind = "Normal" if phase is JobPhase.SUCCEEDED else "Warning"
@@ -563,7 +486,7 @@ class LocalCluster:
             remove += [w.name for w in self.store.workers(row.key) if not w.draining]
             change = replace(change, target=0)
         if remove:
-            client = self._client(row) if self._coordinator_up(row) else None
+            client = self.spawner.client(row) if self.spawner.coordinator_up(row) else None
             for name in remove:
                 self.store.mark_draining(name, now)
                 if client is None:
@@ -578,15 +501,15 @@ class LocalCluster:
         started = 0
         if change.add_nodes:
             need = slots_per_worker(row.job) * len(change.add_nodes)
-            if len(self._free_slots()) >= need:
+            if len(self.spawner.free_slots()) >= need:
                 for _ in change.add_nodes:
                     self._start_worker(row, now)
                 started = len(change.add_nodes)
             # else: the victims are still draining; the planner holds their slots for this
             # job (a reservation) and plans the start again once they have left.
-        if change.target != row.target and self._coordinator_up(row):
+        if change.target != row.target and self.spawner.coordinator_up(row):
             try:
-                self._client(row).set_target(change.target)
+                self.spawner.client(row).set_target(change.target)
                 self.store.set_target(row.key, change.target)
             except Exception:  # told again next cycle
                 pass
@@ -602,73 +525,17 @@ class LocalCluster:
         progress = self._progress.get(row.key)
         if progress is not None and progress.finished:
             return True
-        name = coordinator_name(row.key)
-        return name in self.supervisor and (
-            self.supervisor.status(name).state is ProcessState.SUCCEEDED
-        )
-
-    @staticmethod
-    def _coordinator_up(row: JobRow) -> bool:
-        """Whether the coordinator's port accepts connections (cheap; avoids RPC retries)."""
-        try:
-            with socket.create_connection(("127.0.0.1", row.port), timeout=0.2):
-                return True
-        except OSError:
-            return False
-
-    def _client(self, row: JobRow) -> Any:
-        client = self._clients.get(row.key)
-        if client is None:
-            from trainer_runtime.client import CoordinatorClient
-
-            client = CoordinatorClient(
-                f"127.0.0.1:{row.port}", row.token, timeout_s=2.0, retry_s=1.0
-            )
-            self._clients[row.key] = client
-        return client
+        return self.spawner.coordinator_succeeded(row.key)
 
     def _ensure_coordinator(self, row: JobRow) -> None:
-        name = coordinator_name(row.key)
-        if name in self.supervisor:
-            state = self.supervisor.status(name).state
-            if state is ProcessState.RUNNING or state is ProcessState.SUCCEEDED:
-                return
-            self.supervisor.forget(name)
-        spec = coordinator_process(
-            row.job, name, row.port, row.token, self.config.state_dir, self.config.log_dir
-        )
-        status = self.supervisor.start(spec)
-        self.store.set_coordinator(row.key, status.pid, status.create_time)
-        if status.state is ProcessState.FAILED:
-            self._event(row.key, "Warning", "CoordinatorFailed", status.message)
-
-    def _free_slots(self) -> list[int]:
-        used = {s for w in self.store.workers() for s in w.slots}
-        return [s for s in range(self.config.slots) if s not in used]
+        failure = self.spawner.ensure_coordinator(row)
+        if failure is not None:
+            self._event(row.key, "Warning", "CoordinatorFailed", failure)
 
     def _start_worker(self, row: JobRow, now: float) -> None:
-        free = self._free_slots()
-        need = slots_per_worker(row.job)
-        slots = tuple(free[:need])
-        index = self.store.take_worker_index(row.key)
-        name = f"{row.key.replace('/', '.')}.worker-{index}"
-        spec = worker_process(
-            row.job,
-            name,
-            slots,
-            row.port,
-            row.token,
-            row.workdir,
-            self.config.log_dir,
-            self.config.gpus,
-        )
-        if name in self.supervisor:
-            self.supervisor.forget(name)
-        status = self.supervisor.start(spec)
-        self.store.add_worker(
-            WorkerRow(name, row.key, status.pid, status.create_time, slots, now, False, None)
-        )
-        self._event(row.key, "Normal", "WorkerStarted", f"{name} (pid {status.pid}) on {slots}")
+        worker = self.spawner.start_worker(row, now)
+        where = f"{worker.name} (pid {worker.pid}) on {worker.slots}"
+        self._event(row.key, "Normal", "WorkerStarted", where)
 
     def _record_resize(
         self,
@@ -685,86 +552,40 @@ class LocalCluster:
         message = decision.message if message is None else message
         reason = f"{decision.reason.value}: {message}"
         self.store.add_resize(ResizeRow(row.key, now, before, after, reason))
-        what = {
-            Action.START: "Started",
-            Action.GROW: "Grew",
-            Action.SHRINK: "Shrunk",
-            Action.SUSPEND: "Preempted",
-        }.get(decision.action, "Resized")
+        what = RESIZE_EVENTS.get(decision.action, "Resized")
         if row.job.spec.suspend:
             what = "Suspending"
         self._event(row.key, "Normal", what, f"{before} -> {after} workers: {message}")
         current = self.store.job(row.key) or row
-        status = current.job.status.model_copy(
-            update={
-                "last_resize": LastResize.model_validate(
-                    {"time": _now_dt(now), "from": before, "to": after, "reason": reason}
-                ),
-                "start_time": current.job.status.start_time or _now_dt(now),
-            }
-        )
+        status = resized_status(current.job.status, now, before, after, reason)
         self.store.save_job(row.key, current.job.model_copy(update={"status": status}))
 
     # 5. status -----------------------------------------------------------------------------
 
     def _write_status(self, row: JobRow, result: Plan, now: float, elapsed: float) -> None:
-        workers = self.store.workers(row.key)
-        live = [w for w in workers if not w.draining]
-        progress = self._poll_progress(row) if self._coordinator_up(row) else None
+        progress = self._poll_progress(row) if self.spawner.coordinator_up(row) else None
         try:
-            decision = result.decision(row.key)
-            message = decision.message
+            message = result.decision(row.key).message
         except KeyError:
             message = row.job.status.message
-        status = row.job.status
-        members = len(progress.members) if progress is not None else 0
-        if self._finishing(row):
-            message = "finishing: the last epoch is committed, workers are leaving"
-        resized = status.last_resize is not None and status.last_resize.from_replicas > 0
-        phase = _next_phase(
-            status.phase, row.job.spec.suspend, workers, len(live), members, resized
-        )
-        if self._finishing(row):
-            phase = status.phase
-        update: dict[str, Any] = {
-            "phase": phase,
-            "message": message,
-            "replicas": len(live),
-            "ready_replicas": members,
-            "allocation": {w.name: LOCAL_NODE for w in live},
-            "attained_gpu_seconds": status.attained_gpu_seconds
-            + elapsed * sum(len(w.slots) for w in live),
-        }
-        if progress is not None:
-            update["generation"] = int(progress.generation)
-            update["progress"] = {
-                "epoch": int(progress.epoch),
-                "epochs": int(progress.epochs),
-                "committedStep": int(progress.committed_step),
-                "samplesDone": int(progress.samples_done),
-                "samplesPerEpoch": int(progress.samples_per_epoch),
-                "finished": bool(progress.finished),
-            }
-            update["throughput"] = [
-                ThroughputSample(
-                    nodes=max(1, int(t.nodes)),
-                    workers=max(1, int(t.workers)),
-                    samples_per_second=max(0.0, float(t.samples_per_s)),
-                    step_seconds=float(t.step_time_s) if t.step_time_s > 0 else None,
-                )
-                for t in progress.throughput
-                if t.workers > 0
-            ]
         current = self.store.job(row.key) or row
-        new = current.job.status.model_copy(update=update)
+        new = observed_status(
+            current.job.status,
+            suspend=row.job.spec.suspend,
+            workers=self.store.workers(row.key),
+            progress=progress,
+            message=message,
+            finishing=self._finishing(row),
+            elapsed=elapsed,
+        )
         if new != current.job.status:
             if new.phase is not current.job.status.phase:
-                self._event(row.key, "Normal", new.phase.value, message)
+                self._event(row.key, "Normal", new.phase.value, new.message)
             self.store.save_job(row.key, current.job.model_copy(update={"status": new}))
 
     def _poll_progress(self, row: JobRow) -> Any:
         try:
-            progress = self._client(row).progress()
+            progress = self.spawner.client(row).progress()
         except Exception:  # not up yet, or restarting: keep the last one
             return self._progress.get(row.key)
         self._progress[row.key] = progress
@@ -784,51 +605,4 @@ class LocalCluster:
     def release_all(self) -> None:
         """Let every process go without stopping it (a restart adopts them again)."""
         with self.lock:
-            for name in self.supervisor.names():
-                self.supervisor.release(name)
-            for client in self._clients.values():
-                client.close()
-            self._clients.clear()
-
-
-def _next_phase(
-    current: JobPhase,
-    suspend: bool,
-    workers: list[WorkerRow],
-    live: int,
-    members: int,
-    resized: bool = True,
-) -> JobPhase:
-    """The phase the job's processes show, reached only along ``JobPhase``'s diagram.
-
-    Resizing: a victim is still draining, or (after a grow or shrink, ``resized``) the
-    group does not hold every live worker yet. Workers joining the job's first group are
-    not a resize: the job is Running from the moment its gang is placed.
-    """
-    if not live:
-        wanted = JobPhase.SUSPENDED if suspend and not workers else JobPhase.PENDING
-    elif current in (JobPhase.PENDING, JobPhase.SUSPENDED):
-        wanted = JobPhase.RUNNING
-    elif any(w.draining for w in workers) or (resized and members != live):
-        wanted = JobPhase.RESIZING
-    else:
-        wanted = JobPhase.RUNNING
-    if current.can_become(wanted):
-        return wanted
-    # One step at a time: Resizing -> Running -> Pending, Suspended -> Pending -> Running.
-    for step in (JobPhase.RUNNING, JobPhase.PENDING):
-        if current.can_become(step) and step.can_become(wanted):
-            return step
-    return current
-
-
-def _last_line(path: Path) -> str:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 2048))
-            lines = f.read().decode(errors="replace").strip().splitlines()
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
+            self.spawner.release_all()

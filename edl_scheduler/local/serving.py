@@ -31,7 +31,8 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from edl_scheduler.api import TrainingJobError, load_training_job
-from edl_scheduler.local.controlling import LocalCluster, LocalConfig, LocalError
+from edl_scheduler.local.config import LocalConfig
+from edl_scheduler.local.controlling import LocalCluster, LocalError
 from edl_scheduler.local.processes import ProcessSupervisor, UnknownProcess
 from edl_scheduler.local.storing import JobRow, Store
 from edl_scheduler.local.wire import (

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from edl_scheduler.api import JobPhase, load_training_job
-from edl_scheduler.local.controlling import _next_phase
 from edl_scheduler.local.launching import coordinator_process, slots_per_worker, worker_process
+from edl_scheduler.local.statusing import next_phase
 from edl_scheduler.local.storing import WorkerRow
 
 from .jobs import plain_job
@@ -57,16 +57,16 @@ def _workers(count: int, draining: int = 0) -> list[WorkerRow]:
 
 
 def test_phases_follow_the_diagram() -> None:
-    assert _next_phase(JobPhase.PENDING, False, _workers(2), 2, 0) is JobPhase.RUNNING
-    assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 2) is JobPhase.RUNNING
-    assert _next_phase(JobPhase.RUNNING, False, _workers(3, 1), 2, 2) is JobPhase.RESIZING
+    assert next_phase(JobPhase.PENDING, False, _workers(2), 2, 0) is JobPhase.RUNNING
+    assert next_phase(JobPhase.RUNNING, False, _workers(2), 2, 2) is JobPhase.RUNNING
+    assert next_phase(JobPhase.RUNNING, False, _workers(3, 1), 2, 2) is JobPhase.RESIZING
     # Joining the first group is not a resize; joining after a grow is.
-    assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, False) is JobPhase.RUNNING
-    assert _next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, True) is JobPhase.RESIZING
-    assert _next_phase(JobPhase.RESIZING, False, _workers(2), 2, 2) is JobPhase.RUNNING
+    assert next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, False) is JobPhase.RUNNING
+    assert next_phase(JobPhase.RUNNING, False, _workers(2), 2, 1, True) is JobPhase.RESIZING
+    assert next_phase(JobPhase.RESIZING, False, _workers(2), 2, 2) is JobPhase.RUNNING
     # Resizing cannot become Pending directly: one step through Running.
-    assert _next_phase(JobPhase.RESIZING, False, [], 0, 0) is JobPhase.RUNNING
-    assert _next_phase(JobPhase.RUNNING, True, [], 0, 0) is JobPhase.SUSPENDED
+    assert next_phase(JobPhase.RESIZING, False, [], 0, 0) is JobPhase.RUNNING
+    assert next_phase(JobPhase.RUNNING, True, [], 0, 0) is JobPhase.SUSPENDED
     # A suspended job whose workers are still draining stays where it is until they left.
-    assert _next_phase(JobPhase.RUNNING, True, _workers(1, 1), 0, 1) is JobPhase.PENDING
-    assert _next_phase(JobPhase.SUSPENDED, False, _workers(1), 1, 0) is JobPhase.PENDING
+    assert next_phase(JobPhase.RUNNING, True, _workers(1, 1), 0, 1) is JobPhase.PENDING
+    assert next_phase(JobPhase.SUSPENDED, False, _workers(1), 1, 0) is JobPhase.PENDING
