@@ -102,10 +102,18 @@ def compute_status(
     )
     old_phase = JobPhase(status.get("phase", JobPhase.PENDING.value))
     changed = decision is not None and decision.changed
+    held = _suspension(status)
     if (tj.spec.suspend and workers == 0) or (
         decision is not None and decision.action is Action.SUSPEND
     ):
         desired = JobPhase.SUSPENDED
+    elif (
+        old_phase is JobPhase.SUSPENDED
+        and held is not None
+        and held.get("reason") == PREEMPTED
+        and workers < tj.spec.min_replicas
+    ):
+        desired = JobPhase.SUSPENDED  # preempted whole: held until the planner admits it again
     elif workers >= tj.spec.min_replicas:
         members = len(view.progress.members) if view.progress is not None else workers
         resizing = (
@@ -118,7 +126,11 @@ def compute_status(
         desired = JobPhase.PENDING
     phase = step_toward(old_phase, desired)
     if old_phase is JobPhase.SUSPENDED and phase is not JobPhase.SUSPENDED:
-        cycle.emit(EventType.NORMAL, EventReason.RESUMED, "spec.suspend cleared: resuming")
+        if held is not None and held.get("reason") == PREEMPTED:
+            why = f"admitted again after it was {held.get('message') or 'preempted whole'}"
+        else:
+            why = "spec.suspend cleared: resuming"
+        cycle.emit(EventType.NORMAL, EventReason.RESUMED, why)
     status["phase"] = phase.value
     status["replicas"] = workers
     status["pserverReplicas"] = pservers
@@ -131,7 +143,7 @@ def compute_status(
     elif decision is not None:
         status["message"] = decision.message
         if cycle.deferred:
-            status["message"] = f"{decision.message}; waiting for leaving replicas to go"
+            status["message"] = f"{decision.message}; waiting for {cycle.waiting_for}"
     if phase.active and not status.get("startTime"):
         status["startTime"] = iso_time(now)
     if (
@@ -170,8 +182,13 @@ def compute_status(
         status["attainedGpuSeconds"] = round(last + gpus * elapsed, 3)
         cycle.out.attained_written.add(tj.key)
     conditions = [
-        c for c in status.get("conditions", []) if c.get("type") not in ("Valid", "Admitted")
+        c
+        for c in status.get("conditions", [])
+        if c.get("type") not in ("Valid", "Admitted", SUSPENDED_CONDITION)
     ]
+    suspension = _suspension_condition(cycle, decision, held, phase)
+    if suspension is not None:
+        conditions.append(suspension)
     conditions.append(
         {
             "type": "Valid",
@@ -195,6 +212,61 @@ def compute_status(
         if not c.get("message"):
             c.pop("message", None)  # an empty string reads back as null on Kubernetes 1.20
     status["conditions"] = conditions
+
+
+#: The condition that says why a job holds no workers: ``True`` with reason ``Preempted``
+#: (taken whole for a higher-ranked job; the message names it) or ``UserSuspended``
+#: (``spec.suspend``); ``False`` with reason ``Resumed`` once it runs again. Absent on a
+#: job that was never suspended.
+SUSPENDED_CONDITION = "Suspended"
+PREEMPTED = "Preempted"
+USER_SUSPENDED = "UserSuspended"
+RESUMED = "Resumed"
+
+
+def _suspension(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The job's ``Suspended`` condition while it holds (``True``), else None."""
+    for c in status.get("conditions", []):
+        if c.get("type") == SUSPENDED_CONDITION and c.get("status") == "True":
+            found: Mapping[str, Any] = c
+            return found
+    return None
+
+
+def _suspension_condition(
+    cycle: JobCycle,
+    decision: JobDecision | None,
+    held: Mapping[str, Any] | None,
+    phase: JobPhase,
+) -> dict[str, Any] | None:
+    """The ``Suspended`` condition after this cycle (None: the job never was)."""
+    status, now = cycle.status, cycle.now
+    if phase is JobPhase.SUSPENDED:
+        if cycle.tj.spec.suspend:
+            reason, message = USER_SUSPENDED, "spec.suspend is true"
+        elif decision is not None and decision.action is Action.SUSPEND:
+            reason = PREEMPTED
+            message = (
+                f"preempted whole for {decision.for_job}" if decision.for_job else "preempted whole"
+            )
+        elif held is not None:
+            reason, message = str(held.get("reason")), str(held.get("message") or "")
+        else:
+            return None
+        value = "True"
+    elif held is not None or any(
+        c.get("type") == SUSPENDED_CONDITION for c in status.get("conditions", [])
+    ):
+        value, reason, message = "False", RESUMED, ""
+    else:
+        return None
+    return {
+        "type": SUSPENDED_CONDITION,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": condition_time(status, SUSPENDED_CONDITION, value, now),
+    }
 
 
 def condition_time(status: Mapping[str, Any], type_: str, value: str, now: float) -> str:
