@@ -14,8 +14,9 @@ must stay true:
 - a cordoned node (``spec.unschedulable``) or one whose Ready condition is not True gets no
   new replica; replicas on a node that no longer exists are left out, so the planner
   replaces them elsewhere;
-- a TrainingJob that fails validation, or names an unknown PriorityClass, is left out of the
-  snapshot and reported with the reason, never planned on.
+- a TrainingJob that fails validation, names an unknown PriorityClass, or is a
+  parameter-server job without shared snapshot storage (``shaping.ps_snapshot_dir``), is
+  left out of the snapshot and reported with the reason, never planned on.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from edl_scheduler.controller.naming import (
     LABEL_JOB,
     LABEL_ROLE,
 )
+from edl_scheduler.controller.shaping import ShapingError, ps_snapshot_dir
 from edl_scheduler.core import (
     Job,
     Node,
@@ -234,7 +236,8 @@ def observe(
         try:
             tj = cached("job", obj, lambda o: load_training_job(dict(o)))
             priority = resolve_priority(tj, priority_classes)
-        except TrainingJobError as err:
+            ps_snapshot_dir(tj)
+        except (TrainingJobError, ShapingError) as err:
             rejected[key] = str(err).replace("\n", " ")
             continue
         except KeyError as err:

@@ -13,7 +13,10 @@ true of every one of them:
   without charging the job (``deciding``). Other workloads keep the default scheduler;
 - worker pods carry the runtime's environment contract (``trainer_runtime/environment.py``,
   docs/runtime.md), with the token read from the Secret, never written into the pod spec;
-- GPUs are both requested and limited (extended resources must be equal in both).
+- GPUs are both requested and limited (extended resources must be equal in both);
+- parameter-server pods run the runtime's server (``python -m trainer_runtime.ps``) in the
+  worker's image and pod template, bound to the pod's IP; every replica of a ``ps`` job gets
+  ``EDL_PS_SNAPSHOTS``, the directory the servers' snapshots live in (``ps_snapshot_dir``).
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from __future__ import annotations
 import copy
 import shlex
 from collections.abc import Mapping, Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from edl_scheduler.api import API_VERSION, KIND, Framework, ReplicaResources, TrainingJob
-from edl_scheduler.api.spec import StateKind
+from edl_scheduler.api.spec import StateKind, Strategy
 from edl_scheduler.controller.config import ControllerConfig
 from edl_scheduler.controller.naming import (
     ANNOTATION_COORDINATOR_ARGS,
@@ -55,8 +59,85 @@ _SEED_STATE = (
 )
 
 
+#: The directory, inside the job's pods, under which a ``ps`` job's servers keep their
+#: snapshots: it must lie on a volume the pod template mounts and every replica shares.
+ANNOTATION_PS_SNAPSHOTS = "edl.dev/ps-snapshots"
+#: What the replicas of a ``ps`` job are told: ``<that directory>/<the job's uid>``.
+PS_SNAPSHOTS_ENV = "EDL_PS_SNAPSHOTS"
+#: The runtime's parameter server, run in the worker's image (which holds the runtime).
+PSERVER_COMMAND = ("python", "-m", "trainer_runtime.ps")
+#: Volume sources each pod gets its own copy of (or that live on one node): snapshots
+#: written there are not seen by a server on another pod, so they cannot hold them.
+_UNSHARED_VOLUMES = frozenset(
+    {"emptyDir", "configMap", "secret", "downwardAPI", "projected", "hostPath", "ephemeral"}
+)
+
+
 class ShapingError(ValueError):
     """The job lacks something its objects need; the message names the field and the fix."""
+
+
+def ps_snapshot_dir(tj: TrainingJob) -> str | None:
+    """Where the replicas of a ``ps`` job keep the servers' snapshots (None for other jobs).
+
+    A server that dies costs a rollback to the last snapshot every partition wrote, so the
+    snapshots must outlive any pod and be read by servers and workers on any node: a
+    directory on a volume the job's template mounts (a ReadWriteMany claim), named by the
+    annotation ``edl.dev/ps-snapshots``. A ConfigMap, as for the coordinator's state, cannot
+    hold them: they are the model's parameters and momentum (1 MiB is a ConfigMap's limit).
+    The job's uid is appended, so a job re-created under the same name never restores the
+    old one's snapshots. Raises ``ShapingError`` naming the field and the fix."""
+    if tj.spec.strategy is not Strategy.PS:
+        return None
+    field = f"metadata.annotations[{ANNOTATION_PS_SNAPSHOTS!r}]"
+    raw = tj.metadata.annotations.get(ANNOTATION_PS_SNAPSHOTS)
+    if not raw:
+        raise ShapingError(
+            f"{field} is missing: a parameter-server job keeps its servers' snapshots in a "
+            "directory every replica shares; mount a ReadWriteMany volume in spec.template "
+            "(spec.volumes and containers[0].volumeMounts) and name a directory on it, e.g. "
+            "'/snapshots'"
+        )
+    path = PurePosixPath(raw)
+    if not path.is_absolute() or ".." in path.parts:
+        raise ShapingError(f"{field} {raw!r} must be an absolute path without '..'")
+    spec = tj.spec.template.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    mounts = [
+        m
+        for m in spec["containers"][0].get("volumeMounts") or []
+        if path == PurePosixPath(m.get("mountPath", ""))
+        or PurePosixPath(m.get("mountPath", "")) in path.parents
+    ]
+    if not mounts:
+        raise ShapingError(
+            f"{field} {raw!r} lies on no volume: mount a volume every replica shares (a "
+            "ReadWriteMany persistentVolumeClaim) at or above it in "
+            "spec.template.spec.containers[0].volumeMounts"
+        )
+    mount = max(mounts, key=lambda m: len(PurePosixPath(m["mountPath"]).parts))
+    volume = next(
+        (v for v in spec.get("volumes") or [] if v.get("name") == mount.get("name")), None
+    )
+    if volume is None:
+        raise ShapingError(
+            f"spec.template.spec.volumes has no volume {mount.get('name')!r}, which "
+            f"containers[0] mounts at {mount['mountPath']!r}: add it"
+        )
+    kinds = sorted(set(volume) - {"name"})
+    if set(kinds) & _UNSHARED_VOLUMES:
+        raise ShapingError(
+            f"{field} {raw!r} lies on volume {volume['name']!r} ({', '.join(kinds)}), which "
+            "each pod sees alone: use a volume every replica shares (a ReadWriteMany "
+            "persistentVolumeClaim, nfs, ...)"
+        )
+    if mount.get("readOnly"):
+        raise ShapingError(
+            f"{field} {raw!r} lies on a read-only mount ({mount['mountPath']!r}): the "
+            "servers write their snapshots there; mount it read-write"
+        )
+    if not tj.metadata.uid:
+        raise ShapingError(f"TrainingJob {tj.key} has no metadata.uid: read it from the API")
+    return str(path / tj.metadata.uid)
 
 
 def owner_reference(tj: TrainingJob) -> Manifest:
@@ -152,8 +233,22 @@ def replica_pod(
         {"name": "EDL_WORKER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "EDL_ROLE", "value": role.value},
     ]
+    snapshots = ps_snapshot_dir(tj)
+    if snapshots is not None:
+        contract.append({"name": PS_SNAPSHOTS_ENV, "value": snapshots})
     ours = {e["name"] for e in contract}
     main["env"] = [e for e in main.get("env", []) if e.get("name") not in ours] + contract
+    if role is Role.PSERVER:
+        # The server, not the training script: the template's image, environment and
+        # mounts, none of its other containers or probes (they watch the training script).
+        main["command"] = [
+            *PSERVER_COMMAND,
+            "--host", "$(EDL_WORKER_HOST)",
+            "--snapshot-dir", f"$({PS_SNAPSHOTS_ENV})",
+        ]  # fmt: skip
+        for key in ("args", "livenessProbe", "readinessProbe", "startupProbe"):
+            main.pop(key, None)
+        spec["containers"] = [main]
     spec["nodeName"] = node
     spec["restartPolicy"] = "Never"
     spec.pop("schedulerName", None)

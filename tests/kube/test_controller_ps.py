@@ -1,0 +1,231 @@
+"""A parameter-server job (``strategy: ps``) through the operator, on a real API server with
+the kubelet in miniature running the real coordinator, parameter servers
+(``python -m trainer_runtime.ps``) and PyTorch PS workers (``tests/runtime/ps_job.py``).
+
+The model is the ledger (``ps_job.py --kind ledger``): a counter per sample that SGD with
+rate 1 on the servers raises by exactly 1 each time the sample is trained, so after the job
+every counter must equal the number of epochs.
+
+Aspects tested:
+- the controller creates the servers with the runtime's environment contract (role
+  ``pserver``, the pod IP as the address they serve on) and the snapshot directory the job
+  names (``edl.dev/ps-snapshots``, on a volume of its template, plus the job's uid), which
+  the workers are told too (``EDL_PS_SNAPSHOTS``); the servers carry the pserver resources;
+- a server pod deleted mid-run: the job rolls back to the last snapshot, the controller
+  creates a replacement server, the job succeeds with no restart charged, and the
+  workers' final parameters count every sample exactly ``epochs`` times;
+- a ``ps`` job that names no shared snapshot storage is refused with ``Valid=False`` and an
+  Event saying which annotation to set; it gets no pod;
+- (no API server) each way of naming unusable snapshot storage (no annotation, a relative
+  path, a path on no mount, a mount without its volume, a volume each pod sees alone, a
+  read-only mount) is an error naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from edl_scheduler.api import load_training_job
+from edl_scheduler.controller.shaping import ShapingError, ps_snapshot_dir
+
+from .controller_harness import (
+    Cluster,
+    ControllerProcess,
+    cluster_in,
+    eventually,
+    running_controller,
+    training_job,
+)
+from .kubelet import MiniKubelet
+from .nodes import create_node
+from .testenv import REPO, KubeAPI
+
+NS = "ctrl-ps"
+POOL = "edl.test/pool"
+JOB = str(REPO / "tests" / "runtime" / "ps_job.py")
+SAMPLES, EPOCHS = 600, 2
+
+
+@pytest.fixture(scope="module")
+def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
+    return cluster_in(kube_api, NS)
+
+
+@pytest.fixture(scope="module")
+def controller(
+    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ControllerProcess]:
+    workdir: Path = tmp_path_factory.mktemp("ctrl-ps")
+    with running_controller(kube_api, workdir, "ps", NS, ports="25200-25299") as proc:
+        try:
+            eventually(proc.healthy, 30, "the controller's /healthz")
+            yield proc
+        finally:
+            print(proc.log_tail(100))
+
+
+def ps_job(name: str, shared: Path, out: Path, *, snapshots: bool = True) -> dict[str, Any]:
+    # The worker ignores SIGTERM: the controller removes a succeeded job's pods while its
+    # workers may still be writing their final parameters (what the test reads).
+    worker = [
+        "sh", "-c", 'trap "" TERM; exec "$@"', "ps-worker",
+        sys.executable, JOB, "--kind", "ledger", "--samples", str(SAMPLES),
+        "--global-batch", "6", "--snapshot-dir", "$(EDL_PS_SNAPSHOTS)", "--snapshot-every", "5",
+        "--step-sleep-s", "0.05", "--out", str(out),
+    ]  # fmt: skip
+    manifest = training_job(
+        name, NS, min_replicas=2, max_replicas=2, framework="torch", command=worker,
+        extra_spec={
+            "strategy": "ps",
+            "pserver": {"minReplicas": 2, "maxReplicas": 2,
+                        "resources": {"cpu": "500m", "memory": "512Mi"}},
+            "timeouts": {"drainSeconds": 20},
+        },
+    )  # fmt: skip
+    manifest["metadata"]["annotations"] |= {
+        "edl.dev/coordinator-args": (
+            f"--samples {SAMPLES} --shard-size 10 --epochs {EPOCHS} --lease-timeout-s 15"
+        ),
+    }
+    if snapshots:
+        manifest["metadata"]["annotations"]["edl.dev/ps-snapshots"] = f"{shared}/ps"
+    spec = manifest["spec"]["template"]["spec"]
+    spec["nodeSelector"] = {POOL: "ps"}
+    spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "ps-shared"}}]
+    container = spec["containers"][0]
+    container["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
+    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
+    return manifest
+
+
+def env_of(pod: Any) -> dict[str, str]:
+    return {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
+
+
+def status(cluster: Cluster, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = cluster.job(NS, name).get("status", {})
+    return found
+
+
+def live(pods: list[Any]) -> list[Any]:
+    return [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
+
+
+def test_ps_job_survives_a_deleted_server_with_an_exact_ledger(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    create_node(kube_api.api_client, "ps-0", gpus=2, labels={POOL: "ps"}, kubelet=True)
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    cluster.create_job(ps_job("ctr", shared, out))
+    uid = cluster.job(NS, "ctr")["metadata"]["uid"]
+
+    def running() -> bool:
+        servers = live(cluster.pods(NS, "ctr", "pserver"))
+        workers = live(cluster.pods(NS, "ctr", "worker"))
+        step = status(cluster, "ctr").get("progress", {}).get("committedStep", 0)
+        return len(servers) == 2 and len(workers) == 2 and step >= 25
+
+    eventually(running, 120, "two servers, two workers and 25 committed steps")
+    servers = cluster.pods(NS, "ctr", "pserver")
+    expected_dir = f"{shared}/ps/{uid}"
+    for pod in servers:
+        env = env_of(pod)
+        assert env["EDL_ROLE"] == "pserver" and env["EDL_PS_SNAPSHOTS"] == expected_dir
+        assert pod.spec.containers[0].command[:3] == ["python", "-m", "trainer_runtime.ps"]
+        assert "$(EDL_WORKER_HOST)" in pod.spec.containers[0].command
+        assert pod.spec.containers[0].resources.requests["cpu"] == "500m"
+        assert "nvidia.com/gpu" not in pod.spec.containers[0].resources.requests
+        assert pod.spec.volumes[0].persistent_volume_claim.claim_name == "ps-shared"
+    for pod in cluster.pods(NS, "ctr", "worker"):
+        assert env_of(pod)["EDL_PS_SNAPSHOTS"] == expected_dir
+    assert any(Path(expected_dir).glob("step-*")), "the servers write their snapshots there"
+
+    victim = servers[0].metadata.name
+    cluster.core.delete_namespaced_pod(victim, NS)
+
+    def replaced() -> bool:
+        names = {p.metadata.name for p in live(cluster.pods(NS, "ctr", "pserver"))}
+        return len(names) == 2 and victim not in names
+
+    eventually(replaced, 60, "a replacement server")
+    eventually(lambda: status(cluster, "ctr").get("phase") == "Succeeded", 150, "Succeeded")
+    assert status(cluster, "ctr")["restarts"] == 0, "a deleted server is not a failure"
+
+    def written() -> list[Path]:
+        return sorted(out.glob("*.pt")) if len(list(out.glob("*.json"))) == 2 else []
+
+    results = eventually(written, 60, "the workers' final parameters")
+    expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
+    for path in results:
+        counts = torch.load(path)["counts"]
+        assert torch.equal(counts, expected), f"{path.name}: {counts.unique(return_counts=True)}"
+    summaries = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert any(s["rolled_back"] >= 1 for s in summaries), summaries
+
+
+def test_ps_job_without_shared_snapshots_is_refused(
+    cluster: Cluster, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    cluster.create_job(ps_job("bare", tmp_path / "shared", tmp_path / "out", snapshots=False))
+
+    def refused() -> dict[str, Any] | None:
+        found = status(cluster, "bare").get("conditions", [])
+        return next((c for c in found if c["type"] == "Valid" and c["status"] == "False"), None)
+
+    valid = eventually(refused, 30, "Valid=False")
+    assert "edl.dev/ps-snapshots" in valid["message"]
+    events = [e for e in cluster.events(NS, "bare") if e.reason == "Invalid"]
+    assert events and "ReadWriteMany" in events[0].message
+    assert cluster.pods(NS, "bare") == []
+    cluster.delete_job(NS, "bare")
+
+
+def _broken(change: str) -> dict[str, Any]:
+    manifest = ps_job("odd", Path("/shared"), Path("/out"))
+    manifest["metadata"]["uid"] = "u-1"
+    spec = manifest["spec"]["template"]["spec"]
+    mount = spec["containers"][0]["volumeMounts"][0]
+    annotations = manifest["metadata"]["annotations"]
+    if change == "missing":
+        del annotations["edl.dev/ps-snapshots"]
+    elif change == "relative":
+        annotations["edl.dev/ps-snapshots"] = "shared/ps"
+    elif change == "unmounted":
+        annotations["edl.dev/ps-snapshots"] = "/elsewhere/ps"
+    elif change == "no-volume":
+        spec["volumes"] = []
+    elif change == "per-pod":
+        spec["volumes"] = [{"name": "shared", "emptyDir": {}}]
+    elif change == "read-only":
+        mount["readOnly"] = True
+    return manifest
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ("missing", "is missing"),
+        ("relative", "absolute path"),
+        ("unmounted", "lies on no volume"),
+        ("no-volume", "has no volume 'shared'"),
+        ("per-pod", "emptyDir"),
+        ("read-only", "read-only"),
+    ],
+)
+def test_unusable_snapshot_storage_is_named_with_the_fix(change: str, says: str) -> None:
+    with pytest.raises(ShapingError, match=says):
+        ps_snapshot_dir(load_training_job(_broken(change)))
+
+
+def test_snapshot_dir_is_the_named_directory_plus_the_uid() -> None:
+    tj = load_training_job(_broken("none"))
+    assert ps_snapshot_dir(tj) == "/shared/ps/u-1"
+    manifest = training_job("plain", NS)
+    assert ps_snapshot_dir(load_training_job(manifest)) is None
