@@ -16,6 +16,8 @@ Aspects tested:
   workers' final parameters count every sample exactly ``epochs`` times;
 - a ``ps`` job that names no shared snapshot storage is refused with ``Valid=False`` and an
   Event saying which annotation to set; it gets no pod;
+- the example ``examples/05-parameter-server/trainingjob.yaml`` (a claim and the job) is
+  accepted by the API server (a server-side dry run) and names usable snapshot storage;
 - (no API server) each way of naming unusable snapshot storage (no annotation, a relative
   path, a path on no mount, a mount without its volume, a volume each pod sees alone, a
   read-only mount) is an error naming the field and the fix.
@@ -31,6 +33,7 @@ from typing import Any
 
 import pytest
 import torch
+import yaml
 
 from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.shaping import ShapingError, ps_snapshot_dir
@@ -229,3 +232,18 @@ def test_snapshot_dir_is_the_named_directory_plus_the_uid() -> None:
     assert ps_snapshot_dir(tj) == "/shared/ps/u-1"
     manifest = training_job("plain", NS)
     assert ps_snapshot_dir(load_training_job(manifest)) is None
+
+
+def test_the_example_job_is_accepted_and_names_usable_storage(cluster: Cluster) -> None:
+    path = REPO / "examples" / "05-parameter-server" / "trainingjob.yaml"
+    claim, manifest = list(yaml.safe_load_all(path.read_text()))
+    for doc in (claim, manifest):
+        doc["metadata"]["namespace"] = NS
+    manifest["spec"].pop("priorityClassName")  # the example's PriorityClass is not here
+    manifest["spec"]["priority"] = 10
+    cluster.core.create_namespaced_persistent_volume_claim(NS, claim, dry_run="All")
+    created = cluster.custom.create_namespaced_custom_object(
+        "edl.dev", "v1alpha1", NS, "trainingjobs", manifest, dry_run="All"
+    )
+    tj = load_training_job(created | {"metadata": created["metadata"] | {"uid": "u-2"}})
+    assert ps_snapshot_dir(tj) == "/snapshots/u-2"
