@@ -382,11 +382,15 @@ class Admitter:
             )
             self._update_pools(v)
         js.started = True
-        js.reserve = bool(victims)
-        for holds in self.s.cluster.holds.values():  # it runs now: what it held is free
-            for h in holds:
-                if h.job == js.name:
-                    h.count = 0
+        # Placed on room held for it: its pods do not exist yet (the driver creates them
+        # once the victims have gone), so the plan keeps holding that room for it, until
+        # they exist or the hold expires, instead of letting it go after one plan.
+        held = [h for holds in self.s.cluster.holds.values() for h in holds if h.job == js.name]
+        js.reserve = bool(victims) or bool(held)
+        if held and not victims:
+            js.hold_expires_at = min(h.expires_at for h in held)
+        for h in held:  # placed now: what it held counts as its own, not for others
+            h.count = 0
         js.reason = Reason.STARTED if not js.was_running else Reason.GREW
         via = f" after taking workers from {', '.join(names)}" if names else ""
         verb = "started" if not js.was_running else "restored to its minimum"

@@ -125,8 +125,9 @@ def _reservations(session: Session) -> tuple[Reservation, ...]:
             counts: dict[int, int] = {}
             for node in js.added[role]:
                 counts[node] = counts.get(node, 0) + 1
+            until = js.hold_expires_at if js.hold_expires_at is not None else expires
             for node, count in sorted(counts.items()):
-                out.append(Reservation(js.name, names[node], role, count, expires))
+                out.append(Reservation(js.name, names[node], role, count, until))
     # Holds carried over keep holding while their job is still below its minimum (waiting,
     # or running short after failures); a reservation counts the replicas already there.
     for node, holds in sorted(session.cluster.holds.items()):

@@ -164,8 +164,11 @@ class JobState:
     message: str = ""
     #: The job this one was shrunk, suspended or moved to admit.
     for_job: str | None = None
-    #: Whether its new replicas stand on capacity taken from others (so the plan holds it).
+    #: Whether its new replicas stand on capacity taken from others, or it was started on
+    #: room held for it whose pods do not exist yet (so the plan holds it).
     reserve: bool = False
+    #: When a hold carried over for it expires (None: a new hold, ``reservation_timeout_s``).
+    hold_expires_at: float | None = None
     suspended: bool = False
     started: bool = False
 

@@ -5,7 +5,8 @@ Aspects:
   starts in the same plan; the plan reserves the freed GPUs for it;
 - nothing is shrunk below its minimum; non-preemptible jobs are never shrunk;
 - two equal-priority elastic jobs do not ping-pong over 100 cycles;
-- freed GPUs stay held for the job they were freed for, while its victims drain;
+- freed GPUs stay held for the job they were freed for, while its victims drain, over
+  every plan until its pods exist (not only the next one);
 - idle GPUs are used; a job larger than the cluster waits with a reason;
 - node selectors, taints and cordons are honoured; other pods' usage is counted;
 - placement packs a job on few nodes and prefers partly used nodes;
@@ -153,6 +154,46 @@ def test_freed_gpus_stay_held_while_victims_drain() -> None:
     assert sizes(second)["new"] == 4
     assert second.decision("new").workers.add_nodes == ("n0",) * 4
     assert sizes(second)["other"] == 0
+
+
+def test_a_hold_lasts_until_its_jobs_pods_exist_not_one_plan() -> None:
+    # "new" is admitted by draining 4 of v's workers. The driver creates its pods only once
+    # the victims have gone, so each plan places "new" again on the same room: the hold
+    # must outlive those plans (with its first expiry), and end once the pods exist.
+    snap = snapshot(
+        nodes(1),
+        [
+            job("v").min(2).max(8).priority(1).running(("n0", 8)).started(0),
+            job("new").min(4).max(4).priority(9).submitted(10),
+        ],
+    )
+    first = run(snap, now=1000.0)
+    held = (Reservation("new", "n0", Role.WORKER, 4, 1000.0 + EDL.reservation_timeout_s),)
+    assert first.reservations == held
+    reservations = first.reservations
+    for now in (1001.0, 1002.0, 1003.0):  # victims still draining, "new" has no pods
+        waiting = snapshot(
+            nodes(1),
+            [
+                job("v").min(2).max(8).priority(1).running(("n0", 8), draining=4).started(0, 1000),
+                job("new").min(4).max(4).priority(9).submitted(10),
+            ],
+            reservations=reservations,
+        )
+        again = run(waiting, now=now)
+        assert again.decision("new").workers.add_nodes == ("n0",) * 4
+        assert again.reservations == held, f"the hold went at {now}"
+        reservations = again.reservations
+    # Its pods exist: nothing is left to hold.
+    placed = snapshot(
+        nodes(1),
+        [
+            job("v").min(2).max(8).priority(1).running(("n0", 4)).started(0, 1000),
+            job("new").min(4).max(4).priority(9).running(("n0", 4)).started(1004),
+        ],
+        reservations=reservations,
+    )
+    assert run(placed, now=1004.0).reservations == ()
 
 
 def test_expired_reservations_release_the_gpus() -> None:
