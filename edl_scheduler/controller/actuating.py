@@ -6,8 +6,9 @@ What must stay true:
   already gone (404) as deleted, so a cycle repeated after a crash does no harm;
 - a failed write is logged and left to the next cycle, which sees the world again and decides
   again (level-triggered); nothing is retried in a loop here;
-- writes go in dependency order: a job's Secret and Service, then pods, then coordinator
-  calls (a drain only after the pod is marked draining), then statuses and Events;
+- writes go in dependency order: a job's Secret and Service (and the victims' draining
+  marks, which depend on nothing), then pods, then coordinator calls (a drain only after
+  the pod is marked draining), then statuses and Events;
 - what was just written is remembered (``Expectations``) until the watch shows it, so that
   the next cycle does not plan on a view that lacks the pods just created (no duplicates)
   or still shows the ones just deleted as live.
@@ -192,7 +193,9 @@ class Actuator:
         if isinstance(intent, DeletePod):
             return 1, lambda: self._delete_pod(intent)
         if isinstance(intent, MarkDraining):
-            return 1, lambda: self._mark_draining(intent)
+            # First: it depends on nothing, and every moment a victim is not yet told to
+            # leave adds to the admission it makes room for.
+            return 0, lambda: self._mark_draining(intent)
         if isinstance(intent, Drain):
             return 2, lambda: self._drain(intent)
         if isinstance(intent, SetTarget):

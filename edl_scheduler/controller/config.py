@@ -68,6 +68,9 @@ class ControllerConfig:
     max_period_s: float = 3.0
     #: How often each job's coordinator is asked for its progress.
     progress_period_s: float = 1.0
+    #: How often a coordinator that has not answered yet is asked: a job's workers are
+    #: created only once it answers, so this bounds what its start adds to admission.
+    ready_probe_period_s: float = 0.1
     #: How often each job's coordinator state is copied into its ConfigMap.
     snapshot_period_s: float = 5.0
     #: How often a running job's attained GPU-time is written to its status.

@@ -18,9 +18,12 @@ The rules, per job, in order:
 5. A replica on a deleted node is deleted, one on a cordoned (or not Ready) node drains;
    the planner places their replacements elsewhere. A draining replica still there at its
    drain deadline is deleted.
-6. The plan's moves: new replicas on the planned nodes (the coordinator, its Service and the
-   token Secret first, if missing), named victims drained through the coordinator (a victim
-   that never started is deleted at once), the new target sent to the coordinator.
+6. The plan's moves: new replicas on the planned nodes, named victims drained through the
+   coordinator (a victim that never started is deleted at once), the new target sent to the
+   coordinator. A job placed without a live coordinator gets one (with its Service and the
+   token Secret, if missing) at once; its new replicas are created only in a later cycle,
+   once that coordinator's pod is Running and it has answered the controller
+   (``JobView.coordinator_ready``), and once the room they take is really free.
 7. The status: phase along ``JobPhase``'s diagram, size, allocation, conditions, reason,
    progress and throughput; written only when it changed.
 """
@@ -361,27 +364,28 @@ def _act(
     if decision.pservers is not None:
         adds += [(Role.PSERVER, n) for n in decision.pservers.add_nodes]
         removes += list(decision.pservers.remove)
-    if cycle.deferred or (adds and not _reserve(tj, adds, nodes)):
-        cycle.deferred = True
-        log.info(
-            "%s: %d new replicas wait for room on %s",
-            tj.key,
-            len(adds),
-            ", ".join(sorted({n for _, n in adds})),
-        )
-        adds = []
-    port = coordinator_port_of(view.coordinator)
     live_replicas = [
         p
         for p in view.replicas
         if not terminating(p) and str(meta_of(p)["name"]) not in cycle.removed
     ]
-    needs_coordinator = bool(adds) or bool(live_replicas)
-    if needs_coordinator and not _coordinator_alive(view, cycle.removed):
+    alive = _coordinator_alive(view, cycle.removed)
+    placed = [] if cycle.deferred else adds  # where the plan puts new replicas now
+    adds = []
+    if placed and not (alive and view.coordinator_ready):
+        _wait(cycle, placed, "its coordinator to answer")
+    elif placed and not _reserve(tj, placed, nodes):
+        _wait(cycle, placed, "leaving replicas to go")
+    else:
+        adds = placed
+    port = coordinator_port_of(view.coordinator)
+    # The coordinator is created as soon as the plan places the job, before its replicas
+    # (they wait until it answers), and while their room is still being vacated.
+    if (placed or live_replicas) and not alive:
         if port is None:
             port = free_port(used_ports, config)
             used_ports.append(port)
-        node = (adds[0][1] if adds else None) or str(live_replicas[0]["spec"]["nodeName"])
+        node = placed[0][1] if placed else str(live_replicas[0]["spec"]["nodeName"])
         try:
             token = config.token_for(tj.metadata.uid or "")
             cycle.out.intents.append(
@@ -414,6 +418,18 @@ def _act(
     if decision.workers.target != decision.workers.current:
         cycle.out.intents.append(SetTarget(tj.key, decision.workers.target))
     decision_events(cycle, decision)
+
+
+def _wait(cycle: JobCycle, placed: list[tuple[Role, str]], what: str) -> None:
+    cycle.deferred = True
+    cycle.waiting_for = what
+    log.info(
+        "%s: %d new replicas for %s wait for %s",
+        cycle.tj.key,
+        len(placed),
+        ", ".join(sorted({n for _, n in placed})),
+        what,
+    )
 
 
 def _reserve(tj: TrainingJob, adds: list[tuple[Role, str]], nodes: NodeStates) -> bool:

@@ -131,6 +131,9 @@ class JobView:
     progress: Progress | None = None
     #: The job's effective priority (spec.priority or its PriorityClass's value).
     priority: int | None = None
+    #: Its coordinator pod is Running and has answered the controller: only then are
+    #: new workers created (a worker gives up on a coordinator that does not listen).
+    coordinator_ready: bool = False
 
 
 @dataclass(slots=True)
@@ -169,8 +172,10 @@ class JobCycle:
     restarts: int
     removed: set[str] = field(default_factory=set)
     created: dict[str, str] = field(default_factory=dict)
-    #: The plan's new replicas wait for capacity still held by leaving ones.
+    #: The plan's new replicas wait (for capacity still held by leaving ones, or for the
+    #: job's coordinator to answer); ``waiting_for`` says which, in the status message.
     deferred: bool = False
+    waiting_for: str = "leaving replicas to go"
 
     def delete(self, pod: Obj) -> None:
         name = str(meta_of(pod)["name"])

@@ -75,6 +75,8 @@ class _Coordinated:
     tj: TrainingJob
     address: str
     running: bool
+    #: The coordinator pod's uid: an answer counts for this pod only.
+    uid: str
 
 
 class PlanningLoop:
@@ -99,6 +101,9 @@ class PlanningLoop:
         self._clients: dict[str, tuple[str, CoordinatorPort]] = {}
         self._clients_lock = threading.Lock()
         self._progress: dict[str, Progress] = {}
+        #: job key -> uid of the coordinator pod that last answered: a job's workers are
+        #: created once its coordinator answers (``JobView.coordinator_ready``).
+        self._answered: dict[str, str] = {}
         self._coordinated: dict[str, _Coordinated] = {}
         self._snapshots: dict[str, float] = {}
         self._attained: dict[str, float] = {}
@@ -238,8 +243,21 @@ class PlanningLoop:
                 coordinator,
                 self._progress.get(key),
                 priorities.get(key),
+                coordinator_ready=self._ready(key, coordinator),
             )
         return views
+
+    def _ready(self, key: str, coordinator: Obj | None) -> bool:
+        """The job's coordinator pod is Running, not being deleted, and has answered."""
+        if coordinator is None:
+            return False
+        meta = coordinator.get("metadata", {})
+        return (
+            not meta.get("deletionTimestamp")
+            and coordinator.get("status", {}).get("phase") == "Running"
+            and bool(meta.get("uid"))
+            and self._answered.get(key) == meta.get("uid")
+        )
 
     # ----- coordinators -----
 
@@ -251,14 +269,19 @@ class PlanningLoop:
                 continue
             if JobPhase(view.body.get("status", {}).get("phase", "Pending")).final:
                 continue
+            meta = view.coordinator.get("metadata", {})
+            if meta.get("deletionTimestamp"):
+                continue
             running = view.coordinator.get("status", {}).get("phase") == "Running"
             address = coordinator_address(view.tj, port, self.config)
-            known[key] = _Coordinated(view.tj, address, running)
+            known[key] = _Coordinated(view.tj, address, running, str(meta.get("uid", "")))
         self._coordinated = known
         with self._clients_lock:
             for key in [k for k in self._clients if k not in known]:
                 self._clients.pop(key)[1].close()
                 self._progress.pop(key, None)
+            for key in [k for k in self._answered if k not in known]:
+                del self._answered[key]
 
     def _client_of(self, key: str) -> CoordinatorPort | None:
         found = self._coordinated.get(key)
@@ -276,25 +299,41 @@ class PlanningLoop:
             return client
 
     def _poll_forever(self) -> None:
+        """Asks every running coordinator for its progress each ``progress_period_s``, and
+        each coordinator that has not answered yet (its pod just created or replaced) each
+        ``ready_probe_period_s``: its first answer starts a cycle at once, which creates
+        the job's waiting workers."""
         pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
+        tick = min(self.config.ready_probe_period_s, self.config.progress_period_s)
+        last_round = 0.0
         try:
-            while not self.stopping.wait(self.config.progress_period_s):
+            while not self.stopping.wait(tick):
                 if not self.elector.is_leader():
                     continue
-                jobs = [k for k, c in dict(self._coordinated).items() if c.running]
+                coordinated = dict(self._coordinated)
+                if time.monotonic() - last_round >= self.config.progress_period_s:
+                    last_round = time.monotonic()
+                    jobs = [k for k, c in coordinated.items() if c.running]
+                else:
+                    jobs = [k for k, c in coordinated.items() if self._answered.get(k) != c.uid]
                 list(pool.map(self._poll_one, jobs))
         finally:
             pool.shutdown(wait=False)
 
     def _poll_one(self, key: str) -> None:
         client = self._client_of(key)
-        if client is None:
+        asked = self._coordinated.get(key)
+        if client is None or asked is None:
             return
         try:
             progress = client.progress()
         except CoordinatorCallError as error:
             log.debug("no progress from %s: %s", key, error)
             return
+        if self._answered.get(key) != asked.uid:
+            self._answered[key] = asked.uid
+            log.info("%s: coordinator %s answers", key, asked.address)
+            self._mark_dirty_threadsafe()
         before = self._progress.get(key)
         self._progress[key] = progress
         if before is None or (

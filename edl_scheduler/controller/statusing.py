@@ -143,7 +143,7 @@ def compute_status(
     elif decision is not None:
         status["message"] = decision.message
         if cycle.deferred:
-            status["message"] = f"{decision.message}; waiting for leaving replicas to go"
+            status["message"] = f"{decision.message}; waiting for {cycle.waiting_for}"
     if phase.active and not status.get("startTime"):
         status["startTime"] = iso_time(now)
     if (

@@ -1,8 +1,9 @@
 """The controller's pure decisions: Plan + pods + progress -> intents, without an API server.
 
 Aspects:
-- a started job gets its Secret and Service, a coordinator, and one pod per planned node with
-  the environment contract, owner reference, labels and GPU limits; an Admitted Event;
+- a started job gets its Secret and Service and a coordinator; once that coordinator runs and
+  answers (not before, not while it is being deleted), one pod per planned node with the
+  environment contract, owner reference, labels and GPU limits; an Admitted Event;
 - a shrink drains running victims (annotation + coordinator drain) and deletes ones that never
   started; a draining pod past its deadline is deleted; victims are named in the Event;
 - a failed worker is charged, one refused at admission is not; past maxRestarts the job
@@ -129,10 +130,20 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     ]  # fmt: skip
     obs = observe(nodes, [], [body], {})
     p = plan(obs.snapshot, preset("edl"), NOW)
-    out = decide({"ns/j": view(body)}, p, CONFIG, NOW, names())
-    assert [type(i) for i in out.intents[:2]] == [EnsureObjects, CreateCoordinator]
-    kinds = [m["kind"] for m in of(EnsureObjects, out.intents)[0].manifests]
+    first = decide({"ns/j": view(body)}, p, CONFIG, NOW, names())
+    assert [type(i) for i in first.intents[:2]] == [EnsureObjects, CreateCoordinator]
+    kinds = [m["kind"] for m in of(EnsureObjects, first.intents)[0].manifests]
     assert kinds == ["Secret", "Service"]
+    # Workers wait for the coordinator: none in the cycle that creates it.
+    assert of(CreatePod, first.intents) == []
+    waiting = of(PatchStatus, first.intents)[0].status
+    assert waiting["phase"] == "Pending" and waiting["message"].endswith(
+        "waiting for its coordinator to answer"
+    )
+    # Its pod Running and answering: the next cycle creates the workers.
+    running = view(body, [coordinator()], coordinator_ready=True)
+    out = decide({"ns/j": running}, p, CONFIG, NOW, names())
+    assert of(CreateCoordinator, out.intents) == []
     pods = [i.manifest for i in of(CreatePod, out.intents)]
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["n0", "n1"]
     for manifest in pods:
@@ -146,6 +157,35 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     assert [e.reason.value for e in of(Emit, out.intents)] == ["Admitted"]
     status = of(PatchStatus, out.intents)[0].status
     assert status["phase"] == "Running" and status["replicas"] == 2
+
+
+def test_workers_wait_for_a_coordinator_that_runs_and_answers() -> None:
+    body = job_body()
+    start = Plan(NOW, (decision(Action.START, 0, 2, add=("n0", "n1")),))
+    cases = [
+        ([coordinator(phase="Pending")], False),  # not running yet
+        ([coordinator()], False),  # running, not answering yet
+        ([coordinator(phase="Failed")], True),  # ended: replaced, its answer is void
+    ]
+    for pods, replaced in cases:
+        out = decide({"ns/j": view(body, pods)}, start, CONFIG, NOW, names())
+        assert of(CreatePod, out.intents) == []
+        assert bool(of(CreateCoordinator, out.intents)) is replaced
+        assert (
+            of(PatchStatus, out.intents)[0]
+            .status["message"]
+            .endswith("waiting for its coordinator to answer")
+        )
+    # A coordinator that answers but is being deleted does not count either.
+    leaving = coordinator()
+    leaving["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:05Z"
+    out = decide(
+        {"ns/j": view(body, [leaving], coordinator_ready=True)}, start, CONFIG, NOW, names()
+    )
+    assert of(CreatePod, out.intents) == []
+    ready = view(body, [coordinator()], coordinator_ready=True)
+    out = decide({"ns/j": ready}, start, CONFIG, NOW, names())
+    assert len(of(CreatePod, out.intents)) == 2
 
 
 def test_shrink_drains_running_victims_and_deletes_unstarted_ones() -> None:

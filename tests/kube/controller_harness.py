@@ -9,20 +9,25 @@ by PID.
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import kubernetes
 from kubernetes.client import ApiException
 
+from edl_scheduler.local.processes import ProcessSpec, ProcessSupervisor, UnknownProcess
+
+from .pod_environment import ContainerEnvironment, container_argv
 from .testenv import REPO, KubeAPI
 
 GROUP, VERSION, PLURAL = "edl.dev", "v1alpha1", "trainingjobs"
@@ -272,15 +277,88 @@ class Cluster:
         self.core.patch_namespaced_pod_status(name, ns, {"status": status})
 
 
+class PlayedCoordinators:
+    """The coordinator pods of tests that play the kubelet by hand, run for real.
+
+    The controller creates a job's workers only once its coordinator answers, so a test
+    that reports pods Running without processes still needs real coordinators: each one
+    ``settle`` reports Running is first started here, as a local process with the pod's
+    command and environment (the kubelet in miniature's own machinery), and stopped when
+    its pod is deleted or gone. Workers stay played (no process). Processes are stopped by
+    the supervisor (by process group) when the pod goes, and all of them at exit.
+    """
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.supervisor = ProcessSupervisor()
+        self._running: dict[str, tuple[str, str]] = {}  # pod uid -> (namespace, process)
+        atexit.register(self.close)
+
+    def start(self, cluster: Cluster, pod: Any) -> None:
+        uid = str(pod.metadata.uid)
+        if uid in self._running:
+            return
+        obj = cluster.api.api_client.sanitize_for_serialization(pod)
+        declared = obj["spec"]["containers"][0]
+        directory = self.workdir / f"{pod.metadata.namespace}_{pod.metadata.name}_{uid[:8]}"
+        (directory / "tmp").mkdir(parents=True, exist_ok=True)
+        env = ContainerEnvironment(cluster.core).environment(directory, obj, declared)
+        name = f"{pod.metadata.namespace}/{pod.metadata.name}/{uid[:8]}"
+        self.supervisor.start(
+            ProcessSpec(
+                name=name,
+                argv=container_argv(declared, env),
+                env=env,
+                cwd=directory,
+                log_path=directory / "coordinator.log",
+                inherit_env=False,
+            )
+        )
+        self._running[uid] = (str(pod.metadata.namespace), name)
+
+    def stop_all_but(self, ns: str, live: set[str]) -> None:
+        """Stops the coordinators of ``ns`` whose pods are not in ``live`` (uids)."""
+        for uid, (namespace, name) in list(self._running.items()):
+            if namespace == ns and uid not in live:
+                del self._running[uid]
+                with suppress(UnknownProcess):
+                    self.supervisor.stop(name, grace_s=2.0)
+
+    def close(self) -> None:
+        self._running.clear()
+        self.supervisor.close(grace_s=2.0)
+
+
+#: The phases of a started job where the test plays the kubelet: its workers run no
+#: process, so they never join the (real) coordinator, and after its first Running the job
+#: shows Resizing (the coordinator's members differ from its workers).
+RUNNING_PHASES = ("Running", "Resizing")
+
+_played: PlayedCoordinators | None = None
+
+
+def played_coordinators() -> PlayedCoordinators:
+    global _played
+    if _played is None:
+        _played = PlayedCoordinators(Path(tempfile.mkdtemp(prefix="edl-played-coordinators-")))
+    return _played
+
+
 def settle(cluster: Cluster, ns: str) -> None:
-    """Plays the kubelet once, without processes: bound pending pods become Running, pods
-    being deleted are removed at once."""
-    for pod in cluster.core.list_namespaced_pod(ns).items:
+    """Plays the kubelet once: bound pending pods become Running (coordinators run for
+    real, see ``PlayedCoordinators``; workers run no process), pods being deleted are
+    removed at once."""
+    played = played_coordinators()
+    pods = cluster.core.list_namespaced_pod(ns).items
+    played.stop_all_but(ns, {p.metadata.uid for p in pods if not p.metadata.deletion_timestamp})
+    for pod in pods:
         name = pod.metadata.name
         try:
             if pod.metadata.deletion_timestamp:
                 cluster.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
             elif pod.spec.node_name and pod.status.phase == "Pending":
+                if (pod.metadata.labels or {}).get("edl.dev/role") == "coordinator":
+                    played.start(cluster, pod)
                 cluster.set_pod_phase(ns, name, "Running")
         except ApiException as error:
             if error.status not in (404, 409):

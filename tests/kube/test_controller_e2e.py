@@ -45,11 +45,6 @@ def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
     manifest = training_job(name, NS, **kwargs)
     manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
     manifest["spec"]["timeouts"] = {"drainSeconds": 10}
-    # Workers are created in the coordinator's cycle; on a loaded test machine the
-    # coordinator may take longer than the runtime's default 30 s to listen (an open
-    # controller issue: it should create workers once the coordinator runs).
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
     return manifest
 
 

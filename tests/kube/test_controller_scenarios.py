@@ -1,5 +1,6 @@
 """Scheduling scenarios through the operator on a real API server; the test plays the
-kubelet (``settle``: bound pods become Running, deleted pods go), no processes run.
+kubelet (``settle``: bound pods become Running, deleted pods go); workers run no process,
+coordinators run for real (workers are created once theirs answers).
 
 Aspects tested:
 - a low-priority elastic job fills the pool; a high-priority job arrives; the low one shrinks
@@ -10,7 +11,7 @@ Aspects tested:
 - the workers of a deleted node are replaced on the others; those of a cordoned node drain
   and are replaced too;
 - spec.suspend drains every worker (phase Suspended, Event Suspended); clearing it starts the
-  job again (Event Resumed, phase Running).
+  job again (Event Resumed, phase Running or Resizing: played workers never join).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import kubernetes
 import pytest
 
 from .controller_harness import (
+    RUNNING_PHASES,
     Cluster,
     ControllerProcess,
     cluster_in,
@@ -130,7 +132,7 @@ def test_gpus_of_other_workloads_are_respected(
     def settled() -> bool:
         settle(cluster, NS)
         status = cluster.job(NS, "greedy").get("status", {})
-        return status.get("phase") == "Running"
+        return status.get("phase") in RUNNING_PHASES
 
     eventually(settled, 30, "the job to run")
     assert len(live_workers(cluster, NS, "greedy")) == 1
@@ -192,9 +194,9 @@ def test_suspend_and_resume(
 
     def resumed() -> bool:
         settle(cluster, NS)
-        return workers(2) and cluster.job(NS, "nap")["status"]["phase"] == "Running"
+        return workers(2) and cluster.job(NS, "nap")["status"]["phase"] in RUNNING_PHASES
 
-    eventually(resumed, 30, "phase Running again")
+    eventually(resumed, 30, "phase Running (or Resizing) again")
     reasons = [e.reason for e in cluster.events(NS, "nap")]
     assert "Suspended" in reasons and "Resumed" in reasons
     cluster.delete_job(NS, "nap")
