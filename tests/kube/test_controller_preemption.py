@@ -9,7 +9,8 @@ Aspects tested:
 - a rigid low-priority job runs; a high-priority rigid job that needs its GPUs arrives; the
   low job is preempted whole: an Event ``Preempted`` naming the high job and the victims,
   phase Suspended with the condition ``Suspended`` (reason ``Preempted``, the preemptor
-  named), every worker drained (they exit 0: no restart is charged) and gone;
+  named), every worker drained through the coordinator and gone well before the drain
+  deadline (they exit 0: no restart is charged);
 - its coordinator pod stays (the same pod, holding no GPU), so its ledger is kept;
 - the high job runs and succeeds; the low job is admitted again (Event ``Resumed``, the
   condition cleared) and continues from the samples it had committed (never back to 0)
@@ -45,7 +46,9 @@ POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_r
 def job(name: str, **kwargs: Any) -> dict[str, Any]:
     manifest = training_job(name, NS, **kwargs)
     manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "whole"}
-    manifest["spec"]["timeouts"] = {"drainSeconds": 20}
+    # Longer than any wait below: a victim gone within it left gracefully, through its
+    # coordinator's drain, not at the deadline.
+    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
     container = manifest["spec"]["template"]["spec"]["containers"][0]
     container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
     return manifest

@@ -8,10 +8,10 @@ lags it by up to the snapshot period: only the coordinator holds the exact ledge
 resumed job neither repeats nor skips a sample.
 
 Aspects tested:
-- ``suspend: true`` on a running job: every worker drains (exits 0, no restart charged) and
-  its pod goes; phase Suspended, Event ``Suspended``, condition ``Suspended`` (reason
-  ``UserSuspended``); the same coordinator pod and the state ConfigMap remain; no sample is
-  committed while suspended;
+- ``suspend: true`` on a running job: every worker drains through the coordinator (exits 0
+  well before the drain deadline, no restart charged) and its pod goes; phase Suspended,
+  Event ``Suspended``, condition ``Suspended`` (reason ``UserSuspended``); the same
+  coordinator pod and the state ConfigMap remain; no sample is committed while suspended;
 - ``suspend: false``: Event ``Resumed``, the condition turns False, the job runs again from
   the samples it had committed (never back to 0) and succeeds; the workers' ledger files show
   every sample trained exactly once.
@@ -99,7 +99,9 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "EDL_TIMEOUT_S", "value": "120"}
     ]
-    manifest["spec"]["timeouts"] = {"drainSeconds": 20}
+    # Longer than any wait below: a worker gone within it left gracefully, through its
+    # coordinator's drain, not at the deadline.
+    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
     cluster.create_job(manifest)
     eventually(lambda: done(cluster, "nap") >= 500, 90, "the job training")
     coordinator = cluster.pods(NS, "nap", "coordinator")[0].metadata.uid
