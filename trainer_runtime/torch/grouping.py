@@ -7,6 +7,18 @@ no process restart, no re-import. Then rank 0 broadcasts model parameters, buffe
 optimizer state to every member (newcomers and survivors alike), so survivors that diverged
 inside a failed step converge.
 
+Before the group is built, every rank of the generation checks in under the prefix and
+waits for the others, bounded by the store's timeout: NCCL sets its communicator up at the
+first collective, in torch's default (blocking) setup a wait that the group's timeout does
+not bound, so a member that never comes (it died, or hangs in its start) could hold the
+others forever; here they get an error. (From torch's documentation; not yet observed on a
+GPU: `benchmarks/gpu_nccl_check.py` checks it.)
+
+On NCCL, `TORCH_NCCL_ASYNC_ERROR_HANDLING` is set to 2 before each group is built: when a
+collective fails or times out, torch's watchdog aborts the communicator and the process
+lives on, so the next call into the group raises and the worker re-forms. (1 and 3, torch's
+default, end the process; 0 leaves a hung collective hanging.)
+
 What must stay true: every collective runs under the group's bounded timeout; after
 `forming` returns, all members hold rank 0's state.
 """
@@ -14,6 +26,7 @@ What must stay true: every collective runs under the group's bounded timeout; af
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 from typing import Any
 
@@ -23,8 +36,9 @@ from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 
 from trainer_runtime.agent import Assignment
 
-# A failed NCCL collective must raise (so the survivors re-form), not kill the process.
-os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+LOG = logging.getLogger(__name__)
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+ABORT_ONLY = "2"
 
 
 class StoreHost:
@@ -58,13 +72,38 @@ def forming(assignment: Assignment, job_id: str, stores: StoreHost, device: torc
     store = PrefixStore(
         f"{job_id}/g{assignment.generation}/", stores.store_of(leader.store_address)
     )
+    meeting(store, assignment.rank, assignment.world_size)
+    backend = backend_for(device)
+    if backend == "nccl":
+        aborting_on_failure()
     dist.init_process_group(
-        backend_for(device),
+        backend,
         store=store,
         rank=assignment.rank,
         world_size=assignment.world_size,
         timeout=stores.timeout,
     )
+
+
+def meeting(store: Store, rank: int, world_size: int) -> None:
+    """Check in, and wait until every rank of the generation has (bounded by the store's
+    timeout; a member that does not come raises `DistStoreError`, a RuntimeError)."""
+    store.set(f"arrived/{rank}", "1")
+    store.wait([f"arrived/{other}" for other in range(world_size)])
+
+
+def aborting_on_failure() -> None:
+    """Make NCCL's watchdog abort the communicator of a failed collective and keep the
+    process (read by torch each time a group is built, so set before every one)."""
+    current = os.environ.get(NCCL_ERROR_HANDLING)
+    if current not in (None, ABORT_ONLY):
+        LOG.warning(
+            "%s=%s would end this worker on a failed collective; the elastic runtime sets %s",
+            NCCL_ERROR_HANDLING,
+            current,
+            ABORT_ONLY,
+        )
+    os.environ[NCCL_ERROR_HANDLING] = ABORT_ONLY
 
 
 def dissolving() -> None:

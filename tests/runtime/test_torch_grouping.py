@@ -1,0 +1,86 @@
+"""How a generation's group is prepared before torch builds it.
+
+Aspects:
+- every rank checks in under the generation's prefix and waits for the others; a member
+  that never comes is an error within the store's timeout, not a hang (NCCL's blocking
+  communicator setup is not bounded by the group's timeout);
+- before an NCCL group is built, torch's watchdog is told to abort a failed collective's
+  communicator and keep the process (`TORCH_NCCL_ASYNC_ERROR_HANDLING=2`), whatever the
+  environment said, with a warning when it said otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from trainer_runtime.torch.grouping import (
+    ABORT_ONLY,
+    NCCL_ERROR_HANDLING,
+    aborting_on_failure,
+    meeting,
+)
+
+
+def store_server(timeout_s: float) -> TCPStore:
+    return TCPStore(
+        "127.0.0.1",
+        0,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+
+
+def test_a_member_that_never_comes_is_an_error_within_the_timeout() -> None:
+    server = store_server(1.0)
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError):
+        meeting(PrefixStore("job/g3/", server), 0, 2)
+    assert time.monotonic() - started < 10
+
+
+def test_all_members_meet_and_generations_do_not_mix() -> None:
+    server = store_server(10.0)
+    client = TCPStore(
+        "127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10)
+    )
+    meeting(PrefixStore("job/g1/", server), 0, 1)  # an older generation of one member
+    errors: list[BaseException] = []
+
+    def joining() -> None:
+        try:
+            meeting(PrefixStore("job/g2/", client), 1, 2)
+        except BaseException as error:  # reported to the test thread
+            errors.append(error)
+
+    thread = threading.Thread(target=joining)
+    thread.start()
+    meeting(PrefixStore("job/g2/", server), 0, 2)
+    thread.join(timeout=10)
+    assert not thread.is_alive() and not errors
+    server.set_timeout(datetime.timedelta(seconds=0.5))
+    with pytest.raises(dist.DistStoreError):  # earlier generations' ranks 0 do not count
+        meeting(PrefixStore("job/g3/", server), 1, 2)
+
+
+@pytest.mark.parametrize("before", [None, "1", "3", "0", ABORT_ONLY])
+def test_nccl_failures_abort_the_communicator_and_keep_the_process(
+    before: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    if before is None:
+        monkeypatch.delenv(NCCL_ERROR_HANDLING, raising=False)
+    else:
+        monkeypatch.setenv(NCCL_ERROR_HANDLING, before)
+    with caplog.at_level(logging.WARNING, logger="trainer_runtime.torch.grouping"):
+        aborting_on_failure()
+    assert os.environ[NCCL_ERROR_HANDLING] == "2"
+    warned = any(NCCL_ERROR_HANDLING in record.getMessage() for record in caplog.records)
+    assert warned == (before not in (None, ABORT_ONLY))
