@@ -1,7 +1,8 @@
 """Checks of the PyTorch runtime on a GPU with NCCL: generations in one process, the ledger,
 failures, the abort path, step time against plain DDP and the resize pause.
 
-Run on a GPU machine: `python benchmarks/gpu_nccl_check.py` (about 3 minutes). With
+Run on a GPU machine: `python benchmarks/gpu_nccl_check.py` (an estimated 5 minutes;
+`--logs DIR` keeps every job's logs and traces there). With
 `--device cpu` the same checks run on gloo, which checks this script where no GPU is.
 One JSON line per check, `{"check": NAME, "ok": true|false, ...}`, then a summary line;
 the exit status is 1 when any check failed.
