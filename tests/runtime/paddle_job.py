@@ -63,6 +63,12 @@ def main() -> None:
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
+        "--gate",
+        type=Path,
+        help="wait (up to 300 s) for this file before joining: a test starts a newcomer "
+        "early, so that its imports are paid before the moment it joins",
+    )
+    parser.add_argument(
         "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
     )
     args = parser.parse_args()
@@ -82,6 +88,12 @@ def main() -> None:
     steps = 0
     worlds: set[int] = set()
     trace = args.trace.open("a", buffering=1) if args.trace else None
+    if args.gate:
+        deadline = time.monotonic() + 300
+        while not args.gate.exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"{args.gate} did not appear within 300 s")
+            time.sleep(0.02)
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
         if trace:
             trace.write(f"ready {time.time()} {worker}\n")

@@ -34,11 +34,22 @@ from .paddle_job import mlp, mlp_arrays, momentum
 JOB = str(Path(__file__).with_name("paddle_job.py"))
 
 
+# Starting workers import Paddle at once; on a loaded 2-core machine that alone was seen
+# to take 40-60 s.
+STARTUP_S = 150
+
+
 def job_args(kind: str, samples: int, out: Path, batch: int, sleep_s: float) -> list[str]:
     return [
         JOB, "--kind", kind, "--samples", str(samples), "--global-batch", str(batch),
         "--step-sleep-s", str(sleep_s), "--out", str(out),
     ]  # fmt: skip
+
+
+def gated(args: list[str], gate: Path) -> list[str]:
+    """A newcomer started with the others, that joins once `gate` exists: its imports
+    must not decide whether it joins before the job ends."""
+    return [*args, "--gate", str(gate)]
 
 
 def coordinator_args(samples: int, epochs: int) -> list[str]:
@@ -64,15 +75,17 @@ def test_model_ledger_is_exact_through_shrink_join_and_sigkill(cluster: Cluster)
         waiting_for(lambda: client.progress().committed_step >= target, 60, f"step {target}")
 
     cluster.client().set_target(3)
+    gate = cluster.root / "w3-joins"
     for name in ("w0", "w1", "w2"):
         cluster.starting_worker(name, args)
-    waiting_for(lambda: len(members()) == 3, 60, "three workers")
+    cluster.starting_worker("w3", gated(args, gate))
+    waiting_for(lambda: len(members()) == 3, STARTUP_S, "three workers")
     advancing(5)
     victim = members()[-1]
     client.drain(victim)  # 3 -> 2, graceful
     assert cluster.waiting_exit(victim, 60) == 0, cluster.log(victim)[-3000:]
     advancing(5)
-    cluster.starting_worker("w3", args)  # 2 -> 3
+    gate.touch()  # 2 -> 3
     waiting_for(lambda: "w3" in members(), 60, "w3 to join")
     advancing(5)
     assert not client.progress().finished, "the SIGKILL should land mid-job"
@@ -118,10 +131,12 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
     args = job_args("mlp", samples, out, batch=batch, sleep_s=0.08)
     client = cluster.client()
     client.set_target(2)
+    gate = cluster.root / "w2-joins"
     for name in ("w0", "w1"):
         cluster.starting_worker(name, args)
-    waiting_for(lambda: client.progress().committed_step >= 5, 60, "first steps")
-    cluster.starting_worker("w2", args)
+    cluster.starting_worker("w2", gated(args, gate))
+    waiting_for(lambda: client.progress().committed_step >= 5, STARTUP_S, "first steps")
+    gate.touch()
     waiting_for(lambda: len(client.progress().members) == 3, 60, "the join")
     target = client.progress().committed_step + 3
     waiting_for(lambda: client.progress().committed_step >= target, 60, "steps at 3")

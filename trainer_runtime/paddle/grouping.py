@@ -17,8 +17,15 @@ allreduce per bucket, the last one carrying a stop flag so that all ranks leave 
 generation at the same step boundary; rank 0's model, optimizer accumulators and a small
 picklable header (the ledger view, the policy state) are broadcast at every generation.
 
-What must stay true: no member builds a group another member gave up on (see `forming`);
-every wait is bounded (forming by the contract's timeout or, on rank 0, a newer
+A generation may take several attempts to form (a member that failed to form it, or whose
+step failed, while the coordinator saw nobody leave, forms the same generation again): each
+attempt meets under keys and a group id of its own (`GROUP_ID_BASE + generation *
+ATTEMPTS_PER_GENERATION + attempt`), so a late member of a given-up attempt never mixes
+with the next one.
+
+What must stay true: no member builds a group another member gave up on (see `forming`:
+one verdict per attempt, the first proposed, taken by an atomic ticket); every wait is
+bounded (the roll call and the group constructor by the contract's timeout or a newer
 generation; gloo connects every pair of members, so a collective whose peer died raises at
 once in every member, and one whose peer went silent after gloo's own 30 s); after
 `broadcasting_state` returns, all members hold rank 0's state.
@@ -28,7 +35,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -42,10 +51,17 @@ from trainer_runtime.agent import Assignment
 
 # Far above the ids Paddle hands out itself (0 for the default group, then 1, 2, ...).
 GROUP_ID_BASE = 1_000_000
+# Attempts at forming one generation that get group ids of their own (the session gives up
+# on a generation well before: see MAX_FAILED_FORMATIONS in session.py).
+ATTEMPTS_PER_GENERATION = 16
 BUCKET_BYTES = 16 * 1024 * 1024
 STORE_PORT_ATTEMPTS = 8
 ROLL_POLL_S = 0.005
-BUILD, ABANDON = 1, 2  # rank 0's decision on a generation, in its store
+BUILD_POLL_S = 0.05
+# How long a member whose proposal lost waits for the winner to write its verdict (the
+# winner writes it right after taking the ticket; only a crash in between leaves it unset).
+VERDICT_GRACE_S = 10.0
+BUILD, ABANDON = 1, 2  # the verdict on one attempt, in rank 0's registered store
 
 
 def free_port(host: str) -> int:
@@ -133,21 +149,34 @@ class Group:
 
 
 def forming(
-    assignment: Assignment, stores: StoreHost, given_up: Callable[[], bool], timeout_s: float
+    assignment: Assignment,
+    attempt: int,
+    stores: StoreHost,
+    given_up: Callable[[], bool],
+    timeout_s: float,
 ) -> Group:
-    """Join this generation's group (the caller keeps the previous one alive).
+    """Join attempt `attempt` at this generation's group (the caller keeps the previous
+    group alive).
 
     Two Paddle facts shape this. The group constructor writes rendezvous keys that are not
     all namespaced by the group id, so two groups built on one store can read each other's
-    peer addresses (seen as torn addresses and refused connections): every generation
+    peer addresses (seen as torn addresses and refused connections): every attempt
     therefore meets in a store of its own, a new server that rank 0 starts and whose port
-    it publishes in the store it registered. And the constructor waits without a bound
-    for every member: so a roll call comes first, with counters only, in the registered
-    store; every member says it arrived, and rank 0 alone decides that the group is built
-    once everybody has arrived, or that it is not, when a newer generation opened first
-    (`given_up()`) or `timeout_s` passed; the others follow its decision, so nobody builds
-    a group another member gave up on.
+    it publishes in the store it registered. And the constructor waits without a bound for
+    every member (measured: blocked in the store's wait for a member that never came, far
+    past the store's timeout): so a roll call comes first, with counters only, in the
+    registered store, and the constructor then runs in a helper thread that the caller
+    stops waiting for after `timeout_s`, or as soon as a newer generation opened. The
+    roll call ends in one verdict per attempt, BUILD or ABANDON, the first one proposed:
+    rank 0 proposes BUILD once every member arrived, anyone proposes ABANDON when it
+    stops waiting (its deadline passed, or a newer generation opened). A member that
+    arrived and then gave up can therefore never be counted in a group that is built.
     """
+    if not 0 <= attempt < ATTEMPTS_PER_GENERATION:
+        raise RuntimeError(
+            f"generation {assignment.generation} failed to form {attempt} times while its "
+            "membership stayed the same; this worker stops"
+        )
     leader = next(p for p in assignment.peers if p.rank == 0)
     place = str(paddle.device.get_device())
     backend = backend_for(place)
@@ -155,27 +184,33 @@ def forming(
     os.environ["PADDLE_TRAINER_ID"] = str(assignment.rank)
     if backend == "nccl":
         core.CommContextManager.set_device_id(int(place.split(":")[1]))
-    port_key = f"edl/g{assignment.generation}/port"
+    tag = f"g{assignment.generation}a{attempt}"
+    port_key = f"edl/{tag}/port"
     try:
         registered = stores.store_of(leader.store_address)
         own: Any = None
         if assignment.rank == 0:
             own, port = stores.hosting()
             registered.add(port_key, port)
-        calling_roll(registered, assignment, given_up, time.monotonic() + timeout_s)
+        calling_roll(registered, f"edl/{tag}/", assignment, given_up, time.monotonic() + timeout_s)
         if own is None:
             port = int(registered.add(port_key, 0))
             host = leader.store_address.rsplit(":", 1)[0]
             own = core.TCPStore(host, port, False, 1, stores.timeout_s)
         make: Any = collective._new_process_group_impl  # no public API takes a group id
-        process_group = make(
-            backend,
-            own,
-            assignment.rank,
-            assignment.world_size,
-            f"edl_g{assignment.generation}",
-            pg_options=None,
-            group_id=GROUP_ID_BASE + assignment.generation,
+        process_group = building(
+            lambda: make(
+                backend,
+                own,
+                assignment.rank,
+                assignment.world_size,
+                f"edl_{tag}",
+                pg_options=None,
+                group_id=GROUP_ID_BASE + assignment.generation * ATTEMPTS_PER_GENERATION + attempt,
+            ),
+            given_up,
+            time.monotonic() + timeout_s,
+            f"generation {assignment.generation} (attempt {attempt})",
         )
     except ValueError as error:  # Paddle's store reports a lost connection so
         stores.forgetting(leader.store_address)
@@ -183,29 +218,79 @@ def forming(
     return Group(process_group, assignment.rank, assignment.world_size, assignment.generation, own)
 
 
-def calling_roll(
-    store: Any, assignment: Assignment, given_up: Callable[[], bool], deadline: float
-) -> None:
-    """Return once rank 0 decided that this generation's group is built; raise
-    `RuntimeError` once it decided not to, or at `deadline`."""
-    prefix = f"edl/g{assignment.generation}/"
-    store.add(prefix + "arrived", 1)
-    if assignment.rank == 0:
-        while store.add(prefix + "arrived", 0) < assignment.world_size:
-            if given_up() or time.monotonic() > deadline:
-                store.add(prefix + "decision", ABANDON)
-                raise RuntimeError(
-                    f"generation {assignment.generation} given up: not every member came"
-                )
-            time.sleep(ROLL_POLL_S)
-        store.add(prefix + "decision", BUILD)
-        return
-    while (decision := store.add(prefix + "decision", 0)) == 0:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"rank 0 of generation {assignment.generation} never decided")
+def verdict_in(store: Any, prefix: str) -> int:
+    """The verdict on this attempt, or 0 while there is none."""
+    return int(store.add(prefix + "verdict", 0))
+
+
+def proposing(store: Any, prefix: str, verdict: int) -> int:
+    """Propose `verdict` for this attempt; returns the verdict that stands: the first one
+    proposed (whoever takes ticket 1 writes it), ABANDON if its proposer never wrote it."""
+    if int(store.add(prefix + "ticket", 1)) == 1:
+        store.add(prefix + "verdict", verdict)
+        return verdict
+    deadline = time.monotonic() + VERDICT_GRACE_S
+    while (standing := verdict_in(store, prefix)) == 0 and time.monotonic() < deadline:
         time.sleep(ROLL_POLL_S)
-    if decision != BUILD:
-        raise RuntimeError(f"rank 0 gave generation {assignment.generation} up")
+    return standing or ABANDON
+
+
+def calling_roll(
+    store: Any, prefix: str, assignment: Assignment, given_up: Callable[[], bool], deadline: float
+) -> None:
+    """Return once the verdict on this attempt is BUILD; raise `RuntimeError` once it is
+    ABANDON (proposed by this member at `deadline` or on `given_up()`, or by another)."""
+    store.add(prefix + "arrived", 1)
+    what = f"generation {assignment.generation}"
+    while (verdict := verdict_in(store, prefix)) == 0:
+        everybody = (
+            assignment.rank == 0 and int(store.add(prefix + "arrived", 0)) >= assignment.world_size
+        )
+        if everybody:
+            verdict = proposing(store, prefix, BUILD)
+            break
+        if given_up() or time.monotonic() > deadline:
+            verdict = proposing(store, prefix, ABANDON)
+            break
+        time.sleep(ROLL_POLL_S)
+    if verdict != BUILD:
+        raise RuntimeError(f"{what} given up: not every member came in time")
+
+
+def building(
+    make: Callable[[], Any], given_up: Callable[[], bool], deadline: float, what: str
+) -> Any:
+    """Run Paddle's group constructor in a helper thread; its group, or `RuntimeError` at
+    `deadline` or once `given_up()`.
+
+    The constructor has no bound of its own: it waits for every member's address, and a
+    member that died after the roll call never writes one. A constructor given up on
+    stays blocked in its (daemon) thread, holding that attempt's store connection and
+    half-made group; nothing else uses them, and the attempt's keys and group id are never
+    reused.
+    """
+    outcome: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
+
+    def constructing() -> None:
+        try:
+            outcome.put((True, make()))
+        except Exception as error:  # handed to the waiting caller
+            outcome.put((False, error))
+
+    threading.Thread(target=constructing, name="edl-group-build", daemon=True).start()
+    while True:
+        try:
+            built, value = outcome.get(timeout=BUILD_POLL_S)
+        except queue.Empty:
+            if given_up() or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the group of {what} was not built: a member that answered the roll "
+                    "call never joined it (it left, died or failed since)"
+                ) from None
+            continue
+        if built:
+            return value
+        raise value
 
 
 def buckets(tensors: Sequence[paddle.Tensor]) -> Iterator[list[paddle.Tensor]]:

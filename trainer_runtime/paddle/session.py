@@ -54,6 +54,8 @@ from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk,
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
+NEWS_GRACE_S = 3.0
+NEWS_POLL_S = 0.05
 
 
 class ElasticSession:
@@ -79,6 +81,8 @@ class ElasticSession:
         self.committer = Committer(self.agent)
         self.group: Group | None = None
         self.retired: list[Group] = []
+        self.assignment: Assignment | None = None  # the generation formed or being formed
+        self.attempt = 0  # at forming `assignment`
         self.step_count = 0
         self.applied: deque[StepWindow] = deque(maxlen=256)
         self.walk: Walk | None = None
@@ -132,33 +136,67 @@ class ElasticSession:
 
     def reforming(self) -> bool:
         """Join the next generation and take rank 0's state; False when the worker must
-        stop (drained, or the job is finished)."""
+        stop (drained, or the job is finished).
+
+        A worker that leaves its generation because a newer one opened (or that was told
+        so by rank 0) asks the coordinator for it. A worker whose formation or step failed
+        while the coordinator still runs the same generation forms that generation again,
+        at its next attempt: the coordinator only opens a generation when membership
+        changes, so waiting for a newer one would wait for nothing (every member of a
+        generation counts its own failures the same way: a failed attempt fails in every
+        member, by error, by gloo's timeout, or by the roll call's single verdict).
+        """
         for _ in range(MAX_FAILED_FORMATIONS):
-            assignment = self.agent.awaiting_assignment()
-            if assignment.outcome is Outcome.DRAINED:
-                LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
-                self.done = True
-                return False
-            if assignment.outcome is Outcome.FINISHED:
-                self.done = True
-                return False
+            if self.assignment is None or self.leaving_generation or self.hearing_news():
+                assignment = self.agent.awaiting_assignment()
+                if assignment.outcome is Outcome.DRAINED:
+                    LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                    self.done = True
+                    return False
+                if assignment.outcome is Outcome.FINISHED:
+                    self.done = True
+                    return False
+                self.assignment, self.attempt = assignment, 0
+                self.leaving_generation = False  # left: from here on, failures retry it
+            else:
+                self.attempt += 1
+            assert self.assignment is not None
             try:
-                self.forming_generation(assignment)
+                self.forming_generation(self.assignment, self.attempt)
                 self.broken = False
                 return True
             except Fenced:
-                LOG.info("generation %d closed while forming", assignment.generation)
+                LOG.info("generation %d closed while forming", self.assignment.generation)
+                self.leaving_generation = True  # a newer generation opened: ask for it
             except (RuntimeError, OSError, ValueError) as error:  # a peer left while forming
-                LOG.info("forming generation %d failed: %s", assignment.generation, error)
+                LOG.info(
+                    "forming generation %d (attempt %d) failed: %s",
+                    self.assignment.generation,
+                    self.attempt,
+                    error,
+                )
         raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
 
-    def forming_generation(self, assignment: Assignment) -> None:
+    def hearing_news(self) -> bool:
+        """Whether a newer generation opened, waiting up to NEWS_GRACE_S for the news: a
+        step that failed because a peer died fails before the coordinator's notice of the
+        departure arrives, and forming the old generation again would wait for the dead."""
+        deadline = time.monotonic() + min(NEWS_GRACE_S, self.contract.timeout_s / 4)
+        while not self.agent.changed():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(NEWS_POLL_S)
+        return True
+
+    def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:
             # Never destroyed: freeing a Paddle group while newer ones form breaks their
             # rendezvous (measured: refused connections, torn addresses), so it is kept.
             self.retired.append(self.group)
         self.group = None
-        group = forming(assignment, self.stores, self.agent.changed, self.contract.timeout_s)
+        group = forming(
+            assignment, attempt, self.stores, self.agent.changed, self.contract.timeout_s
+        )
         extra: dict[str, Any] | None = None
         failure: CoordinatorError | None = None
         if group.rank == 0:
