@@ -127,8 +127,8 @@ def ps_snapshot_dir(tj: TrainingJob) -> str | None:
     if set(kinds) & _UNSHARED_VOLUMES:
         raise ShapingError(
             f"{field} {raw!r} lies on volume {volume['name']!r} ({', '.join(kinds)}), which "
-            "each pod sees alone: use a volume every replica shares (a ReadWriteMany "
-            "persistentVolumeClaim, nfs, ...)"
+            "is not shared by every pod on every node: use a volume every replica shares (a "
+            "ReadWriteMany persistentVolumeClaim, nfs, ...)"
         )
     if mount.get("readOnly"):
         raise ShapingError(
