@@ -10,7 +10,7 @@ Aspects tested:
   low job is preempted whole: an Event ``Preempted`` naming the high job and the victims,
   phase Suspended with the condition ``Suspended`` (reason ``Preempted``, the preemptor
   named), every worker drained through the coordinator and gone well before the drain
-  deadline (they exit 0: no restart is charged);
+  deadline (they exit 0: no restart is charged); ``edl_preemptions_total`` counts it;
 - its coordinator pod stays (the same pod, holding no GPU), so its ledger is kept;
 - the high job runs and succeeds; the low job is admitted again (Event ``Resumed``, the
   condition cleared) and continues from the samples it had committed (never back to 0)
@@ -151,6 +151,9 @@ def test_rigid_job_is_preempted_whole_and_resumes_where_it_stopped(
     held = condition(cluster, "low", "Suspended")
     assert held is not None and held["status"] == "True" and held["reason"] == "Preempted"
     assert f"{NS}/high" in held["message"]
+    counted = [line for line in controller.metrics().splitlines()
+               if line.startswith("edl_preemptions_total ")]  # fmt: skip
+    assert counted and float(counted[0].split()[-1]) >= 1, "counted in edl_preemptions_total"
     kept = cluster.pods(NS, "low", "coordinator")
     assert [p.metadata.uid for p in kept] == [coordinator], "the coordinator pod is kept"
     assert "nvidia.com/gpu" not in (kept[0].spec.containers[0].resources.requests or {})
