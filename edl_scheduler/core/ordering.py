@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from edl_scheduler.core.policy import Ordering, Policy
-from edl_scheduler.core.snapshot import Job
+from edl_scheduler.core.snapshot import Job, Role
 
 
 def effective_priority(job: Job, policy: Policy) -> int:
@@ -26,16 +26,26 @@ def las_queue(job: Job, policy: Policy, now: float) -> int:
     return sum(1 for t in policy.queue_thresholds_gpu_s if job.attained_gpu_seconds >= t)
 
 
+def _waits(job: Job) -> float:
+    """0.0 for a job with live workers, 1.0 for one that waits (the LAS tie-break)."""
+    for r in job.replicas:
+        if r.role is Role.WORKER and not r.draining:
+            return 0.0
+    return 1.0
+
+
 def rank_key(job: Job, policy: Policy, now: float) -> tuple[float, ...]:
     prio = -float(effective_priority(job, policy))
     if policy.ordering is Ordering.LEAST_ATTAINED:
         return (prio, job.attained_gpu_seconds, job.submit_time)
     if policy.ordering is Ordering.LAS_QUEUES:
-        return (prio, float(las_queue(job, policy, now)), job.submit_time)
+        queue = float(las_queue(job, policy, now))
+        waits = _waits(job) if policy.las_running_first else 0.0
+        return (prio, queue, waits, job.submit_time)
     return (prio, job.submit_time)
 
 
-def _sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, ...]]:
+def sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, ...]]:
     """``(*rank_key(job, policy, now), job.name)`` with the policy's choices made once, not
     once per job (this orders every job of every cycle)."""
     use_priority = policy.use_priority
@@ -49,6 +59,7 @@ def _sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, 
     if policy.ordering is Ordering.LAS_QUEUES:
         thresholds = policy.queue_thresholds_gpu_s
         limit = policy.starvation_limit_s
+        running_first = policy.las_running_first
 
         def las(j: Job) -> tuple[float | str, ...]:
             prio = -float(j.priority if use_priority else 0)
@@ -60,7 +71,8 @@ def _sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, 
                 for t in thresholds:
                     if got >= t:
                         queue += 1
-            return (prio, float(queue), j.submit_time, j.name)
+            waits = _waits(j) if running_first else 0.0
+            return (prio, float(queue), waits, j.submit_time, j.name)
 
         return las
 
@@ -72,4 +84,4 @@ def _sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, 
 
 def ranked(jobs: tuple[Job, ...], policy: Policy, now: float) -> list[Job]:
     """Jobs in the order the policy serves them (first = highest ranked)."""
-    return sorted(jobs, key=_sort_key(policy, now))
+    return sorted(jobs, key=sort_key(policy, now))

@@ -31,7 +31,8 @@ class Ordering(Enum):
 
     FIFO: by submit time. LEAST_ATTAINED: least attained GPU-time first (job durations are
     unknown; favouring jobs that had little service shortens average JCT). LAS_QUEUES:
-    Tiresias' discretized 2D-LAS, queues by attained GPU-time thresholds, FIFO inside.
+    Tiresias' discretized 2D-LAS, queues by attained GPU-time thresholds, FIFO inside
+    (running jobs first where the policy's ``las_running_first`` says so).
     """
 
     FIFO = "fifo"
@@ -85,6 +86,12 @@ class Policy:
     ``max_load``: growth stops once this fraction of the cluster's GPUs is allocated.
     ``queue_thresholds_gpu_s``: LAS queue boundaries in attained GPU-seconds.
     ``starvation_limit_s``: a LAS job waiting this long returns to the first queue.
+    ``las_running_first``: within one LAS queue, jobs that run rank above jobs that wait, so
+    a waiting job preempts only jobs of lower queues, never one of its own. The Tiresias
+    simulator works so (after every round it moves each waiting job behind the running jobs
+    of its queue); without it, FIFO inside a queue lets an older waiting job suspend a
+    younger running one of the same queue, and in the last queue (no demotion below it)
+    long jobs then wait for every older long job to finish.
     """
 
     name: str
@@ -103,6 +110,7 @@ class Policy:
     max_load: float = 1.0
     queue_thresholds_gpu_s: tuple[float, ...] = ()
     starvation_limit_s: float | None = None
+    las_running_first: bool = False
     promises: frozenset[Invariant] = field(default=ALL_INVARIANTS)
 
     def promised(self, invariant: Invariant) -> bool:
@@ -161,6 +169,7 @@ PRESETS: dict[str, Policy] = {
         growth=Growth.NONE,
         min_run_s=0.0,
         queue_thresholds_gpu_s=(3250.0, 7200.0),
+        las_running_first=True,
         promises=_RIGID_PROMISES,
     ),
     "tiresias-pollux": Policy(
@@ -172,6 +181,9 @@ PRESETS: dict[str, Policy] = {
         growth=Growth.NONE,
         min_run_s=0.0,
         queue_thresholds_gpu_s=(16 * 3600.0,),
+        # The Pollux simulator's port of Tiresias keeps each queue in arrival (or demotion)
+        # order whatever runs: a waiting job may suspend a younger one of its own queue.
+        las_running_first=False,
         promises=_RIGID_PROMISES,
     ),
 }

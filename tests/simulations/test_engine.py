@@ -7,6 +7,8 @@ Aspects:
 - elastic EDL: a job grows into idle GPUs at start, is shrunk at the end of its minimum run to
   admit a newcomer, pays the resize pause, and the newcomer grows after its cool-down;
 - Tiresias: a job crossing its queue threshold is suspended, and resumes after the short job;
+  a job that waits never suspends a running job of its own queue (the Tiresias simulator's
+  order), while FIFO inside a queue (the Pollux simulator's) lets the older one take over;
 - tick-only planning (the Pollux simulator's rounds) and the restart pause;
 - a job too large to ever start ends the run instead of looping forever;
 - determinism: the same workload and seed give the same records.
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from edl_scheduler.core import PRESETS, preset
+from edl_scheduler.core.policy import with_overrides
 from simulations.engine import SimConfig, simulate
 from simulations.workload import LINEAR, ClusterSpec, Elasticity, Scaling, SimJob, with_elasticity
 
@@ -91,6 +94,21 @@ def test_tiresias_suspends_a_job_that_crosses_its_threshold() -> None:
     assert long.end == pytest.approx(10_100)
     assert long.preemptions == 1
     assert long.gpu_seconds == pytest.approx(10_000)
+
+
+def test_tiresias_never_preempts_a_job_of_the_same_queue() -> None:
+    jobs = [job("a", 0, 1, 1000), job("b", 50, 1, 300)]
+    two_queues = with_overrides(preset("tiresias"), queue_thresholds_gpu_s=(100.0,))
+    # a drops to queue 1 at t=100 and b (queue 0) suspends it; b drops too at t=200. Both are
+    # in queue 1 then: b runs, a waits, and a job that waits never suspends one of its own
+    # queue, so b finishes (200 s left) before a resumes (900 s left).
+    result = simulate(jobs, ClusterSpec(1, 1), two_queues, NO_COSTS)
+    assert ends(result) == {"a": 1300, "b": 400}
+    assert [r.preemptions for r in result.jobs] == [1, 0]
+    # In plain FIFO inside a queue (the Pollux simulator's Tiresias), the older a takes the
+    # GPU back from b at t=200 and b waits for a's 900 s.
+    fifo_inside = with_overrides(two_queues, las_running_first=False)
+    assert ends(simulate(jobs, ClusterSpec(1, 1), fifo_inside, NO_COSTS)) == {"a": 1100, "b": 1300}
 
 
 def test_ticks_only_and_the_restart_pause() -> None:

@@ -82,7 +82,10 @@ def test_run_command_refuses_bad_input(tmp_path: Path) -> None:
 GOLDEN = {
     "fifo-gang": (1556.5, 1415.5),
     "fifo-backfill": (715.3, 150.5),
-    "tiresias": (895.1, 651.5),
+    # Nothing is preempted on this sample, so 2D-LAS equals backfill: a replay of the Tiresias
+    # simulator's dlas-gpu loop (GPU counting, no costs) gives 715.3 s and no preemption too.
+    # (895.1, 651.5 while a waiting job could suspend a younger one of its own queue.)
+    "tiresias": (715.3, 150.5),
     "edl": (453.8, 307.1),
     "edl-fulfillment": (453.3, 288.8),
 }
@@ -104,10 +107,11 @@ def test_golden_summaries_on_the_tiresias_sample(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_philly_1d_fidelity_against_the_tiresias_simulator() -> None:
     """Only 2D-LAS here (thresholds, suspensions, resumes); benchmarks/sim_fidelity.py runs
-    every check. Measured: 10,248.2 s against the reference 10,236.8 s."""
+    every check. Measured: 10,233.3 s against the reference 10,236.8 s (10,248.2 s before a
+    waiting job stopped preempting running jobs of its own queue)."""
     from simulations.fidelity import REFERENCES, run_check
 
     (ref,) = [r for r in REFERENCES if (r.trace, r.our_policy) == ("philly_1d", "tiresias")]
     row = run_check(ref, TRACES)
     assert row.ok, f"{ref.our_policy}: {row.avg_jct_s:.1f} vs {ref.avg_jct_s}"
-    assert row.avg_jct_s == pytest.approx(10248.2, abs=0.1)  # golden: explain any change
+    assert row.avg_jct_s == pytest.approx(10233.3, abs=0.1)  # golden: explain any change
