@@ -65,7 +65,7 @@ def controller(
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-preempt")
     (workdir / "policy.yaml").write_text(POLICY)
-    with running_controller(kube_api, workdir, "preempt", NS, ports="25000-25099") as proc:
+    with running_controller(kube_api, workdir, "preempt", NS, ports="26000-26099") as proc:
         try:
             eventually(proc.healthy, 30, "the controller's /healthz")
             yield proc
@@ -127,7 +127,7 @@ def test_rigid_job_is_preempted_whole_and_resumes_where_it_stopped(
     kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, tmp_path: Path
 ) -> None:
     create_node(kube_api.api_client, "whole-0", gpus=2, labels={POOL: "whole"}, kubelet=True)
-    samples = 6000
+    samples = 4000
     (tmp_path / "low").mkdir()
     (tmp_path / "high").mkdir()
     cluster.create_job(job("low", min_replicas=2, max_replicas=2, priority=10, samples=samples,

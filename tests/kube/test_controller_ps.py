@@ -11,9 +11,11 @@ Aspects tested:
   ``pserver``, the pod IP as the address they serve on) and the snapshot directory the job
   names (``edl.dev/ps-snapshots``, on a volume of its template, plus the job's uid), which
   the workers are told too (``EDL_PS_SNAPSHOTS``); the servers carry the pserver resources;
-- a server pod deleted mid-run: the job rolls back to the last snapshot, the controller
-  creates a replacement server, the job succeeds with no restart charged, and the
-  workers' final parameters count every sample exactly ``epochs`` times;
+- a server pod deleted mid-run: the job rolls back to the last snapshot and the controller
+  creates a replacement server; then the whole job is suspended (every server and worker
+  leaves, the coordinator stays) and resumed (new servers restore the partitions from the
+  snapshots); it succeeds with no restart charged, and the resumed workers' final
+  parameters count every sample exactly ``epochs`` times;
 - a ``ps`` job that names no shared snapshot storage is refused with ``Valid=False`` and an
   Event saying which annotation to set; it gets no pod;
 - the example ``examples/05-parameter-server/trainingjob.yaml`` (a claim and the job) is
@@ -53,7 +55,7 @@ from .testenv import REPO, KubeAPI
 NS = "ctrl-ps"
 POOL = "edl.test/pool"
 JOB = str(REPO / "tests" / "runtime" / "ps_job.py")
-SAMPLES, EPOCHS = 600, 2
+SAMPLES, EPOCHS = 480, 2
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-ps")
-    with running_controller(kube_api, workdir, "ps", NS, ports="25200-25299") as proc:
+    with running_controller(kube_api, workdir, "ps", NS, ports="26200-26299") as proc:
         try:
             eventually(proc.healthy, 30, "the controller's /healthz")
             yield proc
@@ -117,11 +119,21 @@ def status(cluster: Cluster, name: str) -> dict[str, Any]:
     return found
 
 
+def step(cluster: Cluster, name: str = "ctr") -> int:
+    return int(status(cluster, name).get("progress", {}).get("committedStep", 0))
+
+
+def set_suspend(cluster: Cluster, name: str, value: bool) -> None:
+    cluster.custom.patch_namespaced_custom_object(
+        "edl.dev", "v1alpha1", NS, "trainingjobs", name, {"spec": {"suspend": value}}
+    )
+
+
 def live(pods: list[Any]) -> list[Any]:
     return [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase == "Running"]
 
 
-def test_ps_job_survives_a_deleted_server_with_an_exact_ledger(
+def test_ps_job_survives_a_deleted_server_and_a_suspension_with_an_exact_ledger(
     kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, tmp_path: Path
 ) -> None:
     create_node(kube_api.api_client, "ps-0", gpus=2, labels={POOL: "ps"}, kubelet=True)
@@ -158,19 +170,39 @@ def test_ps_job_survives_a_deleted_server_with_an_exact_ledger(
         return len(names) == 2 and victim not in names
 
     eventually(replaced, 60, "a replacement server")
+    eventually(lambda: step(cluster) >= 45, 90, "training on after the rollback")
+
+    # The whole job suspended and resumed: the servers leave too; the new ones restore the
+    # partitions from the snapshots, the coordinator (kept) the ledger.
+    coordinator = cluster.pods(NS, "ctr", "coordinator")[0].metadata.uid
+    set_suspend(cluster, "ctr", True)
+
+    def suspended() -> bool:
+        replicas = [p for p in cluster.pods(NS, "ctr")
+                    if p.metadata.labels["edl.dev/role"] != "coordinator"]  # fmt: skip
+        return status(cluster, "ctr").get("phase") == "Suspended" and not replicas
+
+    eventually(suspended, 60, "Suspended with no server or worker left")
+    assert not status(cluster, "ctr")["progress"]["finished"], "suspended mid-run"
+    assert [p.metadata.uid for p in cluster.pods(NS, "ctr", "coordinator")] == [coordinator]
+    set_suspend(cluster, "ctr", False)
     eventually(lambda: status(cluster, "ctr").get("phase") == "Succeeded", 150, "Succeeded")
-    assert status(cluster, "ctr")["restarts"] == 0, "a deleted server is not a failure"
+    assert status(cluster, "ctr")["restarts"] == 0, "deleted and drained servers are no failures"
 
-    def written() -> list[Path]:
-        return sorted(out.glob("*.pt")) if len(list(out.glob("*.json"))) == 2 else []
+    steps = SAMPLES * EPOCHS // 6
+    summaries: dict[str, dict[str, Any]] = {}
 
-    results = eventually(written, 60, "the workers' final parameters")
+    def finals() -> list[str]:
+        summaries.update({p.stem: json.loads(p.read_text()) for p in out.glob("*.json")})
+        final = [name for name, s in summaries.items() if s["pulled"] == steps]
+        return final if len(final) == 2 else []
+
+    results = eventually(finals, 60, "the resumed workers' final parameters")
     expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
-    for path in results:
-        counts = torch.load(path)["counts"]
-        assert torch.equal(counts, expected), f"{path.name}: {counts.unique(return_counts=True)}"
-    summaries = [json.loads(p.read_text()) for p in out.glob("*.json")]
-    assert any(s["rolled_back"] >= 1 for s in summaries), summaries
+    for name in results:
+        counts = torch.load(out / f"{name}.pt")["counts"]
+        assert torch.equal(counts, expected), f"{name}: {counts.unique(return_counts=True)}"
+    assert any(s["rolled_back"] >= 1 for s in summaries.values()), summaries
 
 
 def test_ps_job_without_shared_snapshots_is_refused(
