@@ -14,13 +14,14 @@ So that it fits on a small machine, only the nodes the high-priority job may use
 nodeSelector names them: `--real-nodes`, default 2) run their pods for real, through the
 kubelet in miniature: real coordinators and real framework-free workers, which the victims'
 drains go through. The other nodes' pods are reported Running without a process (a kubelet
-played by this script), so their jobs are planned, placed and counted like any other, but
-never train.
+played by this script; their coordinators answer from small gRPC servers in this process),
+so their jobs are planned, placed and counted like any other, but never train.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -32,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 from kubernetes.client import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,31 +44,72 @@ from tests.kube.controller_harness import (  # noqa: E402
     apply_crd,
     ensure_namespace,
     eventually,
-    live_workers,
     running_controller,
     training_job,
 )
 from tests.kube.kubelet import running_kubelet  # noqa: E402
 from tests.kube.nodes import KUBELET_LABELS, create_node  # noqa: E402
 from tests.kube.testenv import ensure_binaries, running_control_plane  # noqa: E402
+from trainer_runtime.protocol import METHODS, SERVICE, pb  # noqa: E402
 
 NS = "bench"
 POOL = "edl.bench/pool"
 
 
-def played_kubelet(cluster: Cluster, real: set[str], stop: threading.Event) -> None:
-    """Reports the workers of the played nodes Running and removes deleted pods at once.
-    Their coordinators stay Pending: there is no process to ask for progress."""
+class PlayedCoordinators:
+    """The coordinators of the played nodes' jobs: one small gRPC server per job in this
+    process, on the job's port, answering what the controller asks (progress: no members
+    yet, not finished; drains and targets accepted; the same state snapshot each time).
+    The controller creates a job's workers only once its coordinator answers; a real
+    coordinator per played job would not fit on a small machine."""
+
+    def __init__(self) -> None:
+        self.servers: dict[int, grpc.Server] = {}
+        replies = {
+            "Drain": pb.Empty(),
+            "SetTarget": pb.Empty(),
+            "GetProgress": pb.Progress(epochs=1000),
+            "GetSnapshot": pb.Snapshot(state_json="{}"),
+        }
+        self.handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                lambda _request, _context, reply=reply: reply,
+                request_deserializer=METHODS[name].request.FromString,
+                response_serializer=METHODS[name].reply.SerializeToString,
+            )
+            for name, reply in replies.items()
+        }
+
+    def serve(self, port: int) -> None:
+        if port in self.servers:
+            return
+        server = grpc.server(ThreadPoolExecutor(max_workers=1))
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(SERVICE, self.handlers),)
+        )
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        self.servers[port] = server
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop(grace=None)
+
+
+def played_kubelet(
+    cluster: Cluster, real: set[str], coordinators: PlayedCoordinators, stop: threading.Event
+) -> None:
+    """Reports the pods of the played nodes Running (their coordinators served by
+    ``coordinators``, their workers without a process) and removes deleted pods at once."""
 
     def settle(pod: Any) -> None:
         name = pod.metadata.name
         try:
             if pod.metadata.deletion_timestamp:
                 cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-            elif (
-                pod.status.phase == "Pending"
-                and pod.metadata.labels.get("edl.dev/role") != "coordinator"
-            ):
+            elif pod.status.phase == "Pending":
+                if pod.metadata.labels.get("edl.dev/role") == "coordinator":
+                    coordinators.serve(int(pod.metadata.annotations["edl.dev/coordinator-port"]))
                 cluster.set_pod_phase(NS, name, "Running")
         except ApiException:
             pass
@@ -82,14 +125,79 @@ def played_kubelet(cluster: Cluster, real: set[str], stop: threading.Event) -> N
             stop.wait(0.3)
 
 
+#: The jobs' dataset: 2,000 shards of 10,000 samples an epoch, for 1,000 epochs, so that no
+#: job ends during a run. A coordinator keeps each epoch's shard order in memory and
+#: builds it before it listens: 10**9 samples in shards of 10 (what this script used
+#: first) are 10**8 shards, which it did not finish building in minutes, so every drain
+#: was refused and the victims left only at their drain deadline.
+DATASET = "--samples 20000000 --shard-size 10000 --epochs 1000"
+
+
 def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
     manifest = training_job(name, NS, **kwargs)
+    manifest["metadata"]["annotations"]["edl.dev/coordinator-args"] = DATASET
     manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
     manifest["spec"]["timeouts"] = {"drainSeconds": 10}
     manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
         sys.executable, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05",
     ]  # fmt: skip
     return manifest
+
+
+class Phases:
+    """When each step of one admission was first seen, in seconds from the job's creation:
+    victims marked draining, victims gone (exited or deleted), the new job's coordinator
+    Running, its workers created, all of them Running. Read by polling the API, so each
+    is late by up to one poll (about 0.1 s)."""
+
+    def __init__(self, cluster: Cluster, victim_job: str, job: str, workers: int) -> None:
+        self.cluster = cluster
+        self.victim_job = victim_job
+        self.job = job
+        self.workers = workers
+        self.started = time.monotonic()
+        self.seen: dict[str, float] = {}
+        self.victims: set[str] = set()
+
+    def _mark(self, phase: str) -> None:
+        self.seen.setdefault(phase, round(time.monotonic() - self.started, 3))
+
+    def admitted(self) -> bool:
+        pods = self.cluster.core.list_namespaced_pod(
+            NS, label_selector=f"edl.dev/job in ({self.victim_job},{self.job})"
+        ).items
+        mine = [p for p in pods if p.metadata.labels["edl.dev/job"] == self.job]
+        theirs = {p.metadata.name: p for p in pods if p.metadata.labels["edl.dev/job"] != self.job}
+        if len(self.victims) < self.workers:
+            self.victims |= {
+                name
+                for name, p in theirs.items()
+                if (p.metadata.annotations or {}).get("edl.dev/draining") == "true"
+            }
+            if len(self.victims) >= self.workers:
+                self._mark("victims_marked_s")
+        elif all(
+            name not in theirs or theirs[name].status.phase in ("Succeeded", "Failed")
+            for name in self.victims
+        ):
+            self._mark("victims_gone_s")
+        if any(
+            p.metadata.labels.get("edl.dev/role") == "coordinator" and p.status.phase == "Running"
+            for p in mine
+        ):
+            self._mark("coordinator_running_s")
+        workers = [
+            p
+            for p in mine
+            if p.metadata.labels.get("edl.dev/role") == "worker"
+            and not p.metadata.deletion_timestamp
+        ]
+        if len(workers) >= self.workers:
+            self._mark("workers_created_s")
+            if all(p.status.phase == "Running" for p in workers):
+                self._mark("workers_running_s")
+                return True
+        return False
 
 
 def cycle_mean(metrics: str) -> float:
@@ -110,15 +218,22 @@ def main() -> int:
     parser.add_argument("--real-nodes", type=int, default=1)
     parser.add_argument("--high-workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3, help="high-priority jobs, one by one")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the controller's log and the pods' logs here (default: a temporary folder)",
+    )
     args = parser.parse_args()
     if args.rounds * args.high_workers > args.real_nodes * args.gpus - args.real_nodes:
         parser.error("--rounds x --high-workers must leave each real low job one GPU")
     bin_dir = ensure_binaries()
-    with (
-        tempfile.TemporaryDirectory(prefix="edl-bench-") as tmp,
-        running_control_plane(bin_dir) as api,
-    ):
-        workdir = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            workdir = args.workdir
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edl-bench-")))
+        api = stack.enter_context(running_control_plane(bin_dir))
         apply_crd(api)
         ensure_namespace(api, NS)
         cluster = Cluster(api)
@@ -135,7 +250,10 @@ def main() -> int:
         per_job = max(1, -(-played_gpus // played_jobs))
         stop = threading.Event()
         kube_client = api.new_client()
-        player = threading.Thread(target=played_kubelet, args=(cluster, real, stop), daemon=True)
+        coordinators = PlayedCoordinators()
+        player = threading.Thread(
+            target=played_kubelet, args=(cluster, real, coordinators, stop), daemon=True
+        )
         kubelet = running_kubelet(kube_client, workdir / "kubelet", node_labels=KUBELET_LABELS)
         operator = running_controller(api, workdir, "bench", NS, ports="25000-25999")
         with kubelet, operator as ctrl:
@@ -145,7 +263,7 @@ def main() -> int:
                 for i in range(played_jobs):
                     cluster.create_job(
                         job(f"bg-{i}", "played", min_replicas=1, max_replicas=per_job,
-                            priority=1, samples=10**9)
+                            priority=1)
                     )  # fmt: skip
 
                 def running(at_least: int) -> bool:
@@ -163,26 +281,21 @@ def main() -> int:
                 for i in range(real_jobs):
                     cluster.create_job(
                         job(f"low-{i}", "real", min_replicas=1, max_replicas=args.gpus,
-                            priority=1, samples=10**9)
+                            priority=1)
                     )  # fmt: skip
                 eventually(lambda: running(args.nodes * args.gpus), 300, "every GPU in use")
                 times: list[float] = []
+                phases: list[dict[str, float]] = []
                 for r in range(args.rounds):
                     name = f"high-{r}"
-                    started = time.monotonic()
+                    watch = Phases(cluster, "low-0", name, args.high_workers)
                     cluster.create_job(
                         job(name, "real", min_replicas=args.high_workers,
-                            max_replicas=args.high_workers, priority=1000, samples=10**9)
+                            max_replicas=args.high_workers, priority=1000)
                     )  # fmt: skip
-
-                    def admitted(n: str = name) -> bool:
-                        pods = live_workers(cluster, NS, n)
-                        return len(pods) >= args.high_workers and all(
-                            p.status.phase == "Running" for p in pods
-                        )
-
-                    eventually(admitted, 120, f"{name}'s workers Running")
-                    times.append(time.monotonic() - started)
+                    eventually(watch.admitted, 120, f"{name}'s workers Running")
+                    times.append(time.monotonic() - watch.started)
+                    phases.append(watch.seen)
                     # The next round's job takes its workers from what the low jobs kept.
                 result = {
                     "nodes": args.nodes,
@@ -190,6 +303,7 @@ def main() -> int:
                     "admit_high_priority_s": round(statistics.median(times), 3),
                     "cycle_s": round(cycle_mean(ctrl.metrics()), 4),
                     "admit_rounds_s": [round(t, 3) for t in times],
+                    "phases_s": phases,
                     "real_nodes": args.real_nodes,
                     "high_workers": args.high_workers,
                 }
@@ -197,6 +311,7 @@ def main() -> int:
             finally:
                 stop.set()
                 player.join(5)
+                coordinators.stop()
                 if os.environ.get("EDL_BENCH_LOG"):
                     print(ctrl.log_tail(80), file=sys.stderr)
         kube_client.close()

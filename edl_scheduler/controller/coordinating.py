@@ -93,8 +93,10 @@ class GrpcCoordinator:
         self._channel = grpc.insecure_channel(
             address,
             options=[
+                # A coordinator that is starting is asked every 0.1 s (its first answer
+                # lets the job's workers be created): reconnect about as often.
                 ("grpc.initial_reconnect_backoff_ms", 100),
-                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.max_reconnect_backoff_ms", 250),
             ],
         )
         self._calls: dict[str, Any] = {}
