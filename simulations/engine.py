@@ -352,22 +352,37 @@ class Engine:
     # -- planning ---------------------------------------------------------------------------
 
     def _snapshot_job(self, run: _Run, now: float) -> Job:
+        """The job as the planner sees it now. The Job is cached until ``_apply`` changes the
+        job (the only place its replicas, samples and times change); where the ranking reads
+        attained GPU-time, a running job's Job is rebuilt at every plan, reusing the cached
+        spec, replicas and samples."""
         fresh = self.fresh_attained and run.workers > 0
-        if run.cached is not None and not fresh:
-            return run.cached
+        cached = run.cached
+        if cached is not None:
+            if not fresh:
+                return cached
+            worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
+        else:
+            job = run.job
+            worker = RoleSpec(job.min_workers, job.max_workers, _WORKER)
+            replicas = tuple(run.replicas)
+            samples = (
+                tuple(run.samples[k] for k in sorted(run.samples))
+                if self.config.report_throughput
+                else ()
+            )
         job = run.job
-        samples = tuple(run.samples[k] for k in sorted(run.samples))
         built = Job(
             name=job.name,
-            worker=RoleSpec(job.min_workers, job.max_workers, _WORKER),
+            worker=worker,
             submit_time=job.submit_time,
             priority=job.priority,
             requested=job.requested,
-            replicas=tuple(run.replicas),
+            replicas=replicas,
             start_time=run.start_time,
             last_resize_time=run.last_resize_time,
             attained_gpu_seconds=run.attained_at(now),
-            throughput=samples if self.config.report_throughput else (),
+            throughput=samples,
         )
         run.cached = built
         return built
@@ -377,7 +392,14 @@ class Engine:
         nothing else changed and no time-based rule fell due; if the planner would not see
         any of them (they cannot start), the plan is left out: the last plan's result is a
         fixed point (invariant 6) and jobs that cannot start change no decision."""
-        jobs = [self._snapshot_job(r, now) for r in self.active.values()]
+        # The cached Job of a waiting job (most of them) is taken here, without a call.
+        fresh = self.fresh_attained
+        jobs = [
+            r.cached
+            if r.cached is not None and not (fresh and r.replicas)
+            else self._snapshot_job(r, now)
+            for r in self.active.values()
+        ]
         if self.config.prune:
             free = self.cluster.gpus - self.allocated
             jobs = visible(jobs, self.policy, now, free, self.reservations)

@@ -38,11 +38,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from edl_scheduler.core import Admission, Job, Ordering, Policy, Preemption, Reservation, Role
-from edl_scheduler.core.ordering import rank_key
+from edl_scheduler.core.ordering import sort_key
 
 
 def _minimum(job: Job, policy: Policy) -> int:
     return job.worker.min_replicas if policy.elastic else job.rigid_size
+
+
+def _live_workers(job: Job) -> int:
+    """Live (placed, not draining) workers: ``len(job.live(Role.WORKER))`` without the tuple."""
+    count = 0
+    for r in job.replicas:
+        if r.role is Role.WORKER and not r.draining:
+            count += 1
+    return count
 
 
 def visible(
@@ -60,35 +69,34 @@ def visible(
         Preemption.SHRINK_THEN_SUSPEND,
     )
     suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
-    running = [j for j in jobs if j.live(Role.WORKER)]
+    # This runs before every plan over every job: each job's live workers are counted once.
+    live = [_live_workers(j) if j.replicas else 0 for j in jobs]
+    running = [j for j, n in zip(jobs, live, strict=True) if n]
     if any(not j.preemptible for j in running):
         return list(jobs)
     held = {r.job for r in reservations}
+    waiting = [j for j, n in zip(jobs, live, strict=True) if not n]
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
             return list(jobs)
-        waiting = [j for j in jobs if not j.live(Role.WORKER)]
         first = waiting[: max(0, free_gpus) + 1]
         return running + first + [j for j in waiting[len(first) :] if j.name in held]
     pool = max(0, free_gpus)
     if shrink:
-        for j in running:
-            gpu = j.worker.resources.gpu
-            pool += max(0, len(j.live(Role.WORKER)) - _minimum(j, policy)) * gpu
-    waiting = [j for j in jobs if not j.live(Role.WORKER)]
+        for j, n in zip(jobs, live, strict=True):
+            if n:
+                pool += max(0, n - _minimum(j, policy)) * j.worker.resources.gpu
     if suspend and waiting:
-        top = min(waiting, key=lambda j: (rank_key(j, policy, now), j.name))
-        for j in running:
-            if policy.use_priority:
-                may = j.priority < top.priority
-            else:
-                may = (rank_key(j, policy, now), j.name) > (rank_key(top, policy, now), top.name)
-            if may:
-                pool += len(j.live(Role.WORKER)) * j.worker.resources.gpu
+        key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
+        best = min(waiting, key=key)
+        top = key(best)
+        for j, n in zip(jobs, live, strict=True):
+            if not n:
+                continue
+            if (j.priority < best.priority) if policy.use_priority else (key(j) > top):
+                pool += n * j.worker.resources.gpu
     return [
         job
-        for job in jobs
-        if job.live(Role.WORKER)
-        or job.name in held
-        or _minimum(job, policy) * job.worker.resources.gpu <= pool
+        for job, n in zip(jobs, live, strict=True)
+        if n or job.name in held or _minimum(job, policy) * job.worker.resources.gpu <= pool
     ]
