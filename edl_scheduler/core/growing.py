@@ -10,6 +10,10 @@ a gain over the horizon smaller than the resize pause (``stability``), the polic
 threshold, or, for a job that cannot be preempted, a higher-ranked job still waiting (GPUs
 it took could not be given back). A grown job's whole increment is checked against the
 pause once; a job that fails is reverted and its GPUs offered to the others.
+
+After the first round's growth, policies that grow by marginal gain also rebalance
+(``rebalancing``): workers move from running jobs that use them poorly to running jobs that
+would use them better, when the gain pays for both pauses.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import heapq
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
+from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
@@ -43,6 +48,7 @@ class Grower:
         self.s = session
         self.statements: dict[str, Statement] = {}
         self.start: dict[str, tuple[int, int]] = {}
+        self.rebalanced = False
 
     def candidates(self) -> list[JobState]:
         s = self.s
@@ -134,6 +140,9 @@ class Grower:
             self._grow_pservers(js)
             self._say_if_held(js)
         self._servers_to_their_rule()
+        if not self.rebalanced:  # once per cycle, after the first round's growth
+            self.rebalanced = True
+            Rebalancer(s).run()
 
     def _say_if_held(self, js: JobState) -> None:
         """A job left below its maximum although a node it may use has room, because that

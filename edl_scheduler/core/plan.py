@@ -39,6 +39,8 @@ class Reason(Enum):
     STARTED = "Started"
     GREW = "Grew"
     SHRUNK_TO_ADMIT = "ShrunkToAdmit"
+    #: Gave workers to a running job that makes more progress with them (``rebalancing``).
+    REBALANCED = "Rebalanced"
     SUSPENDED_TO_ADMIT = "SuspendedToAdmit"
     MOVED_TO_ADMIT = "MovedToAdmit"
     AT_MAXIMUM = "AtMaximum"

@@ -1,0 +1,276 @@
+"""Rebalancing: move workers between running jobs to where they make more progress.
+
+Admission gives every newcomer its gang and growth hands out idle GPUs, but neither ever
+takes a GPU back from a job that uses it poorly to give it to one that would use it well:
+once every GPU is allocated, sizes only change when jobs arrive or finish. Pollux (OSDI'21)
+instead re-optimizes every job's allocation each round for the sum of the jobs' goodput
+speed-ups, charging a re-allocation penalty. This step does the same, greedily, one worker at
+a time, within the planner's rules:
+
+- The objective is the sum over jobs of ``speedup(nodes, workers)``, from each job's fitted
+  model (``throughput.fit`` of what its runtime measured; the prior for sizes it never ran
+  at). Where a runtime reports goodput (progress per second weighted by statistical
+  efficiency, as the simulator does for the Pollux workloads), this is Pollux's goodput.
+- A move takes one worker from a donor and gives that very GPU (same node) to a recipient, so
+  the cluster's allocation, and with it invariant 5, is unchanged. Its value over the
+  policy's ``gain_horizon_s`` is (recipient's gain - donor's loss) x horizon, minus, for each
+  of the two jobs not yet resized in this step, its pause (``resize_pause_s`` x its speed-up:
+  the progress it loses while it pauses). Only moves of positive value are made, best first.
+- Stability (invariant 7, ``stability``): a donor must be allowed a voluntary shrink (its
+  minimum run and cool-down are over); a recipient must be past its cool-down, and its whole
+  growth must pay its pause (``worth_the_pause``), the rule growth obeys.
+- Priority (invariant 4): a donor never has a higher priority than its recipient. Jobs
+  resized in this cycle already (started, grown, shrunk, restored), non-preemptible donors,
+  jobs with parameter servers, and jobs below their minimum take no part.
+- Determinism: ties go to the lower rank; the loop ends after at most one move per GPU.
+
+Every moved job says why: the recipient grew by so many workers taken from named jobs, the
+donor was shrunk for a named job (``for_job``), with the predicted speed-ups.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from edl_scheduler.core.plan import HOLD_REASONS, Reason
+from edl_scheduler.core.policy import Growth
+from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.snapshot import Replica, Role
+from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, worth_the_pause
+from edl_scheduler.core.throughput import ThroughputModel, fit
+
+_W = Role.WORKER
+#: Donors tried for one recipient before it is given up (the cheapest first); bounds a
+#: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
+_DONORS_TRIED = 8
+
+
+class _Member:
+    """A job taking part: its model, and its size and node count when the step began."""
+
+    __slots__ = (
+        "donor",
+        "js",
+        "model",
+        "moved",
+        "nodes0",
+        "recipient",
+        "sources",
+        "version",
+        "workers0",
+    )
+
+    def __init__(self, js: JobState, session: Session) -> None:
+        self.js = js
+        self.model: ThroughputModel = fit(js.job.throughput)
+        self.nodes0 = max(1, js.node_count(session.cluster))
+        self.workers0 = js.size()
+        self.donor = js.job.preemptible and may_shrink_voluntarily(session, js)
+        self.recipient = cooling_until(session, js) is None
+        self.moved = False
+        #: Donors of a recipient, in the order they gave.
+        self.sources: list[str] = []
+        self.version = 0
+
+    def speedup(self, nodes: int, workers: int) -> float:
+        return self.model.speedup(max(1, nodes), workers) if workers > 0 else 0.0
+
+
+def _eligible(js: JobState) -> bool:
+    if js.suspended or js.job.suspended or js.job.pserver is not None or js.started:
+        return False
+    if js.for_job is not None or js.added[_W] or js.removed[_W]:
+        return False  # resized in this cycle already
+    if js.reason in HOLD_REASONS:
+        return False
+    return js.running and js.size() >= js.lo and js.resources(_W).gpu > 0
+
+
+class Rebalancer:
+    """One rebalancing step over a session (after admission and growth)."""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.moves = 0
+        self.donors: list[tuple[float, int, int, _Member]] = []
+        self.recipients: list[tuple[float, int, int, _Member]] = []
+
+    def run(self) -> int:
+        """Make every move of positive value, best first; returns how many were made."""
+        s = self.s
+        if not s.policy.elastic or s.policy.growth is not Growth.MARGINAL_GAIN:
+            return 0
+        if s.policy.gain_horizon_s <= 0:
+            return 0
+        members = [_Member(js, s) for js in s.jobs if _eligible(js)]
+        self.donors = [(self._loss(m), m.js.rank, 0, m) for m in members if m.donor]
+        self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members if m.recipient]
+        if not self.donors or not self.recipients:
+            return 0
+        heapq.heapify(self.donors)
+        heapq.heapify(self.recipients)
+        for _ in range(s.cluster.capacity_gpu):
+            if not self._best_move():
+                break
+        return self.moves
+
+    # -- values -------------------------------------------------------------------------------
+
+    def _pause_cost(self, m: _Member) -> float:
+        """Progress ``m`` loses to one pause, in single-worker seconds (0 once it moved: the
+        step's moves of one job make one resize)."""
+        if m.moved:
+            return 0.0
+        return self.s.policy.resize_pause_s * m.speedup(m.nodes0, m.workers0)
+
+    def _gain(self, m: _Member) -> float:
+        """Value of one more worker for ``m`` (on its current nodes), horizon-weighted."""
+        js = m.js
+        if js.size() >= js.hi:
+            return float("-inf")
+        nodes = max(1, js.node_count(self.s.cluster))
+        up = m.speedup(nodes, js.size() + 1) - m.speedup(nodes, js.size())
+        return up * self.s.policy.gain_horizon_s - self._pause_cost(m)
+
+    def _loss(self, m: _Member) -> float:
+        """Cost of one worker fewer for ``m``, horizon-weighted."""
+        js = m.js
+        if js.size() <= max(1, js.lo):
+            return float("inf")
+        nodes = max(1, js.node_count(self.s.cluster))
+        down = m.speedup(nodes, js.size()) - m.speedup(nodes, js.size() - 1)
+        return down * self.s.policy.gain_horizon_s + self._pause_cost(m)
+
+    # -- moves --------------------------------------------------------------------------------
+
+    def _best_move(self) -> bool:
+        """The best recipient that some donor pays for takes one worker from the cheapest
+        such donor. Recipients that find none are dropped for the rest of the step: what
+        they could gain changes only when they move. Heap entries carry the member's
+        version, so entries made stale by a move are skipped."""
+        while self.recipients:
+            neg_gain, _, version, r = heapq.heappop(self.recipients)
+            if version != r.version:
+                continue
+            if -neg_gain <= 0:
+                return False  # no recipient left that more GPUs would pay for
+            tried: list[tuple[float, int, int, _Member]] = []
+            moved = False
+            while self.donors and len(tried) < _DONORS_TRIED:
+                entry = heapq.heappop(self.donors)
+                loss, _, d_version, d = entry
+                if d_version != d.version:
+                    continue
+                if -neg_gain - loss <= 0:
+                    heapq.heappush(self.donors, entry)
+                    break  # donors come cheapest first: none that pays follows
+                tried.append(entry)
+                if d is r or d.js.priority > r.js.priority or d.sources or r.js.for_job:
+                    continue  # a job either gives or takes in one step, never both
+                if self._move(d, r):
+                    tried.pop()
+                    self._requeue(d)
+                    self._requeue(r)
+                    moved = True
+                    break
+            for entry in tried:
+                heapq.heappush(self.donors, entry)
+            if moved:
+                return True
+        return False
+
+    def _requeue(self, m: _Member) -> None:
+        """New heap entries for a member that just gave or took a worker."""
+        m.version += 1
+        if m.donor and not m.sources:
+            heapq.heappush(self.donors, (self._loss(m), m.js.rank, m.version, m))
+        if m.recipient and m.js.for_job is None:
+            heapq.heappush(self.recipients, (-self._gain(m), m.js.rank, m.version, m))
+
+    def _move(self, d: _Member, r: _Member) -> bool:
+        """Give one of ``d``'s workers' GPUs to ``r``, if the move keeps its value once the
+        real node counts are known and ``r``'s whole growth still pays for its pause."""
+        s, cluster = self.s, self.s.cluster
+        res = r.js.resources(_W)
+        if d.js.resources(_W) != res:
+            return False  # a worker of another shape: not a one-for-one swap
+        before = self._total(d) + self._total(r)
+        for replica in self._replicas_to_give(d, r):
+            node = cluster.index[replica.node]
+            if cluster.node_class[node] not in r.js.classes:
+                continue
+            stmt = s.statement()
+            stmt.remove(d.js, replica)
+            if cluster.room(node, res, r.js.name, r.js.rank) < 1:
+                stmt.discard()
+                continue
+            stmt.add(r.js, _W, node)
+            after = self._total(d) + self._total(r)
+            value = (after - before) * s.policy.gain_horizon_s
+            value -= self._pause_cost(d) + self._pause_cost(r)
+            if value <= 0 or not self._pays(r):
+                stmt.discard()
+                continue
+            stmt.commit()
+            self._record(d, r)
+            return True
+        return False
+
+    def _replicas_to_give(self, d: _Member, r: _Member) -> list[Replica]:
+        """``d``'s live workers, best candidates first: on a node ``r`` already uses (it
+        stays compact), then on the node where ``d`` has fewest workers (it may leave that
+        node), newest first; one per node (the others on that node are equivalent)."""
+        cluster = self.s.cluster
+        gone = {id(x) for x in d.js.removed[_W]}
+        mine = [x for x in d.js.live[_W] if id(x) not in gone]
+        r_nodes = set(r.js.nodes(_W, cluster))
+        per_node: dict[str, int] = {}
+        for x in mine:
+            per_node[x.node] = per_node.get(x.node, 0) + 1
+        seen: set[str] = set()
+        out: list[Replica] = []
+        order = sorted(
+            range(len(mine)),
+            key=lambda i: (
+                cluster.index[mine[i].node] not in r_nodes,
+                per_node[mine[i].node],
+                -i,
+            ),
+        )
+        for i in order:
+            if mine[i].node not in seen:
+                seen.add(mine[i].node)
+                out.append(mine[i])
+        return out
+
+    def _total(self, m: _Member) -> float:
+        return m.speedup(m.js.node_count(self.s.cluster), m.js.size())
+
+    def _pays(self, r: _Member) -> bool:
+        """The recipient's whole growth in this step pays for its pause (``stability``)."""
+        before = r.model.throughput(r.nodes0, r.workers0)
+        after = r.model.throughput(max(1, r.js.node_count(self.s.cluster)), r.js.size())
+        gain = after / before - 1.0 if before > 0 else float("inf")
+        return worth_the_pause(self.s, gain)
+
+    def _record(self, d: _Member, r: _Member) -> None:
+        self.moves += 1
+        d.moved = r.moved = True
+        cluster = self.s.cluster
+        nodes_d = d.js.node_count(cluster)
+        nodes_r = r.js.node_count(cluster)
+        d.js.reason = Reason.REBALANCED
+        d.js.for_job = r.js.name
+        d.js.message = (
+            f"shrunk {d.workers0}->{d.js.size()}: its GPUs go to {r.js.name}, where they add "
+            f"more (predicted speed-up {d.speedup(d.nodes0, d.workers0):.2f}x -> "
+            f"{d.speedup(nodes_d, d.js.size()):.2f}x here)"
+        )
+        if d.js.name not in r.sources:
+            r.sources.append(d.js.name)
+        r.js.reason = Reason.GREW
+        r.js.message = (
+            f"grew {r.workers0}->{r.js.size()} with GPUs from {', '.join(r.sources)} "
+            f"(predicted speed-up {r.speedup(r.nodes0, r.workers0):.2f}x -> "
+            f"{r.speedup(nodes_r, r.js.size()):.2f}x)"
+        )

@@ -1,0 +1,87 @@
+"""Rebalancing: workers move from a running job that uses them poorly to one that uses them
+well, within the planner's rules (``core/rebalancing.py``).
+
+Aspects:
+- a job whose measured throughput is flat gives workers to one that scales, GPU for GPU on
+  the same node; each decision names the other job and the predicted speed-ups; the plan is
+  a fixed point once applied (invariant 6);
+- no move within the donor's minimum run or cool-down, or the recipient's cool-down;
+- no move whose gain does not pay for the pauses (two jobs of one curve at unequal sizes);
+- a higher-priority job never gives to a lower-priority one; non-preemptible jobs never give;
+- policies that do not grow by marginal gain (``edl-fulfillment``) never rebalance.
+"""
+
+from __future__ import annotations
+
+from edl_scheduler.core import Action, Plan, Reason, Snapshot, apply_plan, plan, preset
+from tests.core.builders import JobBuilder, job, nodes, snapshot
+
+NOW = 1000.0
+
+
+def run(snap: Snapshot, now: float = NOW, policy: str = "edl") -> Plan:
+    return plan(snap, preset(policy), now)
+
+
+def flat(name: str = "flat") -> JobBuilder:
+    """Six workers measured barely faster than one: most of them are wasted."""
+    return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 6, 130.0)
+
+
+def scales(name: str = "scales") -> JobBuilder:
+    """Two workers measured twice as fast as one: more would help."""
+    return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 2, 198.0)
+
+
+def test_workers_move_from_a_flat_job_to_one_that_scales() -> None:
+    snap = snapshot(nodes(1), [flat().running(("n0", 6)), scales().running(("n0", 2))])
+    p = run(snap)
+    given, taken = p.decision("flat"), p.decision("scales")
+    assert given.action is Action.SHRINK and taken.action is Action.GROW
+    moved = given.workers.current - given.workers.target
+    assert moved >= 1
+    assert taken.workers.target - taken.workers.current == moved
+    assert taken.workers.add_nodes == ("n0",) * moved  # the very GPUs the donor frees
+    assert given.reason is Reason.REBALANCED and given.for_job == "scales"
+    assert "scales" in given.message and "flat" in taken.message
+    assert taken.reason is Reason.GREW and "predicted speed-up" in taken.message
+    again = run(apply_plan(snap, p))
+    assert again.is_empty, [d.message for d in again.changes]
+
+
+def test_no_move_within_minimum_run_or_cool_down() -> None:
+    young = snapshot(
+        nodes(1), [flat().started(NOW - 100).running(("n0", 6)), scales().running(("n0", 2))]
+    )
+    assert run(young).is_empty
+    cooling = snapshot(
+        nodes(1),
+        [flat().running(("n0", 6)), scales().started(0, resized=NOW - 60).running(("n0", 2))],
+    )
+    assert run(cooling).is_empty
+
+
+def test_no_move_whose_gain_does_not_pay_for_the_pauses() -> None:
+    def same(name: str) -> JobBuilder:
+        return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 4, 380.0)
+
+    snap = snapshot(nodes(1), [same("a").running(("n0", 5)), same("b").running(("n0", 3))])
+    assert run(snap).is_empty
+
+
+def test_priority_and_preemptibility_bound_the_donors() -> None:
+    high = snapshot(nodes(1), [flat().priority(5).running(("n0", 6)), scales().running(("n0", 2))])
+    assert run(high).is_empty
+    pinned = snapshot(
+        nodes(1), [flat().not_preemptible().running(("n0", 6)), scales().running(("n0", 2))]
+    )
+    assert run(pinned).is_empty
+    low = snapshot(nodes(1), [flat().running(("n0", 6)), scales().priority(5).running(("n0", 2))])
+    assert run(low).decision("flat").reason is Reason.REBALANCED
+
+
+def test_fulfillment_policy_never_rebalances() -> None:
+    snap = snapshot(nodes(1), [flat().running(("n0", 6)), scales().running(("n0", 2))])
+    assert all(
+        d.reason is not Reason.REBALANCED for d in run(snap, policy="edl-fulfillment").decisions
+    )
