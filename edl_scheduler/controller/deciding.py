@@ -79,7 +79,7 @@ log = logging.getLogger("edl.controller.deciding")
 
 
 def _finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) -> None:
-    view, tj = cycle.view, cycle.tj
+    view = cycle.view
     for pod in view.replicas:
         cycle.delete(pod)
     if view.coordinator is not None:
@@ -101,7 +101,9 @@ def _finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str)
             message,
         )
     cycle.status["message"] = message
-    _ = tj
+    if view.progress is not None:
+        # The last answer, which says finished; the status otherwise keeps the poll before it.
+        cycle.status["progress"] = view.progress.as_status()
 
 
 def decide(

@@ -244,6 +244,9 @@ def test_finished_coordinator_makes_the_job_succeed() -> None:
     assert status["phase"] == "Succeeded" and status["completionTime"]
     assert {i.name for i in of(DeletePod, out.intents)} == {"a", "j-coordinator"}
     assert out.counts.completed_s
+    # The last answer is the one kept: the status does not stop at the poll before it.
+    assert status["progress"]["finished"] is True
+    assert status["progress"]["samplesDone"] == 100
 
 
 def test_invalid_job_is_reported_once() -> None:
