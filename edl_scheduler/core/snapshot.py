@@ -185,7 +185,9 @@ class Job:
 
     def live(self, role: Role) -> tuple[Replica, ...]:
         """Replicas of ``role`` that count toward the job's size (placed, not draining)."""
-        return tuple(r for r in self.replicas if r.role is role and not r.draining)
+        if not self.replicas:  # a waiting job: most calls, on the planner's hot path
+            return ()
+        return tuple([r for r in self.replicas if r.role is role and not r.draining])
 
     @property
     def rigid_size(self) -> int:
