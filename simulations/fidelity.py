@@ -3,7 +3,8 @@
 The reference numbers are those of ``../shared/traces/README.md``: the Tiresias (NSDI'19)
 simulator, ``--scheme=yarn``, on 32 nodes x 4 GPUs, fixed durations, no preemption cost.
 Its ``fifo`` is strict head-of-line FIFO (our ``fifo-gang``); its ``dlas-gpu`` is 2D-LAS on
-attained GPU-time with thresholds 3,250 and 7,200 GPU-seconds (our ``tiresias``).
+attained GPU-time with thresholds 3,250 and 7,200 GPU-seconds (our ``tiresias``), where a
+waiting job never preempts a running job of its own queue (``Policy.las_running_first``).
 
 To compare like with like the engine runs event-driven (planning on every arrival and
 completion and when a running job crosses a queue threshold; no ticks), with every pause
