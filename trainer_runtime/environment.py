@@ -13,6 +13,8 @@ the one place that contract is written down (docs/runtime.md repeats this table)
 | EDL_NODE_NAME       | no       | the node it runs on (throughput is keyed by node count)    |
 | EDL_WORKER_HOST     | no       | address peers reach this worker at (default 127.0.0.1)     |
 | EDL_TIMEOUT_S       | no       | bound on every wait, in seconds (default 30)               |
+| EDL_CHECKPOINT_DIR  | no       | where a suspended allreduce job keeps its model (shared by |
+|                     |          | every worker of the job); unset: a suspension restarts it  |
 
 The coordinator itself reads EDL_JOB_TOKEN (its other settings are command-line options).
 What must stay true: a missing required variable is a clear error naming it, at start.
@@ -32,6 +34,7 @@ WORKER_ID = "EDL_WORKER_ID"
 NODE_NAME = "EDL_NODE_NAME"
 WORKER_HOST = "EDL_WORKER_HOST"
 TIMEOUT_S = "EDL_TIMEOUT_S"
+CHECKPOINT_DIR = "EDL_CHECKPOINT_DIR"
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -48,6 +51,7 @@ class WorkerContract:
     node: str
     host: str = "127.0.0.1"
     timeout_s: float = DEFAULT_TIMEOUT_S
+    checkpoint_dir: str | None = None
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerContract:
@@ -74,11 +78,14 @@ class WorkerContract:
             node=env.get(NODE_NAME) or socket.gethostname(),
             host=env.get(WORKER_HOST) or "127.0.0.1",
             timeout_s=timeout_s,
+            checkpoint_dir=env.get(CHECKPOINT_DIR) or None,
         )
 
     def to_environ(self) -> dict[str, str]:
         """The variables that give a child process this contract."""
+        checkpoints = {CHECKPOINT_DIR: self.checkpoint_dir} if self.checkpoint_dir else {}
         return {
+            **checkpoints,
             COORDINATOR: self.coordinator,
             JOB_TOKEN: self.token,
             JOB_ID: self.job_id,

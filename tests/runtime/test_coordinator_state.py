@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_runtime.coordinator.ledger import Ledger, LedgerError
+from trainer_runtime.coordinator.ledger import HISTORY_STEPS, Ledger, LedgerError
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState, FencedError
 from trainer_runtime.coordinator.storing import FileStore, MemoryStore
@@ -121,6 +121,27 @@ def test_reconcile_reverts_steps_the_new_rank0_lacks_and_adds_those_it_has() -> 
     state.reconciling("w1", 2, 4, windows)
     assert state.ledger.committed_step == 4
     assert state.ledger.epoch == 1
+
+
+def test_rank0_without_state_restarts_the_ledger_even_past_its_history() -> None:
+    """A job suspended to zero workers with no checkpoint: the fresh rank 0 reconciles with
+    step 0 and the ledger starts over, though more steps were committed than it can revert."""
+    long_plan = DatasetPlan(samples=1000, shard_size=10, epochs=1, seed=7)
+    state = CoordinatorState.starting(long_plan, join_window_s=0.2)
+    for worker in ("w0", "w1"):
+        state.registering(worker, "node-a", f"{worker}:1", now=0.0)
+    state.ticking(now=1.0)
+    walk = Walk(long_plan, 0, 0, list(state.ledger.todo))
+    windows = [w for w in (walk.next_window(3) for _ in range(300)) if w is not None]
+    state.committing_windows("w0", 1, windows, 0.1)
+    assert state.ledger.committed_step == 300 > HISTORY_STEPS
+    with pytest.raises(LedgerError, match="history too short"):
+        state.reconciling("w0", 1, 1, [])
+    state.departing("w0")
+    state.ticking(now=1.5)
+    state.reconciling("w1", 2, 0, [])
+    assert state.ledger.committed_step == 0 and state.ledger.samples_done == 0
+    assert state.ledger.todo == long_plan.epoch_order(0)
 
 
 def test_shard_leases_move_todo_doing_done_and_failures_return_them() -> None:

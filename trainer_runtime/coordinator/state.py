@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
+
+LOG = logging.getLogger(__name__)
 
 SMOOTHING = 0.2
 
@@ -183,6 +186,16 @@ class CoordinatorState:
         state lacks, then commit the steps its state has and the ledger lacks."""
         self.checking_rank0(worker_id, generation)
         trial = self.ledger.copying()
+        if step == 0 and self.ledger.committed_step > 0:
+            # rank 0 has no state (a job suspended to zero workers without a checkpoint):
+            # the job starts over, said loudly, even past what the history could revert
+            LOG.warning(
+                "rank 0 %s has no state: the ledger rolls back from step %d to step 0",
+                worker_id,
+                self.ledger.committed_step,
+            )
+            trial = Ledger.starting(self.ledger.plan)
+            trial.next_lease_id = self.ledger.next_lease_id
         trial.reverting_to(step)
         missing = [w for w in windows if w.step > trial.committed_step]
         trial.committing_windows(missing)

@@ -30,6 +30,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -43,6 +44,7 @@ from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
 
@@ -99,6 +101,8 @@ class ElasticSession:
         self.done = False
         self.last_step_at = time.monotonic()
         self.generations_formed = 0
+        directory = self.contract.checkpoint_dir
+        self.checkpoints = Path(directory) if directory else None
 
     # ----- lifecycle -----
 
@@ -148,6 +152,7 @@ class ElasticSession:
             assignment = self.agent.awaiting_assignment()
             if assignment.outcome is Outcome.DRAINED:
                 LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                self.checkpointing()
                 self.done = True
                 return False
             if assignment.outcome is Outcome.FINISHED:
@@ -171,6 +176,8 @@ class ElasticSession:
         extra: dict[str, Any] = {}
         if self.rank == 0:
             self.committer.flushing(self.contract.timeout_s)
+            if self.generations_formed == 0 and self.step_count == 0:
+                self.restoring()
             view = self.agent.client.reconcile(
                 self.agent.worker_id, self.generation, self.step_count, list(self.applied)
             )
@@ -197,6 +204,62 @@ class ElasticSession:
             self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
         self.generations_formed += 1
         self.last_step_at = time.monotonic()
+
+    # ----- suspension to zero workers (see `checkpointing`) -----
+
+    def checkpointing(self) -> None:
+        """Drained as rank 0 of a generation: keep the job's state for a later generation
+        that may have no member left of this one (the job suspended or preempted whole).
+        A drained rank 0 whose peers stay writes it too (harmless: their next rank 0 has
+        state of its own and never reads it)."""
+        if self.rank != 0 or self.generations_formed == 0:
+            return
+        if self.checkpoints is None:
+            LOG.warning(
+                "rank 0 drained at step %d with no EDL_CHECKPOINT_DIR: if no member of the job "
+                "is left, the next generation starts from the initial model and the ledger "
+                "rolls back to step 0",
+                self.step_count,
+            )
+            return
+        path = saving(
+            self.checkpoints,
+            Checkpoint(
+                self.contract.job_id,
+                self.step_count,
+                self.module.state_dict(),
+                self.optimizer.state_dict(),
+                self.policy.shared_state(),
+                tuple(self.applied),
+            ),
+        )
+        LOG.info("saved the job's state at step %d to %s", self.step_count, path)
+
+    def restoring(self) -> None:
+        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any, so the
+        job continues from the step it belongs to; else say loudly that it starts over."""
+        checkpoint = None
+        if self.checkpoints is not None:
+            checkpoint = loading(self.checkpoints, self.contract.job_id)
+        if checkpoint is None:
+            committed = int(self.agent.client.view_ledger().committed_step)
+            if committed > 0:
+                LOG.warning(
+                    "the job committed %d steps but this rank 0 has no state and %s: the "
+                    "model starts from its initial state and the ledger rolls back to step 0",
+                    committed,
+                    "no checkpoint was found in " + str(self.checkpoints)
+                    if self.checkpoints is not None
+                    else "EDL_CHECKPOINT_DIR is not set",
+                )
+            return
+        self.module.load_state_dict(checkpoint.model)
+        self.optimizer.load_state_dict(checkpoint.optimizer)
+        self.policy.adopting(checkpoint.policy)
+        self.step_count = checkpoint.step
+        self.applied.clear()
+        self.applied.extend(checkpoint.windows)
+        LOG.info("restored the job's state at step %d", checkpoint.step)
 
     # ----- steps -----
 
