@@ -134,8 +134,10 @@ def worker_process(
     workdir: str,
     log_dir: Path,
     gpus: bool,
+    state_dir: Path | None = None,
 ) -> ProcessSpec:
-    """The process of one worker, with the runtime's environment contract."""
+    """The process of one worker, with the runtime's environment contract; with
+    ``state_dir``, its checkpoint directory too (where a suspended job keeps its model)."""
     container = _container(job)
     argv = [str(c) for c in container["command"]]  # type: ignore[attr-defined]
     argv += [str(a) for a in container.get("args", [])]  # type: ignore[attr-defined]
@@ -155,6 +157,8 @@ def worker_process(
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if state_dir is not None:
+        env["EDL_CHECKPOINT_DIR"] = str(checkpoint_dir(state_dir, job))
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(s) for s in slots)
     working = container.get("workingDir")
@@ -165,6 +169,12 @@ def worker_process(
 def state_file(state_dir: Path, job: TrainingJob) -> Path:
     """Where the job's coordinator saves its state (ledger, generation) after each change."""
     return state_dir / f"{job.metadata.namespace}.{job.metadata.name}.json"
+
+
+def checkpoint_dir(state_dir: Path, job: TrainingJob) -> Path:
+    """Where the job's workers keep its model while it has no worker (suspended or
+    preempted whole); beside the coordinator's state, which outlives the job's processes."""
+    return state_dir / f"{job.metadata.namespace}.{job.metadata.name}.checkpoints"
 
 
 def coordinator_process(

@@ -136,6 +136,7 @@ class Spawner:
             row.workdir,
             self.config.log_dir,
             self.config.gpus,
+            self.config.state_dir,
         )
         if name in self.supervisor:
             self.supervisor.forget(name)
