@@ -60,13 +60,13 @@ class _Member:
         "workers0",
     )
 
-    def __init__(self, js: JobState, session: Session) -> None:
+    def __init__(self, js: JobState, session: Session, donor: bool, recipient: bool) -> None:
         self.js = js
         self.model: ThroughputModel = fit(js.job.throughput)
         self.nodes0 = max(1, js.node_count(session.cluster))
         self.workers0 = js.size()
-        self.donor = js.job.preemptible and may_shrink_voluntarily(session, js)
-        self.recipient = cooling_until(session, js) is None
+        self.donor = donor
+        self.recipient = recipient
         self.moved = False
         #: Donors of a recipient, in the order they gave.
         self.sources: list[str] = []
@@ -102,10 +102,32 @@ class Rebalancer:
             return 0
         if s.policy.gain_horizon_s <= 0:
             return 0
-        members = [_Member(js, s) for js in s.jobs if _eligible(js)]
-        self.donors = [(self._loss(m), m.js.rank, 0, m) for m in members if m.donor]
-        self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members if m.recipient]
-        if not self.donors or not self.recipients:
+        # Who may give and who may take, decided before any model is fitted: a job at its
+        # maximum gains nothing from a worker, and one at its minimum (or one worker) has
+        # none to give, so leaving them out changes no move, only the cost of the step.
+        takers: list[JobState] = []
+        givers: list[JobState] = []
+        for js in s.jobs:
+            if not _eligible(js):
+                continue
+            if js.size() < js.hi and cooling_until(s, js) is None:
+                takers.append(js)
+            elif js.size() > max(1, js.lo) and js.job.preemptible:
+                givers.append(js)  # (takers are tested as givers below, once needed)
+        if not takers:
+            return 0
+        members = {js.rank: _Member(js, s, False, True) for js in takers}
+        self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members.values()]
+        if min(entry[0] for entry in self.recipients) >= 0:
+            return 0  # no job that more workers would pay for: no move can be made
+        for js in takers:
+            if js.size() > max(1, js.lo) and js.job.preemptible:
+                members[js.rank].donor = may_shrink_voluntarily(s, js)
+        for js in givers:
+            if may_shrink_voluntarily(s, js):
+                members[js.rank] = _Member(js, s, True, False)
+        self.donors = [(self._loss(m), m.js.rank, 0, m) for m in members.values() if m.donor]
+        if not self.donors:
             return 0
         heapq.heapify(self.donors)
         heapq.heapify(self.recipients)
