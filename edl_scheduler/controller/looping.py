@@ -56,6 +56,9 @@ from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
 log = logging.getLogger("edl.controller.loop")
 
 Obj = Mapping[str, Any]
+#: The progress rounds ask at most this many coordinators a second (the round's period
+#: grows with the number of jobs beyond ``progress_period_s``).
+PROGRESS_CALLS_PER_S = 50
 #: At most this many jobs get a status write for their attained GPU-time alone per cycle.
 ATTAINED_WRITES_PER_CYCLE = 16
 
@@ -319,21 +322,25 @@ class PlanningLoop:
             return client
 
     def _poll_forever(self) -> None:
-        """Asks every running coordinator for its progress each ``progress_period_s``, and
-        each coordinator that has not answered yet (its pod just created or replaced) each
-        ``ready_probe_period_s``: its first answer starts a cycle at once, which creates
-        the job's waiting workers."""
+        """Asks every running coordinator for its progress each ``progress_period_s`` (or
+        less often, so that the rounds make at most ``PROGRESS_CALLS_PER_S`` calls a
+        second: at 200 jobs, one call per job and second took most of this process's CPU
+        and slowed the planning cycle threefold), and each coordinator that has not
+        answered yet (its pod just created or replaced) each ``ready_probe_period_s``: its
+        first answer starts a cycle at once, which creates the job's waiting workers."""
         pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
         tick = min(self.config.ready_probe_period_s, self.config.progress_period_s)
         last_round = 0.0
+        period = self.config.progress_period_s
         try:
             while not self.stopping.wait(tick):
                 if not self.elector.is_leader():
                     continue
                 coordinated = dict(self._coordinated)
-                if time.monotonic() - last_round >= self.config.progress_period_s:
+                if time.monotonic() - last_round >= period:
                     last_round = time.monotonic()
                     jobs = [k for k, c in coordinated.items() if c.running]
+                    period = max(self.config.progress_period_s, len(jobs) / PROGRESS_CALLS_PER_S)
                 else:
                     jobs = [k for k, c in coordinated.items() if self._answered.get(k) != c.uid]
                 list(pool.map(self._poll_one, jobs))
