@@ -286,9 +286,9 @@ def ledger_worker(args: argparse.Namespace) -> None:
         trace.write(f"ready {time.time()} {worker}\n")
         forming = s.forming_generation
 
-        def timed_forming(assignment: Any) -> None:
+        def timed_forming(assignment: Any, *attempt: Any) -> None:
             started = time.time()
-            forming(assignment)
+            forming(assignment, *attempt)
             trace.write(f"formed {time.time()} {worker} {time.time() - started}\n")
 
         s.forming_generation = timed_forming  # type: ignore[method-assign]

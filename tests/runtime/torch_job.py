@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
 from pathlib import Path
@@ -56,6 +57,7 @@ def main() -> None:
         "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
     )
     args = parser.parse_args()
+    logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
     worker = os.environ["EDL_WORKER_ID"]
     if args.kind == "ledger":

@@ -28,6 +28,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 from typing import Any
 
 import torch
@@ -39,6 +40,9 @@ from trainer_runtime.agent import Assignment
 LOG = logging.getLogger(__name__)
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ABORT_ONLY = "2"
+VERDICT = "verdict"  # one per attempt, under the attempt's prefix
+BUILD, ABANDON = "build", "abandon"
+MEETING_POLL_S = 0.005
 
 
 class StoreHost:
@@ -65,14 +69,18 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def forming(assignment: Assignment, job_id: str, stores: StoreHost, device: torch.device) -> None:
-    """Leave the old group (if any) and join this generation's."""
+def forming(
+    assignment: Assignment, attempt: int, job_id: str, stores: StoreHost, device: torch.device
+) -> None:
+    """Leave the old group (if any) and join attempt `attempt` at this generation's group
+    (a generation that failed to form, or whose step failed while nobody left, is formed
+    again under keys of its own: `job/g<generation>/` at attempt 0, `job/g<generation>a<n>/`
+    at attempt n)."""
     dissolving()
     leader = next(p for p in assignment.peers if p.rank == 0)
-    store = PrefixStore(
-        f"{job_id}/g{assignment.generation}/", stores.store_of(leader.store_address)
-    )
-    meeting(store, assignment.rank, assignment.world_size)
+    tag = f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
+    store = PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
+    meeting(store, assignment.rank, assignment.world_size, stores.timeout.total_seconds())
     backend = backend_for(device)
     if backend == "nccl":
         aborting_on_failure()
@@ -85,11 +93,32 @@ def forming(assignment: Assignment, job_id: str, stores: StoreHost, device: torc
     )
 
 
-def meeting(store: Store, rank: int, world_size: int) -> None:
-    """Check in, and wait until every rank of the generation has (bounded by the store's
-    timeout; a member that does not come raises `DistStoreError`, a RuntimeError)."""
+def meeting(store: Store, rank: int, world_size: int, timeout_s: float | None = None) -> None:
+    """Check in, and return once every rank of this attempt has; raise `DistStoreError` (a
+    RuntimeError) once the attempt is abandoned. One verdict per attempt, the first one
+    proposed (`compare_set` on an absent key): any member proposes BUILD once all have
+    checked in, and ABANDON once `timeout_s` (default: the store's timeout) passed; so a
+    member that arrives at an attempt its peers gave up learns it at once and moves on to
+    the next attempt, and a member that gave up is never counted in a group that is built."""
     store.set(f"arrived/{rank}", "1")
-    store.wait([f"arrived/{other}" for other in range(world_size)])
+    everyone = [f"arrived/{other}" for other in range(world_size)]
+    if timeout_s is None:  # the store's own timeout
+        timeout_s = store.timeout.total_seconds()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        proposal = ""
+        if store.check(everyone):
+            proposal = BUILD
+        elif time.monotonic() > deadline:
+            proposal = ABANDON
+        elif store.check([VERDICT]):
+            proposal = ABANDON  # only an abandoned attempt has a verdict before all came
+        if proposal:
+            verdict = store.compare_set(VERDICT, "", proposal).decode()
+            if verdict == BUILD:
+                return
+            raise dist.DistStoreError(f"attempt abandoned: not every member checked in ({rank})")
+        time.sleep(MEETING_POLL_S)
 
 
 def aborting_on_failure() -> None:

@@ -39,7 +39,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
-from trainer_runtime.agent import Outcome, WorkerAgent
+from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
@@ -49,7 +49,9 @@ from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
 
 LOG = logging.getLogger(__name__)
-MAX_FAILED_FORMATIONS = 5
+MAX_FAILED_FORMATIONS = 8
+NEWS_GRACE_S = 3.0
+NEWS_POLL_S = 0.05
 # Applied windows each worker keeps for the reconcile of the next generation: the steps its
 # state holds that the coordinator may not have committed yet (rank 0 commits within about
 # `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
@@ -101,6 +103,8 @@ class ElasticSession:
         self.done = False
         self.last_step_at = time.monotonic()
         self.generations_formed = 0
+        self.assignment: Assignment | None = None  # the generation formed or being formed
+        self.attempt = 0  # at forming `assignment`
         directory = self.contract.checkpoint_dir
         self.checkpoints = Path(directory) if directory else None
 
@@ -147,30 +151,58 @@ class ElasticSession:
 
     def reforming(self) -> bool:
         """Join the next generation and take rank 0's state; False when the worker must
-        stop (drained, or the job is finished)."""
+        stop (drained, or the job is finished).
+
+        A worker that leaves its generation because a newer one opened asks the coordinator
+        for it. A worker whose formation or step failed while the coordinator still runs
+        the same generation (a slow or stopped peer, a collective's timeout) forms that
+        generation again, as its next attempt, under keys of its own: the coordinator opens
+        a generation only when membership changes, so waiting for a newer one would wait
+        for nothing. At most MAX_FAILED_FORMATIONS attempts in a row."""
         for _ in range(MAX_FAILED_FORMATIONS):
-            assignment = self.agent.awaiting_assignment()
-            if assignment.outcome is Outcome.DRAINED:
-                LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
-                self.checkpointing()
-                self.done = True
-                return False
-            if assignment.outcome is Outcome.FINISHED:
-                self.done = True
-                return False
+            if self.assignment is None or self.hearing_news():
+                assignment = self.agent.awaiting_assignment()
+                if assignment.outcome is Outcome.DRAINED:
+                    LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                    self.checkpointing()
+                    self.done = True
+                    return False
+                if assignment.outcome is Outcome.FINISHED:
+                    self.done = True
+                    return False
+                self.assignment, self.attempt = assignment, 0
+            else:
+                self.attempt += 1
             try:
-                self.forming_generation(assignment)
+                self.forming_generation(self.assignment, self.attempt)
                 self.broken = False
                 return True
             except Fenced:
-                LOG.info("generation %d closed while forming", assignment.generation)
-            except RuntimeError as error:  # a peer left while forming
-                LOG.info("forming generation %d failed: %s", assignment.generation, error)
+                LOG.info("generation %d closed while forming", self.assignment.generation)
+            except RuntimeError as error:  # a peer left, or was too slow, while forming
+                LOG.info(
+                    "forming generation %d (attempt %d) failed: %s",
+                    self.assignment.generation,
+                    self.attempt,
+                    error,
+                )
         raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
 
-    def forming_generation(self, assignment: Any) -> None:
+    def hearing_news(self) -> bool:
+        """Whether a newer generation opened (or a drain or the end came), waiting up to
+        NEWS_GRACE_S for the news: a step that failed because a peer died fails before the
+        coordinator's notice of the departure arrives, and forming the same generation again
+        would wait for the dead."""
+        deadline = time.monotonic() + min(NEWS_GRACE_S, self.contract.timeout_s / 4)
+        while not self.agent.changed():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(NEWS_POLL_S)
+        return True
+
+    def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.ddp = None
-        forming(assignment, self.contract.job_id, self.stores, self.device)
+        forming(assignment, attempt, self.contract.job_id, self.stores, self.device)
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
         extra: dict[str, Any] = {}
