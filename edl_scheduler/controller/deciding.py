@@ -31,7 +31,7 @@ The rules, per job, in order:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,10 +114,12 @@ def decide(
     namer: Callable[[str, str], str],
     attained_due: Callable[[str], float] = lambda _key: 0.0,
     nodes: NodeStates | None = None,
+    quiet: QuietJobs | None = None,
 ) -> Decisions:
     """The intents of one cycle. ``namer(job, role)`` names a new replica pod;
     ``attained_due(key)`` is the time since the job's attained GPU-time was last written, when
-    it is due to be written again (else 0)."""
+    it is due to be written again (else 0). With ``quiet``, jobs whose inputs did not change
+    since a cycle in which they produced nothing are not decided again."""
     out = Decisions()
     used_ports = [
         p for v in views.values() if (p := coordinator_port_of(v.coordinator)) is not None
@@ -128,6 +130,11 @@ def decide(
             _invalid(view, now, out)
             continue
         decision = decisions.get(key)
+        inputs = None if quiet is None else quiet.inputs(view, view.tj, decision, nodes)
+        if quiet is not None and quiet.unchanged(key, inputs):
+            quiet.skipped += 1
+            continue
+        before = _output_size(out)
         _decide_job(
             view,
             view.tj,
@@ -140,7 +147,112 @@ def decide(
             attained_due,
             nodes or NodeStates(),
         )
+        if quiet is not None:
+            quiet.remember(key, inputs if _output_size(out) == before else None)
+    if quiet is not None:
+        quiet.forget_all_but(views.keys())
     return out
+
+
+def _output_size(out: Decisions) -> tuple[int, ...]:
+    """How much a cycle's output holds: a job that added nothing to any of it was quiet."""
+    c = out.counts
+    return (
+        len(out.intents),
+        len(out.attained_written),
+        sum(c.resizes.values()),
+        c.preemptions,
+        len(c.waited_s),
+        len(c.completed_s),
+    )
+
+
+_ACTIVE = frozenset(p.value for p in JobPhase if p.active)
+#: What a job's decision is made from, compared by identity where it holds API objects
+#: (see ``QuietJobs``).
+JobInputs = tuple[object, ...]
+
+
+class QuietJobs:
+    """The jobs whose last decision produced nothing (no intent, no status write, no count),
+    with what that decision was made from, so that a cycle decides again only for the jobs
+    whose inputs changed: at 200 jobs most of them did not, and deciding each again was a
+    large share of the cycle.
+
+    A job's inputs are its objects as the watch delivered them (compared by identity: the
+    watch's cache hands out the same object until it changes, and holding it here keeps its
+    identity from being reused), its coordinator's progress and readiness, its priority, the
+    plan's decision for it and the state of the nodes its pods are on. A job is always
+    decided again when anything else could change the outcome: the plan moves its replicas,
+    one of its replicas drains (a deadline runs), or its attained GPU-time is due
+    (``due(key)``). What must stay true: this is an optimization only. Skipping a quiet job
+    produces exactly what deciding it would (nothing), and an empty instance (a restarted
+    controller) decides every job."""
+
+    def __init__(self, due: Callable[[str], bool] = lambda _key: False) -> None:
+        self.due = due
+        self._quiet: dict[str, JobInputs] = {}
+        #: Jobs skipped since this instance was made (for tests and the benchmark's logs).
+        self.skipped = 0
+
+    def inputs(
+        self,
+        view: JobView,
+        tj: TrainingJob,
+        decision: JobDecision | None,
+        nodes: NodeStates | None,
+    ) -> JobInputs | None:
+        """What the job's decision depends on, or None when it must be decided anyway."""
+        if decision is not None and decision.changed:
+            return None
+        pods = (*view.replicas, *((view.coordinator,) if view.coordinator is not None else ()))
+        if any(draining_since(p) is not None for p in view.replicas):
+            return None
+        phase = str((view.body.get("status") or {}).get("phase", JobPhase.PENDING.value))
+        if phase in _ACTIVE and self.due(tj.key):
+            return None
+        known = nodes.known if nodes is not None else None
+        unschedulable = nodes.unschedulable if nodes is not None else frozenset()
+        placed = tuple(
+            (
+                node := str(p.get("spec", {}).get("nodeName", "")),
+                known is None or node in known,
+                node in unschedulable,
+            )
+            for p in pods
+        )
+        return (
+            view.body,
+            pods,
+            view.progress,
+            view.priority,
+            view.coordinator_ready,
+            view.rejected,
+            decision,
+            placed,
+        )
+
+    def unchanged(self, key: str, inputs: JobInputs | None) -> bool:
+        last = self._quiet.get(key)
+        if inputs is None or last is None:
+            return False
+        return (
+            inputs[0] is last[0]
+            and len(inputs[1]) == len(last[1])  # type: ignore[arg-type]
+            and all(a is b for a, b in zip(inputs[1], last[1], strict=True))  # type: ignore[call-overload]
+            and inputs[2:] == last[2:]
+        )
+
+    def remember(self, key: str, inputs: JobInputs | None) -> None:
+        if inputs is None:
+            self._quiet.pop(key, None)
+        else:
+            self._quiet[key] = inputs
+
+    def forget_all_but(self, keys: Iterable[str]) -> None:
+        keep = set(keys)
+        for key in [k for k in self._quiet if k not in keep]:
+            del self._quiet[key]
 
 
 def _invalid(view: JobView, now: float, out: Decisions) -> None:

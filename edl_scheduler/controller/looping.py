@@ -42,7 +42,7 @@ from edl_scheduler.controller.coordinating import (
     GrpcCoordinator,
     Progress,
 )
-from edl_scheduler.controller.deciding import NodeStates, decide
+from edl_scheduler.controller.deciding import NodeStates, QuietJobs, decide
 from edl_scheduler.controller.intents import JobView
 from edl_scheduler.controller.kubeapi import Kube, KubeError
 from edl_scheduler.controller.leading import LeaderElector
@@ -123,6 +123,7 @@ class PlanningLoop:
         #: Whether ``reservations`` were read from the store since this replica last led.
         self._holds_loaded = False
         self.memo = Memo()
+        self.quiet = QuietJobs(self._attained_pending)
         self.synced = asyncio.Event()
         self.dirty = asyncio.Event()
         self.stopping = threading.Event()
@@ -199,7 +200,7 @@ class PlanningLoop:
         )
         self._attained_left = ATTAINED_WRITES_PER_CYCLE
         decisions = decide(
-            views, result, self.config, now, new_name, self._attained_due, node_states
+            views, result, self.config, now, new_name, self._attained_due, node_states, self.quiet
         )
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
@@ -220,6 +221,16 @@ class PlanningLoop:
         self.cycles += 1
         return result
 
+    def _attained_period(self, key: str) -> float:
+        stretch = (zlib.crc32(key.encode()) % 1000) / 2000
+        return self.config.attained_period_s * (1 + stretch)
+
+    def _attained_pending(self, key: str) -> bool:
+        """Whether ``key``'s attained GPU-time is due (``_attained_due`` without granting a
+        write): such a job is decided this cycle even if nothing else of it changed."""
+        last = self._attained.get(key)
+        return last is None or time.time() - last >= self._attained_period(key)
+
     def _attained_due(self, key: str) -> float:
         """The time since ``key``'s attained GPU-time was last written, once it is due.
 
@@ -231,8 +242,7 @@ class PlanningLoop:
         now = time.time()
         last = self._attained.setdefault(key, now)
         elapsed = now - last
-        stretch = (zlib.crc32(key.encode()) % 1000) / 2000
-        if elapsed < self.config.attained_period_s * (1 + stretch) or self._attained_left <= 0:
+        if elapsed < self._attained_period(key) or self._attained_left <= 0:
             return 0.0
         self._attained_left -= 1
         return elapsed
@@ -254,7 +264,7 @@ class PlanningLoop:
             tj = parsed.get(key)
             if tj is None and key not in rejected:
                 try:  # a job in a final phase: observe leaves it out of the snapshot
-                    tj = load_training_job(dict(body))
+                    tj = self.memo.get("job", body, lambda o: load_training_job(dict(o)))
                 except TrainingJobError:
                     continue
             views[key] = JobView(

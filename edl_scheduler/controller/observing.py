@@ -213,7 +213,7 @@ def observe(
         if not node or pod.get("status", {}).get("phase") in _FINISHED:
             continue
         if is_ours(pod):
-            found = replica_of(pod)
+            found = cached("replica", pod, replica_of)
             if found is not None:
                 created = str(pod["metadata"].get("creationTimestamp", ""))
                 replicas.setdefault(found[0], []).append((created, found[1]))

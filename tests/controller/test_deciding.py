@@ -12,7 +12,11 @@ Aspects:
 - an invalid job gets Valid=False and one Warning Event, and no second write when nothing
   changed;
 - phases follow JobPhase's diagram (Suspended -> Pending -> Running);
-- status is written only when it changed; per-job coordinator ports are unique.
+- status is written only when it changed; per-job coordinator ports are unique;
+- a job whose inputs did not change since a cycle in which it produced nothing is not decided
+  again (``QuietJobs``), and skipping it never changes what a cycle produces: a changed
+  object, progress, node or plan decision, a draining replica or a due attained-time write
+  decides it again.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import pytest
 from edl_scheduler.api import JobPhase, load_training_job
 from edl_scheduler.controller.config import ControllerConfig, PortRange
 from edl_scheduler.controller.coordinating import Progress
-from edl_scheduler.controller.deciding import decide
+from edl_scheduler.controller.deciding import NodeStates, QuietJobs, decide
 from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
@@ -311,3 +315,57 @@ def test_written_status_stays_until_the_watch_shows_that_write() -> None:
     newer["metadata"]["resourceVersion"] = "121"
     assert expectations.overlay_job(newer) is newer
     assert expectations.overlay_job(older) is older  # forgotten once seen
+
+
+def _quiet_setup() -> tuple[dict[str, Any], list[dict[str, Any]], Progress]:
+    body = job_body(phase="Running")
+    pods = [pod("a"), coordinator()]
+    progress = Progress(1, 0, 3, 0, 0, 100, False, ("a",), (), ())
+    first = decide({"ns/j": view(body, pods, progress=progress)}, None, CONFIG, NOW, names())
+    body["status"] = of(PatchStatus, first.intents)[0].status
+    return body, pods, progress
+
+
+def test_a_quiet_job_is_skipped_until_its_inputs_change() -> None:
+    body, pods, progress = _quiet_setup()
+    quiet = QuietJobs()
+    nodes = NodeStates(frozenset({"n0"}))
+    views = {"ns/j": view(body, pods, progress=progress)}
+    assert decide(views, None, CONFIG, NOW, names(), nodes=nodes, quiet=quiet).intents == []
+    assert quiet.skipped == 0  # a new instance (a restarted controller) decides every job
+    assert decide(views, None, CONFIG, NOW + 1, names(), nodes=nodes, quiet=quiet).intents == []
+    assert quiet.skipped == 1
+    finished = Progress(1, 3, 3, 9, 300, 100, True, ("a",), (), ())
+    lost = NodeStates(frozenset({"n1"}))
+    failed = [pod("a", phase="Failed"), coordinator()]
+    changes = [
+        ({"ns/j": view(body, pods, progress=finished)}, None, nodes),
+        ({"ns/j": view(body, failed, progress=progress)}, None, nodes),
+        ({"ns/j": view(body, pods, progress=progress)}, None, lost),
+        (views, Plan(NOW, (decision(Action.SHRINK, 1, 0, remove=("a",)),)), nodes),
+    ]
+    for changed, planned, states in changes:
+        direct = decide(changed, planned, CONFIG, NOW + 2, names(), nodes=states)
+        assert direct.intents  # each change matters
+        skipped = quiet.skipped
+        kept = decide(changed, planned, CONFIG, NOW + 2, names(), nodes=states, quiet=quiet)
+        assert quiet.skipped == skipped
+        assert kept.intents == direct.intents
+        # The same quiet inputs as before are skipped again.
+        assert decide(views, None, CONFIG, NOW + 3, names(), nodes=nodes, quiet=quiet).intents == []
+
+
+def test_a_draining_replica_or_a_due_attained_write_is_always_decided() -> None:
+    body, _, progress = _quiet_setup()
+    draining = pod("a", meta={"annotations": {"edl.dev/draining": "true",
+                                              "edl.dev/drain-since": str(NOW - 4)}})  # fmt: skip
+    quiet = QuietJobs()
+    views = {"ns/j": view(body, [draining, coordinator()], progress=progress)}
+    assert not of(DeletePod, decide(views, None, CONFIG, NOW, names(), quiet=quiet).intents)
+    after = decide(views, None, CONFIG, NOW + 2, names(), quiet=quiet)
+    assert of(DeletePod, after.intents) == [DeletePod("ns", "a")] and quiet.skipped == 0
+    due = QuietJobs(due=lambda key: key == "ns/j")
+    views = {"ns/j": view(body, [pod("a"), coordinator()], progress=progress)}
+    for t in (NOW, NOW + 1):
+        decide(views, None, CONFIG, t, names(), quiet=due)
+    assert due.skipped == 0
