@@ -84,3 +84,16 @@ def test_nccl_failures_abort_the_communicator_and_keep_the_process(
     assert os.environ[NCCL_ERROR_HANDLING] == "2"
     warned = any(NCCL_ERROR_HANDLING in record.getMessage() for record in caplog.records)
     assert warned == (before not in (None, ABORT_ONLY))
+
+
+def test_a_newer_generation_abandons_the_attempt_at_once() -> None:
+    """A member waiting at the check-in for a peer that left gives up as soon as the newer
+    generation opens, well before the timeout; a late peer then learns the verdict."""
+    server = store_server(10.0)
+    store = PrefixStore("job/g4a1/", server)
+    started = time.monotonic()
+    with pytest.raises(dist.DistStoreError, match="abandoned"):
+        meeting(store, 0, 2, superseded=lambda: True)
+    assert time.monotonic() - started < 5
+    with pytest.raises(dist.DistStoreError, match="abandoned"):  # the verdict stands
+        meeting(store, 1, 2)

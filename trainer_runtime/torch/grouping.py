@@ -29,6 +29,7 @@ import datetime
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -70,7 +71,12 @@ def backend_for(device: torch.device) -> str:
 
 
 def forming(
-    assignment: Assignment, attempt: int, job_id: str, stores: StoreHost, device: torch.device
+    assignment: Assignment,
+    attempt: int,
+    job_id: str,
+    stores: StoreHost,
+    device: torch.device,
+    superseded: Callable[[], bool] = lambda: False,
 ) -> None:
     """Leave the old group (if any) and join attempt `attempt` at this generation's group
     (a generation that failed to form, or whose step failed while nobody left, is formed
@@ -80,7 +86,8 @@ def forming(
     leader = next(p for p in assignment.peers if p.rank == 0)
     tag = f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
     store = PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
-    meeting(store, assignment.rank, assignment.world_size, stores.timeout.total_seconds())
+    timeout_s = stores.timeout.total_seconds()
+    meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
     backend = backend_for(device)
     if backend == "nccl":
         aborting_on_failure()
@@ -93,11 +100,18 @@ def forming(
     )
 
 
-def meeting(store: Store, rank: int, world_size: int, timeout_s: float | None = None) -> None:
+def meeting(
+    store: Store,
+    rank: int,
+    world_size: int,
+    timeout_s: float | None = None,
+    superseded: Callable[[], bool] = lambda: False,
+) -> None:
     """Check in, and return once every rank of this attempt has; raise `DistStoreError` (a
     RuntimeError) once the attempt is abandoned. One verdict per attempt, the first one
     proposed (`compare_set` on an absent key): any member proposes BUILD once all have
-    checked in, and ABANDON once `timeout_s` (default: the store's timeout) passed; so a
+    checked in, and ABANDON once `timeout_s` (default: the store's timeout) passed or a
+    newer generation opened (`superseded`, a memory read); so a
     member that arrives at an attempt its peers gave up learns it at once and moves on to
     the next attempt, and a member that gave up is never counted in a group that is built."""
     store.set(f"arrived/{rank}", "1")
@@ -109,7 +123,7 @@ def meeting(store: Store, rank: int, world_size: int, timeout_s: float | None = 
         proposal = ""
         if store.check(everyone):
             proposal = BUILD
-        elif time.monotonic() > deadline:
+        elif time.monotonic() > deadline or superseded():
             proposal = ABANDON
         elif store.check([VERDICT]):
             proposal = ABANDON  # only an abandoned attempt has a verdict before all came

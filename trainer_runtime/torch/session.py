@@ -202,7 +202,9 @@ class ElasticSession:
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.ddp = None
-        forming(assignment, attempt, self.contract.job_id, self.stores, self.device)
+        forming(
+            assignment, attempt, self.contract.job_id, self.stores, self.device, self.agent.changed
+        )
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
         extra: dict[str, Any] = {}
