@@ -173,10 +173,14 @@ def test_delete_stops_the_processes(harness: Harness) -> None:
     h.cluster.delete(key)
     assert h.store.jobs() == []
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(
-        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
-    ):
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
-    assert not any(
-        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids
-    )
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie; a process that ends between two questions is not alive."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
