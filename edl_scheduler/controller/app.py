@@ -60,8 +60,15 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         meta = body.get("metadata", {})
         return {(meta.get("namespace"), meta.get("name")): _plain(body)}
 
+    def keep_job(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        # A job the controller never wrote a status for is new: it waits for a plan.
+        loop = holder.get("loop")
+        if loop is not None and not (body.get("status") or {}).get("phase"):
+            loop.mark_urgent()
+        return keep(body)
+
     for name, resource in _RESOURCES.items():
-        kopf.index(*resource, id=name, registry=registry)(keep)
+        kopf.index(*resource, id=name, registry=registry)(keep_job if name == "jobs" else keep)
 
     async def seen(**_: Any) -> None:
         loop = holder.get("loop")

@@ -9,11 +9,13 @@ A cycle, in numbered steps:
 5. Metrics.
 
 Events mark the world dirty; a cycle starts at most every ``min_period_s`` and at least every
-``max_period_s``. A background thread asks each coordinator for its progress (and copies its
-state into the job's ConfigMap); a change that matters (finished, members) marks the world
-dirty too. What must stay true: nothing is remembered across cycles that the API does not
-hold, except short-lived expectations of our own writes; a restarted controller rebuilds
-everything from the API. The planner's reservations are stored (``reserving``) before the
+``max_period_s``, except that a new TrainingJob starts one as soon as the cycle in progress
+(if any) ends (``mark_urgent``). A background thread asks each coordinator for its progress
+(and copies its state into the job's ConfigMap); a change that matters (finished, members)
+marks the world dirty too. What must stay true: nothing is remembered across cycles that the
+API does not hold, except short-lived expectations of our own writes and caches that only
+spare work (``Memo``, ``QuietJobs``); a restarted controller rebuilds everything from the
+API. The planner's reservations are stored (``reserving``) before the
 plan that made them is acted on, and a replica that becomes leader reads them before it
 plans.
 """
@@ -126,6 +128,7 @@ class PlanningLoop:
         self.quiet = QuietJobs(self._attained_pending)
         self.synced = asyncio.Event()
         self.dirty = asyncio.Event()
+        self.urgent = asyncio.Event()
         self.stopping = threading.Event()
         self.last_plan: Plan | None = None
         self.cycles = 0
@@ -134,6 +137,17 @@ class PlanningLoop:
     # ----- triggers -----
 
     def mark_dirty(self) -> None:
+        self.dirty.set()
+
+    def mark_urgent(self) -> None:
+        """A change that waits for the next plan (a new TrainingJob): the next cycle starts
+        as soon as the one in progress ends, without waiting for ``min_period_s``. Safe from
+        any thread (kopf runs synchronous handlers in its executor)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._set_urgent)
+
+    def _set_urgent(self) -> None:
+        self.urgent.set()
         self.dirty.set()
 
     def _mark_dirty_threadsafe(self) -> None:
@@ -153,8 +167,10 @@ class PlanningLoop:
                 await asyncio.wait_for(self.dirty.wait(), timeout=self.config.max_period_s)
             wait = self.config.min_period_s - (time.monotonic() - last)
             if wait > 0:
-                await asyncio.sleep(wait)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.urgent.wait(), timeout=wait)
             self.dirty.clear()
+            self.urgent.clear()
             last = time.monotonic()
             world = self.world()  # 2: on the event loop, where the indexes change
             try:

@@ -5,11 +5,16 @@ Aspects:
   is stretched by a fixed amount of its own) and a cycle grants at most
   ``ATTAINED_WRITES_PER_CYCLE`` of them; a deferred write counts the longer time;
 - a job's coordinator counts as ready only while its pod is Running, not being deleted, and
-  that very pod (uid) has answered.
+  that very pod (uid) has answered;
+- an ordinary change waits for ``min_period_s`` since the last cycle, a new TrainingJob
+  (``mark_urgent``) starts the next cycle at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
 from typing import Any, cast
 
 import pytest
@@ -82,3 +87,37 @@ def test_a_coordinator_is_ready_when_that_pod_runs_and_answered(loop: Any) -> No
     assert not planning._ready("ns/j", coordinator("u1", deleting=True))
     assert not planning._ready("ns/j", coordinator("u2"))  # a replacement must answer itself
     assert not planning._ready("ns/j", None)
+
+
+def test_a_new_job_starts_a_cycle_without_waiting_for_the_period() -> None:
+    """An ordinary change waits for ``min_period_s`` since the last cycle; a new
+    TrainingJob (``mark_urgent``) does not."""
+    config = ControllerConfig(token_key=b"k" * 32, min_period_s=30.0, max_period_s=60.0)
+    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+    started: list[float] = []
+    planning.cycle = lambda _world: started.append(time.monotonic())  # type: ignore[method-assign,assignment]
+
+    async def cycles(count: int, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        while len(started) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return len(started) >= count
+
+    async def scenario() -> None:
+        task = asyncio.create_task(planning.run())
+        planning.synced.set()
+        planning.mark_dirty()
+        assert await cycles(1, 5.0)
+        planning.mark_dirty()
+        assert not await cycles(2, 0.5), "an ordinary change waits for the period"
+        planning.mark_urgent()
+        assert await cycles(2, 5.0), "a new job does not"
+        planning.stopping.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        planning.actuator.close()

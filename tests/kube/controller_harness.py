@@ -74,6 +74,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _unused_range(ports: str, probe: int = 10, tries: int = 20) -> str:
+    """``ports`` ("low-high"), or the first range of the same size above it whose first
+    ports nothing listens on: coordinators listen with SO_REUSEPORT, so one of another run
+    of these tests on the same machine (a stale one too) would share a port with ours and
+    answer our controller with the wrong token."""
+    low, high = (int(p) for p in ports.split("-"))
+    size = high - low + 1
+    for _ in range(tries):
+        if high <= 65535 and all(_bindable(p) for p in range(low, low + min(probe, size))):
+            return f"{low}-{high}"
+        low, high = low + size, high + size
+    return ports
+
+
 class ControllerProcess:
     """One operator process; ``kill()`` is SIGKILL, ``stop()`` SIGTERM then SIGKILL."""
 
@@ -111,7 +134,7 @@ class ControllerProcess:
             "--coordinator-command", f"{sys.executable} -m trainer_runtime.coordinator",
             "--coordinator-bind", "127.0.0.1",
             "--coordinator-host", "127.0.0.1",
-            "--coordinator-ports", ports,
+            "--coordinator-ports", _unused_range(ports),
             *extra,
         ]  # fmt: skip
         self.log_path = workdir / f"controller-{identity}.log"

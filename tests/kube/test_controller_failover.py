@@ -78,6 +78,10 @@ def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path
                 return len(live_workers(cluster, NS, "low")) == 4
 
             eventually(filled, 30, "the low-priority job to fill the node")
+            # A new job is planned at once (not after --min-period): let the controller see
+            # the low job's workers Running first, so that the shrink drains them.
+            seen = cycles(proc)
+            eventually(lambda: cycles(proc) >= seen + 2, 30, "two cycles after the fill")
             cluster.create_job(
                 pooled(training_job("high", NS, min_replicas=2, max_replicas=2, priority=100))
             )
