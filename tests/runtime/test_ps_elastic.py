@@ -179,4 +179,9 @@ def test_sync_mode_equals_one_process_with_the_same_global_batch(cluster: Cluste
         for key, value in expected.items():
             torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
     worlds = json.loads((cluster.root / "out" / "w0.json").read_text())["worlds"]
-    assert worlds == [2, 3]
+    # w2's join made a world of 3 after one of 2; under load w1 may start after w0's first
+    # join window, which adds a world of 1 before them (the result must not differ).
+    assert worlds[-2:] == [2, 3] and worlds[:-2] in ([], [1]), worlds
+    # The leader's commits carry step times, so the job's throughput is measured.
+    measured = {t.workers: t.samples_per_s for t in client.progress().throughput}
+    assert measured.get(3, 0.0) > 0.0, measured

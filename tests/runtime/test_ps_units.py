@@ -30,6 +30,7 @@ from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import CoordinatorState, FencedError
 from trainer_runtime.ps.layout import laying_out, total_steps, window_of
 from trainer_runtime.ps.partition import CELL, Partition, PartitionError, StaleGeneration
+from trainer_runtime.ps.session import mean_step_time
 from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
 from trainer_runtime.sharding import DatasetPlan, Walk
 
@@ -245,3 +246,16 @@ def test_a_job_without_servers_fails_clearly_within_the_timeout(tmp_path: Path) 
         assert time.monotonic() - started < 15
     finally:
         server.stop(0.1)
+
+
+def test_commits_carry_the_mean_step_time_the_planner_learns_from() -> None:
+    # From the previous batch's last window: 3 windows over 1.5 s.
+    assert mean_step_time(10.0, [10.5, 11.0, 11.5]) == pytest.approx(0.5)
+    # Bulk-enqueued windows (asynchronous mode) share one time: still measured from before.
+    assert mean_step_time(10.0, [12.0, 12.0, 12.0, 12.0]) == pytest.approx(0.5)
+    # A generation's first batch: between its own windows.
+    assert mean_step_time(None, [1.0, 1.2, 1.4]) == pytest.approx(0.2)
+    # Nothing measurable: no time between them, one window, or none.
+    assert mean_step_time(None, [5.0, 5.0]) == 0.0
+    assert mean_step_time(None, [5.0]) == 0.0
+    assert mean_step_time(3.0, []) == 0.0

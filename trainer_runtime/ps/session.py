@@ -104,17 +104,26 @@ class Place:
 
 
 class Committer:
-    """The leader's background sender of applied windows (one `Commit` per interval)."""
+    """The leader's background sender of applied windows (one `Commit` per interval).
+
+    Each commit carries the job's mean step time over its windows (from when the leader
+    applied them), so the coordinator measures a parameter-server job's throughput as it
+    does an allreduce job's, and the planner learns how the job scales.
+    """
 
     def __init__(self, agent: WorkerAgent) -> None:
         self.agent = agent
-        self.queue: queue.Queue[tuple[int, StepWindow] | None] = queue.Queue()
+        self.queue: queue.Queue[tuple[int, StepWindow, float] | None] = queue.Queue()
+        self.last_sent: tuple[int, float] | None = None
+        """(generation, when applied) of the last window sent: where the next batch's time
+        starts."""
         self.thread = threading.Thread(target=self.sending, name="ps-commit", daemon=True)
         self.thread.start()
 
     def enqueue(self, generation: int, windows: list[StepWindow]) -> None:
+        applied = time.monotonic()
         for window in windows:
-            self.queue.put((generation, window))
+            self.queue.put((generation, window, applied))
 
     def sending(self) -> None:
         while True:
@@ -131,17 +140,36 @@ class Committer:
                 batch.append(item)
             self.flushing_batch(batch)
 
-    def flushing_batch(self, batch: list[tuple[int, StepWindow]]) -> None:
+    def flushing_batch(self, batch: list[tuple[int, StepWindow, float]]) -> None:
         generation = batch[-1][0]
-        windows = [w for g, w in batch if g == generation]
+        current = [(w, t) for g, w, t in batch if g == generation]
+        windows = [w for w, _ in current]
+        since = self.last_sent[1] if self.last_sent and self.last_sent[0] == generation else None
+        step_time_s = mean_step_time(since, [t for _, t in current])
+        self.last_sent = (generation, current[-1][1])
         try:
-            self.agent.client.commit(self.agent.worker_id, generation, windows, 0.0, retry=False)
+            self.agent.client.commit(
+                self.agent.worker_id, generation, windows, step_time_s, retry=False
+            )
         except CoordinatorError as error:  # fenced or unreachable: the next reconcile carries it
             LOG.info("commit of %d windows dropped: %s", len(windows), error)
 
     def closing(self) -> None:
         self.queue.put(None)
         self.thread.join(timeout=10)
+
+
+def mean_step_time(since: float | None, applied: list[float]) -> float:
+    """Seconds per step over windows applied at the times ``applied`` (in order), counted
+    from ``since`` (the previous window's time, same generation) when known, else from the
+    first of them; 0.0 (nothing measured) when no time passed between them."""
+    if not applied:
+        return 0.0
+    if since is not None:
+        return max(0.0, applied[-1] - since) / len(applied)
+    if len(applied) < 2:
+        return 0.0
+    return max(0.0, applied[-1] - applied[0]) / (len(applied) - 1)
 
 
 def flattening(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
