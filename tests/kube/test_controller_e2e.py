@@ -92,7 +92,8 @@ def test_job_runs_to_success_with_progress_and_saved_state(
     assert state.metadata.owner_references[0].name == "solo"
     eventually(lambda: phase(cluster, "solo") == "Succeeded", 90, "Succeeded")
     final = cluster.job(NS, "solo")["status"]
-    assert final["completionTime"] and final["restarts"] == 0
+    told = [f"{e.reason}: {e.message}" for e in cluster.events(NS, "solo")]
+    assert final["completionTime"] and final["restarts"] == 0, told
     assert "Succeeded" in {e.reason for e in cluster.events(NS, "solo")}
 
 
