@@ -82,12 +82,7 @@ def refused_at_admission(pod: Obj) -> bool:
 def step_toward(current: JobPhase, desired: JobPhase) -> JobPhase:
     """``desired`` if the diagram allows it from ``current``, else the phase one step on the
     way (a job goes Suspended -> Pending -> Running over two cycles)."""
-    if current.can_become(desired):
-        return desired
-    for middle in (JobPhase.RUNNING, JobPhase.PENDING):
-        if current.can_become(middle) and middle.can_become(desired):
-            return middle
-    return current
+    return current.step_toward(desired)
 
 
 def coordinator_port_of(pod: Obj | None) -> int | None:
