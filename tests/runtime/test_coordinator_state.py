@@ -246,11 +246,13 @@ def test_memory_store_returns_last_saved() -> None:
     assert store.load() == "x"
 
 
-def test_finished_job_refuses_new_workers() -> None:
+def test_worker_arriving_after_the_last_commit_is_told_the_job_finished() -> None:
     state = CoordinatorState.starting(plan(epochs=1), mode=ConsumptionMode.INDEPENDENT)
     state.registering("a", "n", "", 0.0)
     state.ticking(1.0)
     while (lease := state.leasing_shard("a", 1)) is not None:
         state.committing_leases("a", [lease.lease_id], 0.1)
-    with pytest.raises(FencedError, match="finished"):
-        state.registering("late", "n", "", 2.0)
+    state.registering("late", "n", "", 2.0)
+    assert "late" not in state.membership.workers  # nothing to lease, no generation opens
+    assert not state.ticking(3.0)
+    assert state.viewing_generation("late").finished

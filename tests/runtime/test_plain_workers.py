@@ -7,6 +7,7 @@ coordinator's count):
   restarted from its state file mid-epoch;
 - survivors keep their PIDs (no worker restarts);
 - throughput reaches the coordinator's progress;
+- a worker that arrives after the last commit exits 0 (finished);
 - a worker with an incomplete environment fails clearly at start.
 """
 
@@ -102,6 +103,23 @@ def test_ledger_is_exact_through_drain_kill_join_and_coordinator_restart(
     for epoch in range(EPOCHS):
         assert set(counts[epoch]) == set(range(SAMPLES)), f"epoch {epoch} lost samples"
         assert max(counts[epoch].values()) == 1, f"epoch {epoch} repeated samples"
+
+
+def test_worker_arriving_after_the_last_commit_exits_0(cluster: Cluster) -> None:
+    """A controller may start a grown or replacement worker just as the job ends: it must
+    exit 0 (finished), not fail and be charged to the job's restart budget."""
+    cluster.starting_coordinator(
+        "--samples", "200", "--shard-size", "10", "--epochs", "1",
+        "--mode", "independent", "--join-window-s", "0.1",
+    )  # fmt: skip
+    cluster.starting_worker("w0", [*WORKER])
+    client = cluster.client()
+    waiting_for(lambda: client.progress().finished, 60, "the job to finish")
+    assert cluster.waiting_exit("w0", 30) == 0, cluster.log("w0")
+    cluster.starting_worker("late", [*WORKER])
+    assert cluster.waiting_exit("late", 30) == 0, cluster.log("late")
+    assert "late: finished" in cluster.log("late")
+    assert client.progress().samples_done == 200
 
 
 def test_worker_without_contract_fails_clearly(tmp_path: Path) -> None:

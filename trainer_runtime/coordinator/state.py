@@ -107,8 +107,15 @@ class CoordinatorState:
     def registering(
         self, worker_id: str, node: str, store_address: str, now: float, server: bool = False
     ) -> None:
+        """Add a worker (or, `server`, a parameter server) to the next generation.
+
+        One that arrives after the last commit is not added and not refused: its next
+        question (`AwaitGeneration`, `Watch`) tells it the job finished, so it exits 0 like
+        its peers. (A controller may start a replacement or a grown worker just as the job
+        ends; refusing it made it fail, and its failure was charged to the job's restarts.)
+        """
         if self.ledger.finished:
-            raise FencedError("the job is finished")
+            return
         if not server:
             if worker_id in self.membership.servers:
                 raise FencedError(f"{worker_id} is registered as a parameter server")
