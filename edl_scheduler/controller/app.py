@@ -31,6 +31,7 @@ from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortR
 from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
+from edl_scheduler.controller.podstate import left_for_good
 from edl_scheduler.core import preset
 from edl_scheduler.core.building import policy_from_config
 
@@ -76,8 +77,17 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
             loop.synced.set()
             loop.mark_dirty()
 
+    async def pod_seen(type: str | None, body: kopf.Body, **_: Any) -> None:
+        await seen()
+        loop = holder.get("loop")
+        if loop is not None and left_for_good(body, deleted=type == "DELETED"):
+            # A victim's room is free: the job it was taken for is created now, not after
+            # --min-period.
+            loop.mark_urgent()
+
     for name, resource in _RESOURCES.items():
-        kopf.on.event(*resource, id=f"{name}-event", registry=registry)(seen)
+        handler = pod_seen if name == "pods" else seen
+        kopf.on.event(*resource, id=f"{name}-event", registry=registry)(handler)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -9,15 +9,17 @@ A cycle, in numbered steps:
 5. Metrics.
 
 Events mark the world dirty; a cycle starts at most every ``min_period_s`` and at least every
-``max_period_s``, except that a new TrainingJob starts one as soon as the cycle in progress
-(if any) ends (``mark_urgent``). A background thread asks each coordinator for its progress
-(and copies its state into the job's ConfigMap); a change that matters (finished, members)
-marks the world dirty too. What must stay true: nothing is remembered across cycles that the
-API does not hold, except short-lived expectations of our own writes and caches that only
-spare work (``Memo``, ``QuietJobs``); a restarted controller rebuilds everything from the
-API. The planner's reservations are stored (``reserving``) before the
-plan that made them is acted on, and a replica that becomes leader reads them before it
-plans.
+``max_period_s``, except that what an admission waits for starts one as soon as the cycle
+in progress (if any) ends (``mark_urgent``): a new TrainingJob, a coordinator's first answer
+(its job's workers wait for it), a leaving replica gone (its room is free). A background
+thread asks each coordinator for its progress (and copies its state into the job's
+ConfigMap); a change that matters (finished, members) marks the world dirty too.
+
+What must stay true: nothing is remembered across cycles that the API does not hold, except
+short-lived expectations of our own writes and caches that only spare work (``Memo``,
+``QuietJobs``); a restarted controller rebuilds everything from the API. The planner's
+reservations are stored (``reserving``) before the plan that made them is acted on, and a
+replica that becomes leader reads them before it plans.
 """
 
 from __future__ import annotations
@@ -140,9 +142,10 @@ class PlanningLoop:
         self.dirty.set()
 
     def mark_urgent(self) -> None:
-        """A change that waits for the next plan (a new TrainingJob): the next cycle starts
-        as soon as the one in progress ends, without waiting for ``min_period_s``. Safe from
-        any thread (kopf runs synchronous handlers in its executor)."""
+        """A change that an admission waits for (a new TrainingJob, a coordinator's first
+        answer, a victim gone): the next cycle starts as soon as the one in progress ends,
+        without waiting for ``min_period_s``. Safe from any thread (kopf runs synchronous
+        handlers in its executor; the progress poller has threads of its own)."""
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._set_urgent)
 
@@ -160,6 +163,8 @@ class PlanningLoop:
         self._loop = asyncio.get_running_loop()
         poller = threading.Thread(target=self._poll_forever, name="progress", daemon=True)
         poller.start()
+        prober = threading.Thread(target=self._probe_forever, name="ready-probe", daemon=True)
+        prober.start()
         await self.synced.wait()
         last = 0.0
         while not self.stopping.is_set():
@@ -180,6 +185,7 @@ class PlanningLoop:
 
     def cycle(self, world: World) -> Plan | None:
         started = time.monotonic()
+        phases = _PhaseClock(self.metrics, started)
         leader = self.elector.try_lead()  # 1
         self.metrics.leader.set(1 if leader else 0)
         if not leader:
@@ -196,13 +202,16 @@ class PlanningLoop:
             self._holds_loaded = True
             if self.reservations:
                 log.info("leading with %d stored reservations", len(self.reservations))
+        phases.done("lead")
         now = time.time()
         pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
         bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
         observation = observe(
             world.nodes, pods, bodies, world.priority_classes, self.reservations, self.memo
         )  # 3
+        phases.done("observe")
         result = plan(observation.snapshot, self.config.policy, now)
+        phases.done("plan")
         self.reservations = result.reservations
         for change in result.changes:
             log.info("plan: %s", change)
@@ -218,10 +227,12 @@ class PlanningLoop:
         decisions = decide(
             views, result, self.config, now, new_name, self._attained_due, node_states, self.quiet
         )
+        phases.done("decide")
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
         self.store.save(result.reservations)  # before the drains that free their room
         self.actuator.run(decisions.intents)  # 4
+        phases.done("act")
         for key in decisions.attained_written:
             self._attained[key] = now
         self._remember_coordinators(views)
@@ -348,27 +359,42 @@ class PlanningLoop:
             return client
 
     def _poll_forever(self) -> None:
-        """Asks every running coordinator for its progress each ``progress_period_s`` (or
-        less often, so that the rounds make at most ``PROGRESS_CALLS_PER_S`` calls a
-        second: at 200 jobs, one call per job and second took most of this process's CPU
-        and slowed the planning cycle threefold), and each coordinator that has not
-        answered yet (its pod just created or replaced) each ``ready_probe_period_s``: its
-        first answer starts a cycle at once, which creates the job's waiting workers."""
+        """Asks every coordinator that has answered for its progress each
+        ``progress_period_s`` (or less often, so that the rounds make at most
+        ``PROGRESS_CALLS_PER_S`` calls a second: at 200 jobs, one call per job and second took
+        most of this process's CPU and slowed the planning cycle threefold)."""
         pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
-        tick = min(self.config.ready_probe_period_s, self.config.progress_period_s)
-        last_round = 0.0
         period = self.config.progress_period_s
         try:
-            while not self.stopping.wait(tick):
+            while not self.stopping.wait(period):
                 if not self.elector.is_leader():
                     continue
-                coordinated = dict(self._coordinated)
-                if time.monotonic() - last_round >= period:
-                    last_round = time.monotonic()
-                    jobs = [k for k, c in coordinated.items() if c.running]
-                    period = max(self.config.progress_period_s, len(jobs) / PROGRESS_CALLS_PER_S)
-                else:
-                    jobs = [k for k, c in coordinated.items() if self._answered.get(k) != c.uid]
+                started = time.monotonic()
+                jobs = [
+                    k
+                    for k, c in dict(self._coordinated).items()
+                    if c.running and self._answered.get(k) == c.uid
+                ]
+                list(pool.map(self._poll_one, jobs))
+                spent = time.monotonic() - started
+                wanted = max(self.config.progress_period_s, len(jobs) / PROGRESS_CALLS_PER_S)
+                period = max(0.0, wanted - spent)
+        finally:
+            pool.shutdown(wait=False)
+
+    def _probe_forever(self) -> None:
+        """Asks each coordinator that has not answered yet (its pod just created or replaced)
+        every ``ready_probe_period_s``, on threads of its own: its first answer starts a
+        cycle at once, which creates the job's waiting workers. Apart from the progress
+        rounds, so that a round over hundreds of jobs never holds a probe back."""
+        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ready-probe")
+        try:
+            while not self.stopping.wait(self.config.ready_probe_period_s):
+                if not self.elector.is_leader():
+                    continue
+                jobs = [
+                    k for k, c in dict(self._coordinated).items() if self._answered.get(k) != c.uid
+                ]
                 list(pool.map(self._poll_one, jobs))
         finally:
             pool.shutdown(wait=False)
@@ -386,7 +412,7 @@ class PlanningLoop:
         if self._answered.get(key) != asked.uid:
             self._answered[key] = asked.uid
             log.info("%s: coordinator %s answers", key, asked.address)
-            self._mark_dirty_threadsafe()
+            self.mark_urgent()  # the job's workers wait for exactly this answer
         before = self._progress.get(key)
         self._progress[key] = progress
         if before is None or (
@@ -415,6 +441,19 @@ class PlanningLoop:
                 self._saved[key] = digest
             except Exception as error:
                 log.info("could not keep the state of %s: %s", key, error)
+
+
+class _PhaseClock:
+    """Observes how long each step of a cycle took (``edl_planner_cycle_phase_seconds``)."""
+
+    def __init__(self, metrics: Metrics, started: float) -> None:
+        self.metrics = metrics
+        self.last = started
+
+    def done(self, phase: str) -> None:
+        now = time.monotonic()
+        self.metrics.cycle_phase_seconds.labels(phase=phase).observe(now - self.last)
+        self.last = now
 
 
 def _replica_usage(pods: Sequence[Obj], memo: Memo) -> dict[str, Resources]:

@@ -31,6 +31,14 @@ class Metrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        self.cycle_phase_seconds = Histogram(
+            "edl_planner_cycle_phase_seconds",
+            "Wall time of one step of a planning cycle: lead (the Lease check), observe, "
+            "plan, decide, act (the writes the cycle waits for)",
+            ["phase"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
         self.jobs = Gauge("edl_jobs", "TrainingJobs by phase", ["phase"], registry=r)
         self.gpus_capacity = Gauge(
             "edl_gpus_capacity", "GPUs on schedulable nodes (allocatable)", registry=r

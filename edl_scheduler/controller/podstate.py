@@ -74,6 +74,14 @@ def draining_since(pod: Obj) -> float | None:
         return 0.0
 
 
+def left_for_good(pod: Obj, deleted: bool) -> bool:
+    """A draining replica that has gone (its pod deleted) or whose process ended: the room it
+    held is free now, and a job placed on that room may be waiting for exactly this."""
+    if draining_since(pod) is None:
+        return False
+    return deleted or phase_of(pod) in ("Succeeded", "Failed")
+
+
 def refused_at_admission(pod: Obj) -> bool:
     reason = str(pod.get("status", {}).get("reason", ""))
     return reason in ADMISSION_REASONS or reason.startswith("OutOf")

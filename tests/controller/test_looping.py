@@ -7,23 +7,32 @@ Aspects:
 - a job's coordinator counts as ready only while its pod is Running, not being deleted, and
   that very pod (uid) has answered;
 - an ordinary change waits for ``min_period_s`` since the last cycle, a new TrainingJob
-  (``mark_urgent``) starts the next cycle at once.
+  (``mark_urgent``) starts the next cycle at once, and so do a coordinator's first answer
+  (from the progress poller's thread) and a draining replica gone (``left_for_good``);
+- a coordinator that has not answered yet is probed apart from the progress rounds: a round
+  held up by a slow coordinator does not hold its probe back;
+- each step of a cycle is timed in ``edl_planner_cycle_phase_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from typing import Any, cast
 
 import pytest
+from prometheus_client import generate_latest
 
 from edl_scheduler.controller import looping
 from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.coordinating import Progress
 from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.looping import ATTAINED_WRITES_PER_CYCLE, PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics
+from edl_scheduler.controller.naming import ANNOTATION_DRAINING
+from edl_scheduler.controller.podstate import left_for_good
 
 PERIOD = 15.0
 
@@ -120,4 +129,141 @@ def test_a_new_job_starts_a_cycle_without_waiting_for_the_period() -> None:
     try:
         asyncio.run(scenario())
     finally:
+        planning.actuator.close()
+
+
+class AnsweringCoordinator:
+    """A coordinator that answers ``progress`` and has no state to save."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def progress(self) -> Progress:
+        self.asked += 1
+        return Progress(0, 0, 1, 0, 0, 10, False, (), (), ())
+
+    def snapshot(self) -> str:
+        raise looping.CoordinatorCallError("no state here")
+
+    def drain(self, worker_id: str) -> None: ...
+
+    def set_target(self, workers: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def test_a_coordinators_first_answer_starts_a_cycle_at_once() -> None:
+    """The job's workers wait for that answer: the cycle that creates them does not wait
+    for ``min_period_s``; a later answer of the same pod is an ordinary change."""
+    config = ControllerConfig(token_key=b"k" * 32, min_period_s=30.0, max_period_s=60.0)
+    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+    started: list[float] = []
+    planning.cycle = lambda _world: started.append(time.monotonic())  # type: ignore[method-assign,assignment]
+    answering = AnsweringCoordinator()
+    tj = cast(Any, None)
+    planning._coordinated["ns/j"] = looping._Coordinated(tj, "127.0.0.1:1", True, "u1")
+    planning._clients["ns/j"] = ("127.0.0.1:1", answering)
+
+    async def cycles(count: int, within_s: float) -> bool:
+        deadline = time.monotonic() + within_s
+        while len(started) < count and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return len(started) >= count
+
+    async def scenario() -> None:
+        task = asyncio.create_task(planning.run())
+        planning.synced.set()
+        planning.mark_dirty()
+        assert await cycles(1, 5.0)
+        await asyncio.to_thread(planning._poll_one, "ns/j")
+        assert planning._answered["ns/j"] == "u1"
+        assert await cycles(2, 5.0), "the first answer starts a cycle at once"
+        planning._progress.clear()  # so that a later answer would mark the world dirty
+        await asyncio.to_thread(planning._poll_one, "ns/j")
+        assert not await cycles(3, 0.5), "a later answer waits for the period"
+        assert answering.asked == 2
+        planning.stopping.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        planning.actuator.close()
+
+
+def test_a_draining_replica_gone_is_what_an_admission_waits_for() -> None:
+    def pod(phase: str, draining: bool) -> dict[str, Any]:
+        annotations = {ANNOTATION_DRAINING: "true"} if draining else {}
+        return {"metadata": {"name": "w", "annotations": annotations}, "status": {"phase": phase}}
+
+    assert left_for_good(pod("Succeeded", draining=True), deleted=False)
+    assert left_for_good(pod("Failed", draining=True), deleted=False)
+    assert left_for_good(pod("Running", draining=True), deleted=True)
+    assert not left_for_good(pod("Running", draining=True), deleted=False)
+    assert not left_for_good(pod("Succeeded", draining=False), deleted=False)
+    assert not left_for_good(pod("Running", draining=False), deleted=True)
+
+
+def test_each_step_of_a_cycle_is_timed(loop: Any) -> None:
+    planning, _ = loop
+    planning.elector.try_lead = lambda: True
+    planning.elector.is_leader = lambda: True
+    planning._holds_loaded = True
+    planning.store.save = lambda _reservations: None
+    assert planning.cycle(World((), (), (), {})) is not None
+    text = generate_latest(planning.metrics.registry).decode()
+    for phase in ("lead", "observe", "plan", "decide", "act"):
+        assert f'edl_planner_cycle_phase_seconds_count{{phase="{phase}"}} 1.0' in text
+
+
+class SlowCoordinator(AnsweringCoordinator):
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.entered = threading.Event()
+
+    def progress(self) -> Progress:
+        self.entered.set()
+        self.release.wait(10)
+        return super().progress()
+
+
+def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
+    config = ControllerConfig(
+        token_key=b"k" * 32, progress_period_s=0.05, ready_probe_period_s=0.05
+    )
+    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+    planning.cycle = lambda _world: None  # type: ignore[method-assign,assignment]
+    planning.elector.is_leader = lambda: True  # type: ignore[method-assign]
+    release = threading.Event()
+    slow, new = SlowCoordinator(release), AnsweringCoordinator()
+    tj = cast(Any, None)
+    planning._coordinated["ns/slow"] = looping._Coordinated(tj, "127.0.0.1:1", True, "u1")
+    planning._clients["ns/slow"] = ("127.0.0.1:1", slow)
+    planning._answered["ns/slow"] = "u1"
+    planning._progress["ns/slow"] = AnsweringCoordinator().progress()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(planning.run())
+        assert await asyncio.to_thread(slow.entered.wait, 5.0), "a round is stuck on it"
+        planning._coordinated["ns/new"] = looping._Coordinated(tj, "127.0.0.1:2", True, "u2")
+        planning._clients["ns/new"] = ("127.0.0.1:2", new)
+        deadline = time.monotonic() + 2.0
+        while "ns/new" not in planning._answered and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert planning._answered.get("ns/new") == "u2", "the probe waited for the round"
+        assert slow.asked == 0, "the round is still waiting for the slow coordinator"
+        release.set()
+        planning.stopping.set()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        planning.stopping.set()
         planning.actuator.close()
