@@ -8,7 +8,12 @@ What must stay true:
   again (level-triggered); nothing is retried in a loop here;
 - writes go in dependency order: a job's Secret and Service (and the victims' draining
   marks, which depend on nothing), then pods, then coordinator calls (a drain only after
-  the pod is marked draining), then statuses and Events;
+  the pod is marked draining); the cycle waits for these. Statuses and Events come last and
+  are written in the background (``StatusWriter``): nothing the next cycle does depends on
+  their answers, and at hundreds of jobs waiting for them made the next plan, and any
+  admission behind it, late. A job's statuses are written one at a time, the latest one
+  wins (a newer status replaces one not yet sent), and the status is laid over the job from
+  the moment it is queued, so the next cycle already plans on it;
 - what was just written is remembered (``Expectations``) until the watch shows it, so that
   the next cycle does not plan on a view that lacks the pods just created (no duplicates)
   or still shows the ones just deleted as live.
@@ -17,6 +22,7 @@ What must stay true:
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import threading
 import time
@@ -60,6 +66,10 @@ Obj = Mapping[str, Any]
 JSON_PATCH = "application/json-patch+json"
 #: How long a written change is assumed, if the watch never shows it.
 EXPECTATION_TTL_S = 30.0
+#: The resourceVersion of a status queued and not yet answered (``Expectations.statuses``).
+QUEUED = ""
+#: Threads writing statuses and Events in the background, apart from the cycle's own.
+STATUS_WRITERS = 8
 
 
 def _iso_now() -> str:
@@ -73,7 +83,8 @@ class Expectations:
     created: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
     deleted: dict[tuple[str, str], float] = field(default_factory=dict)
     annotated: dict[tuple[str, str], tuple[dict[str, str], float]] = field(default_factory=dict)
-    #: job key -> (status written, the resourceVersion our write produced, when)
+    #: job key -> (status written, the resourceVersion our write produced, when); the
+    #: version is ``QUEUED`` while the write has not been answered yet.
     statuses: dict[str, tuple[dict[str, Any], str, float]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -115,7 +126,9 @@ class Expectations:
             if found is None:
                 return body
             status, written_rv, _ = found
-            if _not_older(str(meta.get("resourceVersion", "")), written_rv):
+            if written_rv != QUEUED and _not_older(
+                str(meta.get("resourceVersion", "")), written_rv
+            ):
                 del self.statuses[key]
                 return body
         return dict(body) | {"status": status}
@@ -139,6 +152,76 @@ def _not_older(seen: str, written: str) -> bool:
     return seen == written
 
 
+class StatusWriter:
+    """Writes statuses and Events in the background, so that a cycle never waits for them.
+
+    What must stay true: one write at a time per job, in the order decided, and only the
+    latest queued status of a job is sent (an older one not yet sent is dropped: each status
+    is whole, the latest says everything); the expectation of a job's status is the latest
+    queued one until it is answered; a failed write drops the expectation it set (unless a
+    newer status was queued meanwhile), so the next cycle decides from what the API holds
+    and writes again. Events are independent creates, posted as they come."""
+
+    def __init__(
+        self,
+        expectations: Expectations,
+        patch: Callable[[PatchStatus], str],
+        guarded: Callable[[Callable[[], None]], None],
+        workers: int = STATUS_WRITERS,
+    ) -> None:
+        self.expectations = expectations
+        self.patch = patch
+        self.guarded = guarded
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
+        self._lock = threading.Lock()
+        self._queued: dict[str, PatchStatus] = {}
+        self._writing: set[str] = set()
+
+    def status(self, intent: PatchStatus) -> None:
+        key = f"{intent.namespace}/{intent.name}"
+        with self.expectations.lock:
+            self.expectations.statuses[key] = (intent.status, QUEUED, time.monotonic())
+        with self._lock:
+            self._queued[key] = intent
+            if key in self._writing:
+                return  # the job's writer sends it after the write in flight
+            self._writing.add(key)
+        self.pool.submit(self._write_all, key)
+
+    def event(self, post: Callable[[], None]) -> None:
+        self.pool.submit(self.guarded, post)
+
+    def idle(self) -> bool:
+        """Whether no status is queued or being written (for tests)."""
+        with self._lock:
+            return not self._writing
+
+    def _write_all(self, key: str) -> None:
+        while True:
+            with self._lock:
+                intent = self._queued.pop(key, None)
+                if intent is None:
+                    self._writing.discard(key)
+                    return
+            self.guarded(functools.partial(self._write, key, intent))
+
+    def _write(self, key: str, intent: PatchStatus) -> None:
+        written = ""
+        try:
+            written = self.patch(intent)
+        finally:
+            with self.expectations.lock:
+                found = self.expectations.statuses.get(key)
+                if found is not None and found[0] is intent.status:  # no newer one queued
+                    if written:
+                        self.expectations.statuses[key] = (intent.status, written, found[2])
+                    else:
+                        del self.expectations.statuses[key]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 class Actuator:
     """Carries out one cycle's intents."""
 
@@ -154,22 +237,35 @@ class Actuator:
         self.coordinators = coordinators
         self.expectations = Expectations()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="actuate")
+        self.writer = StatusWriter(self.expectations, self._patch_status, self._guarded)
         self.errors = 0
         self._marked: set[str] = set()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.writer.close()
 
     def run(self, intents: Sequence[Intent]) -> None:
-        """All intents, in dependency order; each stage in parallel."""
+        """All intents, in dependency order; each stage in parallel. Returns once the
+        objects, pods and coordinator calls are done; statuses and Events are then queued
+        to ``writer`` and written in the background."""
         self._marked = set()
-        stages: list[list[Callable[[], None]]] = [[], [], [], []]
+        stages: list[list[Callable[[], None]]] = [[], [], []]
+        later: list[PatchStatus | Emit] = []
         for intent in intents:
+            if isinstance(intent, PatchStatus | Emit):
+                later.append(intent)
+                continue
             stage, call = self._call(intent)
             stages[stage].append(call)
         for calls in stages:
             for future in [self.pool.submit(self._guarded, c) for c in calls]:
                 future.result()
+        for intent in later:
+            if isinstance(intent, PatchStatus):
+                self.writer.status(intent)
+            else:
+                self.writer.event(functools.partial(self._emit, intent))
 
     def _guarded(self, call: Callable[[], None]) -> None:
         try:
@@ -200,9 +296,7 @@ class Actuator:
             return 2, lambda: self._drain(intent)
         if isinstance(intent, SetTarget):
             return 2, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
-        if isinstance(intent, PatchStatus):
-            return 3, lambda: self._patch_status(intent)
-        return 3, lambda: self._emit(intent)
+        raise TypeError(f"not a staged intent: {intent!r}")
 
     # ----- objects -----
 
@@ -309,7 +403,9 @@ class Actuator:
 
     # ----- status and events -----
 
-    def _patch_status(self, intent: PatchStatus) -> None:
+    def _patch_status(self, intent: PatchStatus) -> str:
+        """Writes the status; returns the resourceVersion the write produced ("" if the
+        answer had none)."""
         key = f"{intent.namespace}/{intent.name}"
         path = namespaced(intent.namespace, PLURAL, intent.name, group=f"{GROUP}/{VERSION}")
         try:
@@ -323,10 +419,7 @@ class Actuator:
             if error.status == 422:
                 log.error("the API refused the status of %s: %s (%s)", key, error, intent.status)
             raise
-        written = str((answer or {}).get("metadata", {}).get("resourceVersion", ""))
-        if written:
-            with self.expectations.lock:
-                self.expectations.statuses[key] = (intent.status, written, time.monotonic())
+        return str((answer or {}).get("metadata", {}).get("resourceVersion", ""))
 
     def _emit(self, intent: Emit) -> None:
         now = _iso_now()
@@ -358,4 +451,4 @@ def coordinator_client(address: str, token: str, timeout_s: float) -> Coordinato
     return GrpcCoordinator(address, token, timeout_s)
 
 
-__all__ = ["Actuator", "Expectations", "coordinator_client", "state_config_map"]
+__all__ = ["Actuator", "Expectations", "StatusWriter", "coordinator_client", "state_config_map"]

@@ -1,0 +1,169 @@
+"""Statuses and Events written in the background (``actuating.StatusWriter``), without an API
+server.
+
+Aspects:
+- a cycle's ``Actuator.run`` returns once its pods are written, while its status writes are
+  still in flight; the next cycle already sees the queued status (``overlay_job``);
+- one write at a time per job, and the latest status wins: one queued while another is in
+  flight replaces any older one not yet sent, so the last write is the last decided;
+- a failed write drops its expectation (the next cycle decides from the API and writes
+  again), unless a newer status was queued meanwhile; a written one keeps the version the
+  API answered until the watch shows it;
+- Events are posted in the background too.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from edl_scheduler.controller.actuating import QUEUED, Actuator, Expectations, StatusWriter
+from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.intents import CreatePod, Emit, EventReason, EventType, PatchStatus
+from edl_scheduler.controller.kubeapi import Kube, KubeError
+
+
+def eventually(check: Callable[[], bool], within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+class GatedKube:
+    """Answers every request; status PATCHes wait until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.calls: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+        self.version = 100
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> Any:
+        if path.endswith("/status"):
+            assert self.gate.wait(10), "the test never opened the gate"
+        with self.lock:
+            self.calls.append((method, path, body))
+            self.version += 1
+            return {"metadata": {"resourceVersion": str(self.version)}}
+
+
+def job(status: dict[str, Any] | None = None, version: str = "1") -> dict[str, Any]:
+    meta = {"namespace": "ns", "name": "j", "resourceVersion": version}
+    return {"metadata": meta, "status": status or {}}
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"namespace": "ns", "name": name}}
+
+
+def test_a_cycle_does_not_wait_for_its_status_writes() -> None:
+    kube = GatedKube()
+    actuator = Actuator(cast(Kube, kube), ControllerConfig(token_key=b"k" * 32), lambda _j: None)
+    try:
+        status = {"phase": "Running", "replicas": 2}
+        event = Emit("ns", "j", "uid", EventType.NORMAL, EventReason.ADMITTED, "admitted")
+        started = time.monotonic()
+        actuator.run([PatchStatus("ns", "j", status), CreatePod(pod("j-worker-1")), event])
+        assert time.monotonic() - started < 5.0
+        assert not actuator.writer.idle(), "the status write is still in flight"
+        methods = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in kube.calls]
+        assert ("POST", "pods") in methods
+        assert ("POST", "events") in methods, "an Event does not wait for a status"
+        # The next cycle plans on the queued status, whatever version the watch shows.
+        assert actuator.expectations.overlay_job(job(version="999"))["status"] == status
+        kube.gate.set()
+        assert eventually(actuator.writer.idle)
+        patches = [b for m, p, b in kube.calls if p.endswith("/status")]
+        assert patches == [[{"op": "add", "path": "/status", "value": status}]]
+        written = actuator.expectations.statuses["ns/j"]
+        assert written[1] != QUEUED
+        # Shown by the watch (its version or a later one): the expectation ends.
+        assert actuator.expectations.overlay_job(job(version=written[1]))["status"] == {}
+        assert "ns/j" not in actuator.expectations.statuses
+    finally:
+        kube.gate.set()
+        actuator.close()
+
+
+def test_the_latest_status_wins_and_writes_of_a_job_never_overlap() -> None:
+    expectations = Expectations()
+    gate = threading.Event()
+    in_flight: list[str] = []
+    written: list[str] = []
+    overlapped: list[bool] = []
+    lock = threading.Lock()
+
+    def patch(intent: PatchStatus) -> str:
+        with lock:
+            overlapped.append(bool(in_flight))
+            in_flight.append(intent.status["message"])
+        assert gate.wait(10)
+        with lock:
+            in_flight.pop()
+            written.append(intent.status["message"])
+            return str(len(written) + 10)
+
+    writer = StatusWriter(expectations, patch, lambda call: call())
+    try:
+        writer.status(PatchStatus("ns", "j", {"message": "first"}))
+        assert eventually(lambda: in_flight == ["first"])
+        for message in ("second", "third", "fourth"):
+            writer.status(PatchStatus("ns", "j", {"message": message}))
+        assert expectations.overlay_job(job())["status"] == {"message": "fourth"}
+        gate.set()
+        assert eventually(writer.idle)
+        assert written == ["first", "fourth"], "statuses queued behind a write: the latest"
+        assert overlapped == [False, False]
+        status, version, _ = expectations.statuses["ns/j"]
+        assert status == {"message": "fourth"} and version == "12"
+    finally:
+        gate.set()
+        writer.close()
+
+
+def test_a_failed_write_leaves_the_status_to_the_next_cycle() -> None:
+    expectations = Expectations()
+    failures: list[BaseException] = []
+    gate = threading.Event()
+
+    tried: list[str] = []
+
+    def patch(intent: PatchStatus) -> str:
+        tried.append(intent.status["message"])
+        if intent.status["message"] == "slow":
+            assert gate.wait(10)
+            assert expectations.statuses["ns/k"][0] == {"message": "newer"}
+        raise KubeError(503, "unavailable")
+
+    def guarded(call: Callable[[], None]) -> None:
+        try:
+            call()
+        except KubeError as error:
+            failures.append(error)
+
+    writer = StatusWriter(expectations, patch, guarded)
+    try:
+        writer.status(PatchStatus("ns", "j", {"message": "lost"}))
+        assert eventually(writer.idle)
+        assert len(failures) == 1
+        assert "ns/j" not in expectations.statuses, "the next cycle decides from the API"
+        assert expectations.overlay_job(job({"message": "api"}))["status"] == {"message": "api"}
+        # A newer status queued while the older write fails keeps its expectation.
+        writer.status(PatchStatus("ns", "k", {"message": "slow"}))
+        assert eventually(lambda: "slow" in tried)
+        writer.status(PatchStatus("ns", "k", {"message": "newer"}))
+        gate.set()
+        assert eventually(writer.idle)
+        assert tried == ["lost", "slow", "newer"]
+        assert len(failures) == 3, "the slow write's check of the newer expectation held"
+        assert "ns/k" not in expectations.statuses
+    finally:
+        gate.set()
+        writer.close()
