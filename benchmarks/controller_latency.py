@@ -9,7 +9,10 @@ which takes its GPUs from what the low-priority jobs kept. It prints one JSON li
 `{"nodes": 100, "jobs": 200, "admit_high_priority_s": T, "cycle_s": C, ...}` where T is the
 median over the rounds and C the mean planning cycle (observe, plan, decide, act) from the
 operator's own `edl_planner_cycle_seconds`, over the whole run (`rounds_cycle_s`: over the
-rounds only, without the start's hundreds of status writes).
+rounds only, without the start's hundreds of status writes; `rounds_cycle_phases_s`: the
+mean of each step of a cycle over the rounds, from `edl_planner_cycle_phase_seconds`), and
+`phases_s`, when each step of each admission was first seen. Pods run the runtime of the
+tree the script is in, so a copy of the tree at another commit measures that commit whole.
 
 So that it fits on a small machine, only the nodes the high-priority job may use (its
 nodeSelector names them: `--real-nodes`, default 2) run their pods for real, through the
@@ -25,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -101,28 +105,41 @@ def played_kubelet(
     cluster: Cluster, real: set[str], coordinators: PlayedCoordinators, stop: threading.Event
 ) -> None:
     """Reports the pods of the played nodes Running (their coordinators served by
-    ``coordinators``, their workers without a process) and removes deleted pods at once."""
+    ``coordinators``, their workers without a process) and removes deleted pods at once.
 
-    def settle(pod: Any) -> None:
-        name = pod.metadata.name
+    It reads the pod list as plain JSON: turning a thousand pods into the client's models
+    every 0.3 s took this process's CPU (and the GIL) from the kubelet in miniature, which
+    runs in the same process and starts the real pods whose Running the rounds measure."""
+
+    def settle(pod: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        name = meta["name"]
         try:
-            if pod.metadata.deletion_timestamp:
+            if meta.get("deletionTimestamp"):
                 cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-            elif pod.status.phase == "Pending":
-                if pod.metadata.labels.get("edl.dev/role") == "coordinator":
-                    coordinators.serve(int(pod.metadata.annotations["edl.dev/coordinator-port"]))
+            else:
+                if meta.get("labels", {}).get("edl.dev/role") == "coordinator":
+                    coordinators.serve(int(meta["annotations"]["edl.dev/coordinator-port"]))
                 cluster.set_pod_phase(NS, name, "Running")
         except ApiException:
             pass
 
+    def todo(pod: dict[str, Any]) -> bool:
+        node = pod.get("spec", {}).get("nodeName")
+        if not node or node in real:
+            return False
+        phase = pod.get("status", {}).get("phase", "Pending")
+        return bool(pod["metadata"].get("deletionTimestamp")) or phase == "Pending"
+
     with ThreadPoolExecutor(max_workers=8) as pool:
         while not stop.is_set():
             try:
-                pods = cluster.core.list_namespaced_pod(NS).items
-            except ApiException:
+                answer = cluster.core.list_namespaced_pod(NS, _preload_content=False)
+                pods = json.loads(answer.data)["items"]
+            except (ApiException, OSError, ValueError):
+                stop.wait(0.3)
                 continue
-            todo = [p for p in pods if p.spec.node_name and p.spec.node_name not in real]
-            list(pool.map(settle, todo))
+            list(pool.map(settle, [p for p in pods if todo(p)]))
             stop.wait(0.3)
 
 
@@ -134,13 +151,19 @@ def played_kubelet(
 DATASET = "--samples 20000000 --shard-size 10000 --epochs 1000"
 
 
+#: Pods run this tree's runtime (the kubelet in miniature gives a process only the pod's
+#: environment, where the installed package may be another checkout): a copy of the tree at
+#: an older commit then measures that commit's coordinator and workers too.
+THIS_TREE = ["/usr/bin/env", f"PYTHONPATH={REPO}", sys.executable]
+
+
 def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
     manifest = training_job(name, NS, **kwargs)
     manifest["metadata"]["annotations"]["edl.dev/coordinator-args"] = DATASET
     manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
     manifest["spec"]["timeouts"] = {"drainSeconds": 10}
     manifest["spec"]["template"]["spec"]["containers"][0]["command"] = [
-        sys.executable, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05",
+        *THIS_TREE, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05",
     ]  # fmt: skip
     return manifest
 
@@ -218,6 +241,31 @@ def cycle_mean(metrics: str, since: tuple[float, float] = (0.0, 0.0)) -> float:
     return total / count if count else float("nan")
 
 
+PhaseTotals = dict[str, tuple[float, float]]
+
+
+def phase_totals(metrics: str) -> PhaseTotals:
+    """phase -> (seconds, cycles) so far, from ``edl_planner_cycle_phase_seconds`` (empty
+    for an operator without it)."""
+    found: dict[str, list[float]] = {}
+    for line in metrics.splitlines():
+        for suffix, slot in (("_sum{", 0), ("_count{", 1)):
+            if line.startswith(f"edl_planner_cycle_phase_seconds{suffix}"):
+                phase = line.split('phase="', 1)[1].split('"', 1)[0]
+                found.setdefault(phase, [0.0, 0.0])[slot] = float(line.split()[-1])
+    return {phase: (total, count) for phase, (total, count) in found.items()}
+
+
+def phase_means(metrics: str, since: PhaseTotals) -> dict[str, float]:
+    """The mean time of each step of a cycle since ``since``."""
+    means: dict[str, float] = {}
+    for phase, (total, count) in phase_totals(metrics).items():
+        before = since.get(phase, (0.0, 0.0))
+        if count > before[1]:
+            means[phase] = round((total - before[0]) / (count - before[1]), 4)
+    return means
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
@@ -263,7 +311,17 @@ def main() -> int:
             target=played_kubelet, args=(cluster, real, coordinators, stop), daemon=True
         )
         kubelet = running_kubelet(kube_client, workdir / "kubelet", node_labels=KUBELET_LABELS)
-        operator = running_controller(api, workdir, "bench", NS, ports="25000-25999")
+        operator = running_controller(
+            api,
+            workdir,
+            "bench",
+            NS,
+            ports="25000-25999",
+            extra=(
+                "--coordinator-command",
+                shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
+            ),
+        )
         with kubelet, operator as ctrl:
             player.start()
             try:
@@ -295,6 +353,7 @@ def main() -> int:
                 times: list[float] = []
                 phases: list[dict[str, float]] = []
                 before_rounds = cycle_totals(ctrl.metrics())
+                phases_before = phase_totals(ctrl.metrics())
                 for r in range(args.rounds):
                     name = f"high-{r}"
                     watch = Phases(cluster, "low-0", name, args.high_workers)
@@ -313,6 +372,8 @@ def main() -> int:
                     "cycle_s": round(cycle_mean(ctrl.metrics()), 4),
                     # The cycles while the rounds ran, the start's status writes left out.
                     "rounds_cycle_s": round(cycle_mean(ctrl.metrics(), before_rounds), 4),
+                    # The mean of each step of a cycle over the rounds.
+                    "rounds_cycle_phases_s": phase_means(ctrl.metrics(), phases_before),
                     "admit_rounds_s": [round(t, 3) for t in times],
                     "phases_s": phases,
                     "real_nodes": args.real_nodes,
