@@ -6,6 +6,7 @@ checks it); the clock and any seed are arguments.
 """
 
 from edl_scheduler.core.applying import apply_plan
+from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.planning import PlanningError, plan
 from edl_scheduler.core.policy import (
@@ -53,6 +54,7 @@ __all__ = [
     "NodeSelectorTerm",
     "Ordering",
     "Plan",
+    "PlanMemo",
     "PlanningError",
     "Policy",
     "Preemption",

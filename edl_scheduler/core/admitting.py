@@ -33,6 +33,7 @@ class _Fenwick:
 
     def __init__(self, values: list[int]) -> None:
         self._values = list(values)
+        self._total = sum(values)
         self._tree = [0, *values]
         for i in range(1, len(self._tree)):  # linear-time build
             parent = i + (i & -i)
@@ -42,6 +43,7 @@ class _Fenwick:
     def set(self, index: int, value: int) -> None:
         delta = value - self._values[index]
         self._values[index] = value
+        self._total += delta
         i = index + 1
         while i < len(self._tree):
             self._tree[i] += delta
@@ -56,6 +58,10 @@ class _Fenwick:
 
     def range(self, start: int, end: int) -> int:
         return self.prefix(end) - self.prefix(start)
+
+    def suffix(self, start: int) -> int:
+        """The sum from ``start`` to the end."""
+        return self._total - self.prefix(start)
 
 
 @dataclass(slots=True)
@@ -79,7 +85,11 @@ def needs_of(js: JobState) -> dict[Role, int]:
 
 
 def _gpus(js: JobState, needs: dict[Role, int]) -> int:
-    return sum(js.resources(role).gpu * n for role, n in needs.items() if n)
+    total = 0
+    for role, n in needs.items():
+        if n:
+            total += js.resources(role).gpu * n
+    return total
 
 
 def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
@@ -143,13 +153,24 @@ class Admitter:
 
     def refresh_pools(self) -> None:
         """Recount what preemption could free (after growth changed the jobs' sizes)."""
-        pools = [self._pools(js) for js in self.s.jobs]
-        self.shrinkable = _Fenwick([shrink for shrink, _ in pools])
-        self.suspendable = _Fenwick([suspend for _, suspend in pools])
+        shrinkable: list[int] = []
+        suspendable: list[int] = []
+        for js in self.s.jobs:
+            job = js.job
+            if not job.preemptible or not js.workers:
+                shrinkable.append(0)
+                suspendable.append(0)
+                continue
+            gpu = job.worker.resources.gpu
+            shrinkable.append(max(0, js.workers - js.lo) * gpu)
+            suspendable.append(0 if js.started else js.workers * gpu)
+        self.shrinkable = _Fenwick(shrinkable)
+        self.suspendable = _Fenwick(suspendable)
 
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
-        """GPUs that shrinking, and suspending, ``js`` could free."""
+        """GPUs that shrinking, and suspending, ``js`` could free (``refresh_pools`` counts
+        the same for every job at once)."""
         if not js.job.preemptible:
             return 0, 0
         gpu = js.job.worker.resources.gpu
@@ -162,14 +183,13 @@ class Admitter:
 
     def _pool(self, js: JobState) -> int:
         """An upper bound of the GPUs that preemption could free for ``js`` (quick reject)."""
-        n = len(self.s.jobs)
         total = 0
         if self.shrink_ok:
             start = self.level_start[js.priority] if self.s.policy.reclaim_equal_priority else 0
-            total += self.shrinkable.range(start if start < js.rank else js.rank + 1, n)
+            total += self.shrinkable.suffix(start if start < js.rank else js.rank + 1)
         if self.suspend_ok:
             start = self.level_end[js.priority] if self.s.policy.use_priority else js.rank + 1
-            total += self.suspendable.range(start, n)
+            total += self.suspendable.suffix(start)
         return total
 
     def run(self, jobs: list[JobState] | None = None) -> int:
@@ -185,6 +205,8 @@ class Admitter:
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)
                 continue
+            if js.workers >= js.lo and js.job.pserver is None:
+                continue  # needs nothing (``needs_of``, without building the dict)
             needs = needs_of(js)
             if not any(needs.values()):
                 continue

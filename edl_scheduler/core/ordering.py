@@ -82,6 +82,12 @@ def sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, .
     return fifo
 
 
+def key_varies(policy: Policy) -> bool:
+    """Whether a waiting job's rank key depends on ``now`` (the LAS starvation rule); a
+    running job's never does, nor any job's under the other orderings."""
+    return policy.ordering is Ordering.LAS_QUEUES and policy.starvation_limit_s is not None
+
+
 def ranked(jobs: tuple[Job, ...], policy: Policy, now: float) -> list[Job]:
     """Jobs in the order the policy serves them (first = highest ranked)."""
     return sorted(jobs, key=sort_key(policy, now))

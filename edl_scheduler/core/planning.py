@@ -31,6 +31,7 @@ from contextlib import contextmanager
 
 from edl_scheduler.core.admitting import Admitter, suspend_by_spec
 from edl_scheduler.core.growing import WAITING, Grower
+from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.session import JobState, Session
@@ -114,6 +115,19 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
     )
 
 
+def _untouched(js: JobState) -> bool:
+    """Neither started, suspended, nor given or stripped of a replica this cycle."""
+    added, removed = js.added, js.removed
+    return not (
+        js.started
+        or js.suspended
+        or added[Role.WORKER]
+        or removed[Role.WORKER]
+        or added[Role.PSERVER]
+        or removed[Role.PSERVER]
+    )
+
+
 def _reservations(session: Session) -> tuple[Reservation, ...]:
     out: list[Reservation] = []
     names = session.cluster.names
@@ -172,15 +186,21 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
-    """Decide every job's size and placement for this cycle. Deterministic and pure."""
+def plan(snapshot: Snapshot, policy: Policy, now: float, *, memo: PlanMemo | None = None) -> Plan:
+    """Decide every job's size and placement for this cycle. Deterministic and pure.
+
+    ``memo``: a driver that plans again and again over mostly the same Job objects (the
+    simulator) may pass the same ``PlanMemo`` to every call; the plan is the same, and
+    jobs seen before are not validated or derived again (``memo``)."""
     with _collector_paused():
-        return _plan(snapshot, policy, now)
+        return _plan(snapshot, policy, now, memo)
 
 
-def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
-    validate(snapshot)  # 1
-    session = Session(snapshot, policy, now)  # 2
+def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None) -> Plan:
+    if memo is not None:
+        memo.bind(snapshot.nodes, policy)
+    validate(snapshot, memo)  # 1
+    session = Session(snapshot, policy, now, memo)  # 2
     suspend_by_spec(session)
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
@@ -201,6 +221,27 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float) -> Plan:
     decisions = []  # 5
     steady: dict[tuple[Role, int], RoleChange] = {}
     for js in session.jobs:
+        if js.reason is not None and _untouched(js):
+            # Said already, and nothing moved: what ``_action``, ``_explain`` and
+            # ``_role_change`` give such a job, without the calls (most jobs of a cycle).
+            size = js.workers
+            workers = steady.get((Role.WORKER, size))
+            if workers is None:
+                workers = steady[(Role.WORKER, size)] = RoleChange(Role.WORKER, size, size)
+            decisions.append(
+                JobDecision(
+                    job=js.name,
+                    action=Action.KEEP if size else Action.WAIT,
+                    reason=js.reason,
+                    message=js.message,
+                    workers=workers,
+                    pservers=(
+                        _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
+                    ),
+                    for_job=js.for_job,
+                )
+            )
+            continue
         action = _action(js)
         reason, message = _explain(js, action, session)
         pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None

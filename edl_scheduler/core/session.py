@@ -17,13 +17,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from edl_scheduler.core.matching import allowed_on, node_class
-from edl_scheduler.core.ordering import effective_priority, ranked
+from edl_scheduler.core.memo import Derived, PlanMemo
+from edl_scheduler.core.ordering import effective_priority, key_varies, sort_key
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, Snapshot
 
 _W, _P = Role.WORKER, Role.PSERVER
+
+
+def _first(pair: tuple[tuple[float | str, ...], Derived]) -> tuple[float | str, ...]:
+    return pair[0]
 
 
 @dataclass(slots=True)
@@ -315,44 +320,43 @@ class Statement:
 class Session:
     """Everything one cycle works on: the cluster, the ranked jobs, the policy and ``now``."""
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+    def __init__(
+        self, snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None = None
+    ) -> None:
+        """``memo``: what earlier cycles derived from the same jobs (``memo``), reused
+        for jobs it holds and refilled with this snapshot's jobs."""
         self.policy = policy
         self.now = now
         index = {n.name: i for i, n in enumerate(snapshot.nodes)}
         used = [[0, 0, 0] for _ in snapshot.nodes]
         self.jobs: list[JobState] = []
-        pending: list[tuple[Job, int, int, dict[Role, list[Replica]]]] = []
-        elastic = policy.elastic
-        for job in ranked(snapshot.jobs, policy, now):
-            if elastic:
-                lo, hi = job.worker.min_replicas, job.worker.max_replicas
-            else:
-                lo = hi = job.rigid_size
-            live: dict[Role, list[Replica]] = {_W: [], _P: []}
-            for replica in job.replicas:
-                if not replica.draining:
-                    live[replica.role].append(replica)
-                    spec = job.worker if replica.role is _W else job.pserver
-                    assert spec is not None  # validated
-                    res = spec.resources
-                    u = used[index[replica.node]]
-                    u[0] += res.gpu
-                    u[1] += res.cpu_milli
-                    u[2] += res.memory_bytes
-            pending.append((job, lo, hi, live))
+        key = sort_key(policy, now)
+        varies = key_varies(policy)
+        derived = [self._derive(job, policy, index, memo, key, varies) for job in snapshot.jobs]
+        if memo is not None:
+            memo.jobs = {id(d.job): d for d in derived}
+        keyed = [(d.key if d.key is not None else key(d.job), d) for d in derived]
+        keyed.sort(key=_first)
+        for _, d in keyed:
+            for n, g, c, m in d.usage:
+                u = used[n]
+                u[0] += g
+                u[1] += c
+                u[2] += m
         self.cluster = Cluster(snapshot.nodes, used)
         self._class_cache: dict[Constraints, frozenset[int]] = {}
         self._last_constraints: Constraints | None = None
         self._last_classes: frozenset[int] = frozenset()
-        for rank, (job, lo, hi, live) in enumerate(pending):
+        for rank, (_, d) in enumerate(keyed):
+            live = d.live
             self.jobs.append(
                 JobState(
-                    job,
+                    d.job,
                     rank,
-                    effective_priority(job, policy),
-                    lo,
-                    hi,
-                    self.eligible_classes(job.constraints),
+                    d.priority,
+                    d.lo,
+                    d.hi,
+                    self.eligible_classes(d.job.constraints),
                     live,
                     workers=len(live[_W]),
                     pservers=len(live[_P]),
@@ -360,6 +364,37 @@ class Session:
             )
         self.by_name = {js.job.name: js for js in self.jobs}
         self._load_holds(snapshot)
+
+    @staticmethod
+    def _derive(
+        job: Job,
+        policy: Policy,
+        index: dict[str, int],
+        memo: PlanMemo | None,
+        key: Callable[[Job], tuple[float | str, ...]],
+        varies: bool,
+    ) -> Derived:
+        """What the session needs of ``job`` alone: from the memo, or derived now. The rank
+        key is kept only where it does not depend on ``now`` (see ``key_varies``)."""
+        if memo is not None:
+            found = memo.get(job)
+            if found is not None:
+                return found
+        if policy.elastic:
+            lo, hi = job.worker.min_replicas, job.worker.max_replicas
+        else:
+            lo = hi = job.rigid_size
+        live: dict[Role, list[Replica]] = {_W: [], _P: []}
+        usage: list[tuple[int, int, int, int]] = []
+        for replica in job.replicas:
+            if not replica.draining:
+                live[replica.role].append(replica)
+                spec = job.worker if replica.role is _W else job.pserver
+                assert spec is not None  # validated
+                res = spec.resources
+                usage.append((index[replica.node], res.gpu, res.cpu_milli, res.memory_bytes))
+        constant = None if varies and not job.replicas else key(job)
+        return Derived(job, constant, lo, hi, effective_priority(job, policy), live, tuple(usage))
 
     def eligible_classes(self, constraints: Constraints) -> frozenset[int]:
         if constraints is self._last_constraints:  # most jobs share one object: no hashing

@@ -8,6 +8,7 @@ over-commit a node.
 
 from __future__ import annotations
 
+from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.snapshot import Job, Role, RoleSpec, Snapshot
 
 
@@ -105,8 +106,27 @@ def _check_job(job: Job, node_names: set[str]) -> None:
         names.add(replica.name)
 
 
-def validate(snapshot: Snapshot) -> None:
-    """Raise a SnapshotError for the first inconsistency found; return None when valid."""
+def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> None:
+    """Raise a SnapshotError for the first inconsistency found; return None when valid.
+
+    With a ``memo``, jobs it holds (validated in an earlier cycle on the same nodes) and
+    nodes it validated are not checked again; when a check fails the first error is the
+    same as without it, because a held job passed every check of its own."""
+    if memo is not None and memo.nodes_valid:
+        names = [job.name for job in snapshot.jobs]
+        if len(set(names)) == len(names):
+            node_names = memo.node_names
+            for job in snapshot.jobs:
+                if memo.get(job) is None:
+                    _check_job(job, node_names)
+            return
+    _validate(snapshot)
+    if memo is not None:
+        memo.nodes_valid = True
+        memo.node_names = {node.name for node in snapshot.nodes}
+
+
+def _validate(snapshot: Snapshot) -> None:
     node_names: set[str] = set()
     for node in snapshot.nodes:
         if node.name in node_names:

@@ -27,6 +27,7 @@ from kubernetes.client import ApiException
 
 from edl_scheduler.local.processes import ProcessSpec, ProcessSupervisor, UnknownProcess
 
+from .kubelet import MiniKubelet
 from .pod_environment import ContainerEnvironment, container_argv
 from .testenv import REPO, KubeAPI
 
@@ -205,6 +206,25 @@ def running_controller(
         proc.stop()
 
 
+@contextmanager
+def healthy_controller(
+    api: KubeAPI,
+    workdir: Path,
+    identity: str = "ctrl-a",
+    lease_namespace: str = "default",
+    tail: int = 100,
+    **kwargs: Any,
+) -> Iterator[ControllerProcess]:
+    """A controller answering on /healthz (what a test module's fixture hands its tests);
+    the last `tail` lines of its log are printed when it stops, so a failure shows them."""
+    with running_controller(api, workdir, identity, lease_namespace, **kwargs) as proc:
+        try:
+            eventually(proc.healthy, 30, "the controller's /healthz")
+            yield proc
+        finally:
+            print(proc.log_tail(tail))
+
+
 def training_job(
     name: str,
     namespace: str,
@@ -291,6 +311,22 @@ class Cluster:
             for e in self.core.list_namespaced_event(ns).items
             if e.involved_object.name == name and e.involved_object.kind == "TrainingJob"
         ]
+
+    def restarts_told(self, ns: str, name: str, kubelet: MiniKubelet) -> list[str]:
+        """Why a job was charged restarts: each ReplicaFailed Event, with the last lines of
+        the failed replica's output (what a failing test prints)."""
+        told = []
+        for event in self.events(ns, name):
+            if event.reason != "ReplicaFailed":
+                continue
+            replica = str(event.message).split(" ", 1)[0]
+            tail = kubelet.logs(ns, replica).splitlines()[-15:]
+            told.append(f"{event.message}\n" + "\n".join(tail))
+        if told:  # what the job's coordinator said of its workers
+            log = kubelet.logs(ns, f"{name}-coordinator").splitlines()
+            words = ("lost", "depart", "expire", "fence", "error", "Error")
+            told.extend(line for line in log if any(word in line for word in words))
+        return told
 
     def set_pod_phase(self, ns: str, name: str, phase: str, reason: str | None = None) -> None:
         """Plays the kubelet's part: report a pod's phase through the status subresource."""

@@ -32,6 +32,7 @@ from .controller_harness import (
     cluster_in,
     ensure_namespace,
     eventually,
+    healthy_controller,
     running_controller,
     settle,
     training_job,
@@ -59,12 +60,8 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir = tmp_path_factory.mktemp("ctrl-act")
-    with running_controller(kube_api, workdir, lease_namespace=NS) as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail())
+    with healthy_controller(kube_api, workdir, lease_namespace=NS) as proc:
+        yield proc
 
 
 def pooled(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
+    healthy_controller,
     live_workers,
-    running_controller,
     training_job,
 )
 from .kubelet import MiniKubelet
@@ -58,12 +58,8 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir = tmp_path_factory.mktemp("ctrl-e2e")
-    with running_controller(kube_api, workdir, "e2e", NS, ports="23000-23999") as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail(100))
+    with healthy_controller(kube_api, workdir, "e2e", NS, ports="23000-23999") as proc:
+        yield proc
 
 
 def phase(cluster: Cluster, name: str) -> str:
@@ -71,7 +67,7 @@ def phase(cluster: Cluster, name: str) -> str:
 
 
 def test_job_runs_to_success_with_progress_and_saved_state(
-    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, kubelet: MiniKubelet
 ) -> None:
     create_node(kube_api.api_client, "e2e-solo", gpus=2, labels={POOL: "solo"}, kubelet=True)
     cluster.create_job(job("solo", "solo", max_replicas=2, samples=3000))
@@ -92,7 +88,7 @@ def test_job_runs_to_success_with_progress_and_saved_state(
     assert state.metadata.owner_references[0].name == "solo"
     eventually(lambda: phase(cluster, "solo") == "Succeeded", 90, "Succeeded")
     final = cluster.job(NS, "solo")["status"]
-    told = [f"{e.reason}: {e.message}" for e in cluster.events(NS, "solo")]
+    told = cluster.restarts_told(NS, "solo", kubelet)
     assert final["completionTime"] and final["restarts"] == 0, told
     assert "Succeeded" in {e.reason for e in cluster.events(NS, "solo")}
 

@@ -22,8 +22,8 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
+    healthy_controller,
     live_workers,
-    running_controller,
     training_job,
 )
 from .kubelet import MiniKubelet
@@ -45,18 +45,14 @@ def controller(
 ) -> Iterator[ControllerProcess]:
     workdir = tmp_path_factory.mktemp("ctrl-faults")
     extra = ("--inject-api-faults", "0.2", "--watch-timeout", "2")
-    with running_controller(
-        kube_api, workdir, "faulty", NS, ports="24000-24999", extra=extra
+    with healthy_controller(
+        kube_api, workdir, "faulty", NS, ports="24000-24999", extra=extra, tail=40
     ) as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail(40))
+        yield proc
 
 
 def test_converges_under_api_faults_and_dropped_watches(
-    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, kubelet: MiniKubelet
 ) -> None:
     for i in range(2):
         create_node(kube_api.api_client, f"flt-{i}", gpus=2, labels={POOL: "faults"},
@@ -102,5 +98,6 @@ def test_converges_under_api_faults_and_dropped_watches(
         watcher.join(5)
     assert not problems, problems[:5]
     statuses: list[dict[str, Any]] = [cluster.job(NS, n)["status"] for n in names]
-    assert all(s["restarts"] == 0 for s in statuses), statuses
+    told = [t for n in names for t in cluster.restarts_told(NS, n, kubelet)]
+    assert all(s["restarts"] == 0 for s in statuses), told
     assert "injected" in controller.log_tail(10_000)

@@ -31,7 +31,7 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
-    running_controller,
+    healthy_controller,
     training_job,
 )
 from .kubelet import MiniKubelet
@@ -65,12 +65,8 @@ def controller(
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-preempt")
     (workdir / "policy.yaml").write_text(POLICY)
-    with running_controller(kube_api, workdir, "preempt", NS, ports="26000-26099") as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail(100))
+    with healthy_controller(kube_api, workdir, "preempt", NS, ports="26000-26099") as proc:
+        yield proc
 
 
 def status(cluster: Cluster, name: str) -> dict[str, Any]:

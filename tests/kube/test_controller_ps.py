@@ -45,7 +45,7 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
-    running_controller,
+    healthy_controller,
     training_job,
 )
 from .kubelet import MiniKubelet
@@ -68,12 +68,8 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-ps")
-    with running_controller(kube_api, workdir, "ps", NS, ports="26200-26299") as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail(100))
+    with healthy_controller(kube_api, workdir, "ps", NS, ports="26200-26299") as proc:
+        yield proc
 
 
 def ps_job(name: str, shared: Path, out: Path, *, snapshots: bool = True) -> dict[str, Any]:

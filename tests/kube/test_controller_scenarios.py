@@ -28,8 +28,8 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
+    healthy_controller,
     live_workers,
-    running_controller,
     settle,
     training_job,
 )
@@ -56,12 +56,8 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir = tmp_path_factory.mktemp("ctrl-scn")
-    with running_controller(kube_api, workdir, "scn", NS, ports="22000-22999") as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail())
+    with healthy_controller(kube_api, workdir, "scn", NS, ports="22000-22999") as proc:
+        yield proc
 
 
 def test_high_priority_job_preempts_gracefully_and_low_grows_back(

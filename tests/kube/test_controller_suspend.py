@@ -34,7 +34,7 @@ from .controller_harness import (
     ControllerProcess,
     cluster_in,
     eventually,
-    running_controller,
+    healthy_controller,
     training_job,
 )
 from .kubelet import MiniKubelet
@@ -56,12 +56,8 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-suspend")
-    with running_controller(kube_api, workdir, "suspend", NS, ports="26100-26199") as proc:
-        try:
-            eventually(proc.healthy, 30, "the controller's /healthz")
-            yield proc
-        finally:
-            print(proc.log_tail(100))
+    with healthy_controller(kube_api, workdir, "suspend", NS, ports="26100-26199") as proc:
+        yield proc
 
 
 def status(cluster: Cluster, name: str) -> dict[str, Any]:

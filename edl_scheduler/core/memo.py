@@ -1,0 +1,66 @@
+"""What one cycle derived from each job, kept for the next cycle of the same driver.
+
+Most jobs are the same from one cycle to the next (a simulator plans at every arrival and
+completion, and each plan changes one or two jobs). A job's validation, its rank key and the
+parts of its session state that depend only on the job (its bounds, live replicas and the
+capacity they take) are pure functions of the job, the policy and the nodes; ``PlanMemo``
+keeps them between cycles, keyed by the job object's identity, so ``plan()`` derives them
+only for jobs it has not seen.
+
+What must stay true: a plan made with a memo equals the plan made without one, whatever
+cycles came before (``tests/core/test_memo.py``). That holds because every entry is keyed by
+the identity of an immutable ``Job`` (the entry keeps the object alive, so the identity
+cannot be reused), and the whole memo is dropped when the policy or the nodes tuple is not
+the one it was built for. Entries of jobs absent from a cycle's snapshot are dropped after
+it, so the memo never holds more than one snapshot's jobs. The memo is the caller's: the
+planner reads no clock and does no I/O whether one is given or not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edl_scheduler.core.policy import Policy
+from edl_scheduler.core.snapshot import Job, Node, Replica, Role
+
+
+@dataclass(frozen=True, slots=True)
+class Derived:
+    """What a cycle derives from one job alone. ``live`` is read, never changed, by the
+    planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
+    rank key when it does not depend on ``now`` (else None: computed each cycle)."""
+
+    job: Job
+    key: tuple[float | str, ...] | None
+    lo: int
+    hi: int
+    priority: int
+    live: dict[Role, list[Replica]]
+    usage: tuple[tuple[int, int, int, int], ...]
+
+
+class PlanMemo:
+    """Per-job derivations carried from one ``plan()`` call to the next (see the module)."""
+
+    __slots__ = ("_nodes", "_policy", "jobs", "node_names", "nodes_valid")
+
+    def __init__(self) -> None:
+        self._policy: Policy | None = None
+        self._nodes: tuple[Node, ...] | None = None
+        #: id(job) -> what was derived from it; ``Derived.job`` keeps the job alive.
+        self.jobs: dict[int, Derived] = {}
+        #: Whether the bound nodes tuple passed validation.
+        self.nodes_valid = False
+        self.node_names: set[str] = set()
+
+    def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
+        """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
+        the object the memo was built for."""
+        if nodes is not self._nodes or policy is not self._policy:
+            self._nodes, self._policy = nodes, policy
+            self.jobs = {}
+            self.nodes_valid = False
+
+    def get(self, job: Job) -> Derived | None:
+        found = self.jobs.get(id(job))
+        return found if found is not None and found.job is job else None

@@ -1,0 +1,107 @@
+"""``plan(..., memo=PlanMemo())`` gives the plan ``plan()`` gives without one.
+
+Aspects:
+- on recorded snapshot sequences (a simulator's plans, where most Job objects repeat from
+  one plan to the next) under every preset, and under a LAS policy with a starvation limit
+  (a waiting job's rank then depends on ``now``), each plan made with one memo carried through
+  the sequence equals the plan made from scratch, decision for decision, with reservations;
+- the memo forgets everything when the policy or the nodes change (a job's bounds and its
+  replicas' node indices depend on both);
+- an invalid job raises the same error with a memo as without, also after valid cycles, and
+  a job that was valid stays valid only as the same object.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from edl_scheduler.core import PRESETS, PlanMemo, Policy, Snapshot, plan, preset
+from edl_scheduler.core.policy import with_overrides
+from edl_scheduler.core.validating import SnapshotError
+from simulations import engine as engine_module
+from simulations.engine import SimConfig, simulate
+from simulations.traces import load_tiresias
+from simulations.workload import ClusterSpec, Elasticity, with_elasticity
+from tests.core.builders import job, node, snapshot
+
+DATA = Path(__file__).parents[1] / "simulations" / "data" / "60_job.csv"
+
+
+#: Tiresias where a job waiting 10 minutes returns to the first queue: a waiting job's rank
+#: then depends on ``now``, so the memo may not keep its rank key.
+STARVING = with_overrides(
+    preset("tiresias"), queue_thresholds_gpu_s=(200.0, 1500.0), starvation_limit_s=600.0
+)
+
+
+def _policy(name: str) -> Policy:
+    return STARVING if name == "starving" else preset(name)
+
+
+def _recorded(policy_name: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Snapshot, float]]:
+    """The snapshots a simulation of ``60_job.csv`` on 8 GPUs plans on (queues form)."""
+    cluster = ClusterSpec(2, 4)
+    jobs = load_tiresias(DATA, cluster).jobs
+    policy = _policy(policy_name)
+    if policy.elastic:
+        jobs = with_elasticity(jobs, Elasticity.ELASTIC, cluster.gpus)
+    seen: list[tuple[Snapshot, float]] = []
+    real = engine_module.plan
+
+    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
+        seen.append((snap, now))
+        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "plan", recording)
+    simulate(jobs, cluster, policy, SimConfig(tick_s=300.0))
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
+def test_a_memo_carried_through_a_sequence_changes_no_plan(
+    policy_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = _recorded(policy_name, monkeypatch)
+    assert len(sequence) > 20
+    policy = _policy(policy_name)
+    memo = PlanMemo()
+    changed = reused = 0
+    for snap, now in sequence:
+        expected = plan(snap, policy, now)
+        reused += sum(1 for j in snap.jobs if memo.get(j) is not None)
+        assert plan(snap, policy, now, memo=memo) == expected
+        changed += bool(expected.changes)
+    assert changed > 5  # the sequence moves jobs, not only waits
+    assert reused > len(sequence)  # and the memo served jobs seen before
+
+
+def test_the_memo_forgets_on_another_policy_or_other_nodes() -> None:
+    jobs = [
+        job("a").min(1).max(4).requested(2).running(("n0", 2)),
+        job("b").min(2).max(2).submitted(10),
+    ]
+    small = snapshot([node("n0").gpus(4)], jobs)
+    memo = PlanMemo()
+    for name in ("edl", "tiresias", "edl"):
+        assert plan(small, preset(name), 100.0, memo=memo) == plan(small, preset(name), 100.0)
+    big = Snapshot((small.nodes[0], *snapshot([node("n1").gpus(4)], []).nodes), small.jobs)
+    assert plan(big, preset("edl"), 100.0, memo=memo) == plan(big, preset("edl"), 100.0)
+
+
+def test_an_invalid_job_raises_the_same_error_after_valid_cycles() -> None:
+    good = snapshot([node("n0").gpus(4)], [job("a").min(1).max(2).running(("n0", 1))])
+    memo = PlanMemo()
+    plan(good, preset("edl"), 0.0, memo=memo)
+    bad_job = job("a").min(1).max(2).running(("n9", 1)).build()  # an unknown node
+    bad = Snapshot(good.nodes, (bad_job,))
+    with pytest.raises(SnapshotError) as plain:
+        plan(bad, preset("edl"), 0.0)
+    with pytest.raises(SnapshotError) as memoized:
+        plan(bad, preset("edl"), 0.0, memo=memo)
+    assert str(memoized.value) == str(plain.value)
+    twice = Snapshot(good.nodes, (good.jobs[0], good.jobs[0]))  # held job, duplicated
+    with pytest.raises(SnapshotError, match="appears twice"):
+        plan(twice, preset("edl"), 0.0, memo=memo)
