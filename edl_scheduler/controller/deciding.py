@@ -10,8 +10,9 @@ below is tested without an API server. The intents and a job's working state are
 The rules, per job, in order:
 1. A job whose spec is invalid (or names an unknown PriorityClass) stays Pending with the
    condition ``Valid=False`` and a Warning Event saying why; it gets no pods.
-2. A job in a final phase keeps no pods.
-3. Its coordinator reports the last epoch committed: Succeeded, pods removed.
+2. A job in a final phase keeps no pods: a failed job's go at once; a succeeded job's as
+   they exit, the rest at its drain deadline, the coordinator last.
+3. Its coordinator reports the last epoch committed: Succeeded, its pods cleared as in 2.
 4. Finished replica pods are removed. A failed one that was not leaving counts against
    ``failurePolicy.maxRestarts`` unless the kubelet refused it at admission (then the cluster
    changed under the plan: plan again, the job is not charged). Past the budget: Failed.
@@ -78,12 +79,30 @@ from edl_scheduler.core import JobDecision, Plan, Resources, Role
 log = logging.getLogger("edl.controller.deciding")
 
 
+def _clearing_away(cycle: JobCycle, succeeded: bool) -> None:
+    """A succeeded job's pods go once they have exited, the others at the job's drain
+    deadline after its completion time: a worker told that the job finished may still be
+    writing its output, and SIGTERM would cut that off. The coordinator goes last, when no
+    replica runs any more (the workers' goodbyes go to it). A failed job is cleared at once:
+    its workers have nothing to finish."""
+    view = cycle.view
+    ended = timestamp_of(cycle.status.get("completionTime")) or cycle.now
+    overdue = not succeeded or cycle.now >= ended + cycle.tj.spec.timeouts.drain_seconds
+    running = False
+    for pod in view.replicas:
+        if terminating(pod):
+            continue
+        if overdue or phase_of(pod) in ("Succeeded", "Failed"):
+            cycle.delete(pod)
+        else:
+            running = True
+    coordinator = view.coordinator
+    if coordinator is not None and not terminating(coordinator) and not running:
+        cycle.delete(coordinator)
+
+
 def _finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) -> None:
     view = cycle.view
-    for pod in view.replicas:
-        cycle.delete(pod)
-    if view.coordinator is not None:
-        cycle.delete(view.coordinator)
     current = JobPhase(cycle.status.get("phase", JobPhase.PENDING))
     cycle.status["phase"] = step_toward(current, phase).value
     if JobPhase(cycle.status["phase"]).final:
@@ -104,6 +123,7 @@ def _finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str)
     if view.progress is not None:
         # The last answer, which says finished; the status otherwise keeps the poll before it.
         cycle.status["progress"] = view.progress.as_status()
+    _clearing_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
 
 
 def decide(
@@ -168,6 +188,7 @@ def _output_size(out: Decisions) -> tuple[int, ...]:
 
 
 _ACTIVE = frozenset(p.value for p in JobPhase if p.active)
+_FINAL = frozenset(p.value for p in JobPhase if p.final)
 #: What a job's decision is made from, compared by identity where it holds API objects
 #: (see ``QuietJobs``).
 JobInputs = tuple[object, ...]
@@ -209,6 +230,8 @@ class QuietJobs:
         if any(draining_since(p) is not None for p in view.replicas):
             return None
         phase = str((view.body.get("status") or {}).get("phase", JobPhase.PENDING.value))
+        if phase in _FINAL and any(not terminating(p) for p in pods):
+            return None  # its pods leave by a deadline (`_clearing_away`)
         if phase in _ACTIVE and self.due(tj.key):
             return None
         known = nodes.known if nodes is not None else None
@@ -305,11 +328,7 @@ def _decide_job(
     cycle = JobCycle(view, tj, now, out, status, int(old_status.get("restarts", 0)))
     phase = JobPhase(old_status.get("phase", JobPhase.PENDING.value))
     if phase.final:  # 2
-        for pod in view.replicas:
-            if not terminating(pod):
-                cycle.delete(pod)
-        if view.coordinator is not None and not terminating(view.coordinator):
-            cycle.delete(view.coordinator)
+        _clearing_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
         return
     status.setdefault(
         "submitTime", iso_time(timestamp_of(meta_of(view.body).get("creationTimestamp")) or now)

@@ -8,7 +8,8 @@ Aspects:
   started; a draining pod past its deadline is deleted; victims are named in the Event;
 - a failed worker is charged, one refused at admission is not; past maxRestarts the job
   Fails and keeps no pods;
-- the coordinator's "finished" makes the job Succeeded and removes its pods;
+- the coordinator's "finished" makes the job Succeeded; its pods go as they exit, the rest
+  at the drain deadline, the coordinator last;
 - an invalid job gets Valid=False and one Warning Event, and no second write when nothing
   changed;
 - phases follow JobPhase's diagram (Suspended -> Pending -> Running);
@@ -240,17 +241,41 @@ def test_failures_are_charged_refusals_are_not_and_the_budget_ends_the_job() -> 
 def test_finished_coordinator_makes_the_job_succeed() -> None:
     body = job_body(phase="Running")
     progress = Progress(3, 1, 1, 10, 100, 100, True, ("a",), (), ())
+    pods = [pod("a"), pod("c", phase="Succeeded"), coordinator()]
     out = decide(
-        {"ns/j": view(body, [pod("a"), coordinator()], progress=progress)},
+        {"ns/j": view(body, pods, progress=progress)},
         None, CONFIG, NOW, names(),
     )  # fmt: skip
     status = of(PatchStatus, out.intents)[0].status
     assert status["phase"] == "Succeeded" and status["completionTime"]
-    assert {i.name for i in of(DeletePod, out.intents)} == {"a", "j-coordinator"}
+    assert {i.name for i in of(DeletePod, out.intents)} == {"c"}  # "c" had already exited
     assert out.counts.completed_s
     # The last answer is the one kept: the status does not stop at the poll before it.
     assert status["progress"]["finished"] is True
     assert status["progress"]["samplesDone"] == 100
+
+
+def test_succeeded_jobs_pods_go_as_they_exit_then_at_the_drain_deadline() -> None:
+    """A worker told that the job finished may still be writing its output: it is not cut
+    off with SIGTERM; the coordinator goes when no worker runs; a hung one goes at the
+    deadline. A job that stays in this state is never skipped as quiet."""
+    body = job_body(phase="Succeeded", completionTime="2027-01-15T08:00:00Z")
+    ended = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    body["spec"]["timeouts"] = {"drainSeconds": 30}
+    quiet = QuietJobs()
+
+    def deleted(pods: list[dict[str, Any]], now: float) -> set[str]:
+        out = decide({"ns/j": view(body, pods)}, None, CONFIG, now, names(), quiet=quiet)
+        return {i.name for i in of(DeletePod, out.intents)}
+
+    assert deleted([pod("a", phase="Succeeded"), pod("b"), coordinator()], ended + 1) == {"a"}
+    assert deleted([pod("b", phase="Succeeded"), coordinator()], ended + 2) == {
+        "b", "j-coordinator",
+    }  # fmt: skip
+    running = [pod("a"), pod("b"), coordinator()]
+    assert deleted(running, ended + 3) == set()
+    # the same objects at the deadline: decided again, not skipped as quiet
+    assert deleted(running, ended + 30) == {"a", "b", "j-coordinator"}
 
 
 def test_invalid_job_is_reported_once() -> None:

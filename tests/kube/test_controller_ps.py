@@ -73,10 +73,9 @@ def controller(
 
 
 def ps_job(name: str, shared: Path, out: Path, *, snapshots: bool = True) -> dict[str, Any]:
-    # The worker ignores SIGTERM: the controller removes a succeeded job's pods while its
-    # workers may still be writing their final parameters (what the test reads).
+    # The workers write their final parameters (what the test reads) after the job
+    # finished: the controller lets them exit on their own before it clears the job's pods.
     worker = [
-        "sh", "-c", 'trap "" TERM; exec "$@"', "ps-worker",
         sys.executable, JOB, "--kind", "ledger", "--samples", str(SAMPLES),
         "--global-batch", "6", "--snapshot-dir", "$(EDL_PS_SNAPSHOTS)", "--snapshot-every", "5",
         "--step-sleep-s", "0.05", "--out", str(out),

@@ -1,10 +1,11 @@
 """The engine's incremental path (``SimConfig.incremental``) gives the reference path's results.
 
 Aspects:
-- every preset, and Tiresias with low queue thresholds, on ``60_job.csv`` with 8 GPUs (queues, preemptions and, under the LAS
-  policies, queue demotions happen), produces the same job records, timeline and plan count
-  with the planner's memo and the kept LAS snapshot jobs as without them (a kept job is
-  rebuilt when its queue changes: ``test_engine``'s demotion scenarios run this path too).
+- every preset, and Tiresias with low queue thresholds, on ``60_job.csv`` with 8 GPUs
+  (queues, preemptions and, under the LAS policies, queue demotions happen), produces the
+  same job records, timeline and plan count with the planner's memo and the kept LAS
+  snapshot jobs as without them (a kept job is rebuilt when its queue changes:
+  ``test_engine``'s demotion scenarios run this path too).
 """
 
 from __future__ import annotations
@@ -47,4 +48,3 @@ def test_the_incremental_path_gives_the_reference_results(policy_name: str) -> N
     assert fast.timeline == reference.timeline
     assert fast.plans == reference.plans
     assert any(r.end is not None for r in fast.jobs)
-
