@@ -14,9 +14,10 @@ must stay true:
 - a cordoned node (``spec.unschedulable``) or one whose Ready condition is not True gets no
   new replica; replicas on a node that no longer exists are left out, so the planner
   replaces them elsewhere;
-- a TrainingJob that fails validation, names an unknown PriorityClass, or is a
-  parameter-server job without shared snapshot storage (``shaping.ps_snapshot_dir``), is
-  left out of the snapshot and reported with the reason, never planned on.
+- a TrainingJob that fails validation, names an unknown PriorityClass, is a
+  parameter-server job without shared snapshot storage (``shaping.ps_snapshot_dir``), or
+  names a checkpoint directory on unusable storage (``shaping.checkpoint_dir``), is left out
+  of the snapshot and reported with the reason, never planned on.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from edl_scheduler.controller.naming import (
     LABEL_JOB,
     LABEL_ROLE,
 )
-from edl_scheduler.controller.shaping import ShapingError, ps_snapshot_dir
+from edl_scheduler.controller.shaping import ShapingError, checkpoint_dir, ps_snapshot_dir
 from edl_scheduler.core import (
     Job,
     Node,
@@ -237,6 +238,7 @@ def observe(
             tj = cached("job", obj, lambda o: load_training_job(dict(o)))
             priority = resolve_priority(tj, priority_classes)
             ps_snapshot_dir(tj)
+            checkpoint_dir(tj)
         except (TrainingJobError, ShapingError) as err:
             rejected[key] = str(err).replace("\n", " ")
             continue

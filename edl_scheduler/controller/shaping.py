@@ -16,7 +16,9 @@ true of every one of them:
 - GPUs are both requested and limited (extended resources must be equal in both);
 - parameter-server pods run the runtime's server (``python -m trainer_runtime.ps``) in the
   worker's image and pod template, bound to the pod's IP; every replica of a ``ps`` job gets
-  ``EDL_PS_SNAPSHOTS``, the directory the servers' snapshots live in (``ps_snapshot_dir``).
+  ``EDL_PS_SNAPSHOTS``, the directory the servers' snapshots live in (``ps_snapshot_dir``);
+  the workers of a job that names ``edl.dev/checkpoints`` get ``EDL_CHECKPOINT_DIR``, where
+  the model waits while the job has no worker (``checkpoint_dir``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,11 @@ _SEED_STATE = (
 ANNOTATION_PS_SNAPSHOTS = "edl.dev/ps-snapshots"
 #: What the replicas of a ``ps`` job are told: ``<that directory>/<the job's uid>``.
 PS_SNAPSHOTS_ENV = "EDL_PS_SNAPSHOTS"
+#: The directory, inside the job's pods, under which an allreduce job keeps its model while
+#: it has no worker; optional; same rules as the snapshots' directory.
+ANNOTATION_CHECKPOINTS = "edl.dev/checkpoints"
+#: What the workers are told: ``<that directory>/<the job's uid>`` (the runtime's contract).
+CHECKPOINTS_ENV = "EDL_CHECKPOINT_DIR"
 #: The runtime's parameter server, run in the worker's image (which holds the runtime).
 PSERVER_COMMAND = ("python", "-m", "trainer_runtime.ps")
 #: Volume sources each pod gets its own copy of (or that live on one node): snapshots
@@ -85,18 +92,35 @@ def ps_snapshot_dir(tj: TrainingJob) -> str | None:
     directory on a volume the job's template mounts (a ReadWriteMany claim), named by the
     annotation ``edl.dev/ps-snapshots``. A ConfigMap, as for the coordinator's state, cannot
     hold them: they are the model's parameters and momentum (1 MiB is a ConfigMap's limit).
-    The job's uid is appended, so a job re-created under the same name never restores the
-    old one's snapshots. Raises ``ShapingError`` naming the field and the fix."""
+    Raises ``ShapingError`` naming the field and the fix."""
     if tj.spec.strategy is not Strategy.PS:
         return None
-    field = f"metadata.annotations[{ANNOTATION_PS_SNAPSHOTS!r}]"
-    raw = tj.metadata.annotations.get(ANNOTATION_PS_SNAPSHOTS)
+    return _shared_directory(tj, ANNOTATION_PS_SNAPSHOTS, "its servers' snapshots", "servers")
+
+
+def checkpoint_dir(tj: TrainingJob) -> str | None:
+    """Where an allreduce job keeps its model while it has no worker (suspended, or
+    preempted whole): the annotation ``edl.dev/checkpoints`` names a directory on a volume
+    every replica shares, and the workers are told ``EDL_CHECKPOINT_DIR`` (docs/runtime.md,
+    "Suspension to zero workers"). Optional: without it such a job restarts its model when
+    it resumes, and says so. Raises ``ShapingError`` naming the field and the fix when the
+    directory is named but unusable."""
+    if ANNOTATION_CHECKPOINTS not in tj.metadata.annotations:
+        return None
+    return _shared_directory(tj, ANNOTATION_CHECKPOINTS, "its model while suspended", "workers")
+
+
+def _shared_directory(tj: TrainingJob, annotation: str, keeps: str, writers: str) -> str:
+    """The directory an annotation names, checked to lie on a read-write volume that every
+    replica shares, plus the job's uid (a job re-created under the same name never reads the
+    old one's files)."""
+    field = f"metadata.annotations[{annotation!r}]"
+    raw = tj.metadata.annotations.get(annotation)
     if not raw:
         raise ShapingError(
-            f"{field} is missing: a parameter-server job keeps its servers' snapshots in a "
-            "directory every replica shares; mount a ReadWriteMany volume in spec.template "
-            "(spec.volumes and containers[0].volumeMounts) and name a directory on it, e.g. "
-            "'/snapshots'"
+            f"{field} is missing: this job keeps {keeps} in a directory every replica "
+            "shares; mount a ReadWriteMany volume in spec.template (spec.volumes and "
+            "containers[0].volumeMounts) and name a directory on it, e.g. '/snapshots'"
         )
     path = PurePosixPath(raw)
     if not path.is_absolute() or ".." in path.parts:
@@ -133,7 +157,7 @@ def ps_snapshot_dir(tj: TrainingJob) -> str | None:
     if mount.get("readOnly"):
         raise ShapingError(
             f"{field} {raw!r} lies on a read-only mount ({mount['mountPath']!r}): the "
-            "servers write their snapshots there; mount it read-write"
+            f"{writers} write there; mount it read-write"
         )
     if not tj.metadata.uid:
         raise ShapingError(f"TrainingJob {tj.key} has no metadata.uid: read it from the API")
@@ -236,6 +260,9 @@ def replica_pod(
     snapshots = ps_snapshot_dir(tj)
     if snapshots is not None:
         contract.append({"name": PS_SNAPSHOTS_ENV, "value": snapshots})
+    checkpoints = checkpoint_dir(tj)
+    if checkpoints is not None:
+        contract.append({"name": CHECKPOINTS_ENV, "value": checkpoints})
     ours = {e["name"] for e in contract}
     main["env"] = [e for e in main.get("env", []) if e.get("name") not in ours] + contract
     if role is Role.PSERVER:

@@ -8,7 +8,10 @@ Aspects:
 - a job without its coordinator's dataset options, or with broken quoting, is refused with
   the annotation named;
 - ports: shared, or the lowest free one of a range; a full range is an error naming the option;
-- tokens are derived from the job's UID and differ between jobs.
+- tokens are derived from the job's UID and differ between jobs;
+- a job naming `edl.dev/checkpoints` on a shared read-write volume has its workers told
+  EDL_CHECKPOINT_DIR (the directory plus the job's uid); one on unusable storage is refused
+  naming the annotation and the fix; without it nothing is set.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
 from edl_scheduler.controller.shaping import (
     ShapingError,
+    checkpoint_dir,
     coordinator_pod,
     free_port,
     replica_pod,
@@ -124,3 +128,39 @@ def test_ports_and_tokens() -> None:
     assert CONFIG.token_for("a") == ControllerConfig(token_key=b"k" * 32).token_for("a")
     with pytest.raises(ConfigError, match="--token-key-file"):
         ControllerConfig().token_for("a")
+
+
+def with_checkpoints(path: str, volume: dict[str, Any]) -> dict[str, Any]:
+    manifest = body()
+    manifest["metadata"]["annotations"]["edl.dev/checkpoints"] = path
+    template = manifest["spec"]["template"]["spec"]
+    template["volumes"] = [{"name": "shared", **volume}]
+    template["containers"][0]["volumeMounts"] = [{"name": "shared", "mountPath": "/shared"}]
+    return manifest
+
+
+def test_workers_are_told_the_checkpoint_directory_the_job_names() -> None:
+    claim = {"persistentVolumeClaim": {"claimName": "c"}}
+    tj = load_training_job(with_checkpoints("/shared/ckpt", claim))
+    assert checkpoint_dir(tj) == "/shared/ckpt/u"
+    pod = replica_pod(tj, "j-worker-1", "n1", Role.WORKER, "h:1")
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["EDL_CHECKPOINT_DIR"] == "/shared/ckpt/u"
+    plain = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1")
+    assert "EDL_CHECKPOINT_DIR" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+
+
+@pytest.mark.parametrize(
+    ("path", "volume", "says"),
+    [
+        ("ckpt", {"persistentVolumeClaim": {"claimName": "c"}}, "absolute path"),
+        ("/elsewhere", {"persistentVolumeClaim": {"claimName": "c"}}, "lies on no volume"),
+        ("/shared/ckpt", {"emptyDir": {}}, "not shared by every pod"),
+    ],
+)
+def test_unusable_checkpoint_directory_is_named_with_the_fix(
+    path: str, volume: dict[str, Any], says: str
+) -> None:
+    with pytest.raises(ShapingError, match=says) as refused:
+        checkpoint_dir(load_training_job(with_checkpoints(path, volume)))
+    assert "edl.dev/checkpoints" in str(refused.value)
