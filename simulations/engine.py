@@ -53,6 +53,7 @@ from edl_scheduler.core import (
     ThroughputSample,
     plan,
 )
+from edl_scheduler.core.snapshot import Efficiency
 from simulations.pruning import visible
 from simulations.workload import ClusterSpec, SimJob
 
@@ -246,6 +247,8 @@ class Engine:
         #: changes; its attained GPU-time in the snapshot may lag until then.
         self.queue_only = config.incremental and policy.ordering is Ordering.LAS_QUEUES
         self.memo = PlanMemo() if config.incremental else None
+        #: Whether any job's speed comes from a measured profile (its rate changes by epoch).
+        self.profiled = any(j.profile is not None for j in self.jobs)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -376,6 +379,7 @@ class Engine:
             ):
                 return cached
             worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
+            efficiency = cached.efficiency
         else:
             job = run.job
             worker = RoleSpec(job.min_workers, job.max_workers, _WORKER)
@@ -385,6 +389,7 @@ class Engine:
                 if self.config.report_throughput
                 else ()
             )
+            efficiency = self._efficiency(run)
         job = run.job
         built = Job(
             name=job.name,
@@ -397,15 +402,25 @@ class Engine:
             last_resize_time=run.last_resize_time,
             attained_gpu_seconds=run.attained_at(now),
             throughput=samples,
+            efficiency=efficiency,
         )
         run.cached = built
         return built
+
+    def _efficiency(self, run: _Run) -> Efficiency | None:
+        """A profiled job's statistical efficiency now, once it has measured anything."""
+        profile = run.job.profile
+        if profile is None or not run.samples:
+            return None
+        return profile.efficiency(run.placement, run.done)
 
     def _plan(self, now: float, arrived: list[str] | None = None) -> None:
         """Plan and apply. ``arrived``: the jobs that arrived since the last plan, when
         nothing else changed and no time-based rule fell due; if the planner would not see
         any of them (they cannot start), the plan is left out: the last plan's result is a
         fixed point (invariant 6) and jobs that cannot start change no decision."""
+        if self.profiled and self.config.report_throughput:
+            self._remeasure(now)
         # The cached Job of a waiting job (most of them) is taken here, without a call.
         fresh = self.fresh_attained
         jobs = [
@@ -432,6 +447,27 @@ class Engine:
         for decision in changes:
             self._apply(self.active[decision.job], decision, now)
 
+    def _remeasure(self, now: float) -> None:
+        """A runtime keeps measuring at its job's current size (the coordinator's smoothed
+        rate, which the controller copies into the status), so the sample at that size
+        follows the job now, and so do its gradient statistics (``Efficiency``). A profiled
+        job's batch (with adaptation) and statistical efficiency change with its epoch; the
+        samples at sizes it left keep what it measured there."""
+        for run in self.running.values():
+            profile = run.job.profile
+            if profile is None or run.paused_until > now:
+                continue
+            run.advance(now)
+            key = (len(run.placement), run.workers)
+            rate, batch = profile.measured(run.placement, run.done)
+            sample = run.samples[key]
+            if (sample.samples_per_second, sample.batch) != (rate, batch):
+                run.samples[key] = ThroughputSample(key[0], key[1], rate, batch)
+                run.cached = None
+            cached = run.cached
+            if cached is not None and cached.efficiency != self._efficiency(run):
+                run.cached = None
+
     def _queue(self, attained: float) -> int:
         """The LAS queue index of a running job with ``attained`` GPU-seconds (as
         ``ordering.sort_key`` counts it for a job with replicas)."""
@@ -440,6 +476,22 @@ class Engine:
             if attained >= t:
                 queue += 1
         return queue
+
+    def _next_epoch(self, now: float) -> float:
+        """When a running profiled job next enters a new epoch: its measured rate changes
+        there, so the plan may change (a controller, planning every cycle, would see it)."""
+        wake = _INF
+        for run in self.running.values():
+            profile = run.job.profile
+            if profile is None or run.rate <= 0:
+                continue
+            edge = profile.horizon(run.done)
+            if edge < run.total:
+                rate = profile.rate(run.placement, run.done)
+                at = max(run.last, run.paused_until) + (edge - run.done) / rate
+                if at > now:
+                    wake = min(wake, at)
+        return wake
 
     def _apply(self, run: _Run, decision: JobDecision, now: float) -> None:
         action, change = decision.action, decision.workers
@@ -484,7 +536,11 @@ class Engine:
             self.running[run.job.name] = run
             nodes = len(run.placement)
             if config.report_throughput and (nodes, after) not in run.samples:
-                run.samples[(nodes, after)] = ThroughputSample(nodes, after, run.rate)
+                if profile is None:
+                    run.samples[(nodes, after)] = ThroughputSample(nodes, after, run.rate)
+                else:
+                    rate, batch = profile.measured(run.placement, run.done)
+                    run.samples[(nodes, after)] = ThroughputSample(nodes, after, rate, batch)
         else:
             self.running.pop(run.job.name, None)
         self._schedule_completion(run)  # bumps the version: older events of the job are void
@@ -519,6 +575,8 @@ class Engine:
                     at = run.start_time + policy.min_run_s
                     if at > now:
                         wake = min(wake, at)
+        if self.profiled and self.config.report_throughput:
+            wake = min(wake, self._next_epoch(now))
         if policy.starvation_limit_s is not None:
             for run in self.active.values():
                 if not run.workers:

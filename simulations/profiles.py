@@ -21,6 +21,10 @@ The model, as the issue and the Pollux paper describe it (our own code):
 
 Progress is piecewise constant in rate between epoch boundaries, so ``horizon`` tells the
 engine where the rate may change next.
+
+What the planner is told (``ProfileSpeed.measured`` and ``efficiency``) is what a runtime
+measures: samples per second at the batch the job trains at, and the gradient statistics
+at that batch now; the planner turns them into goodput itself (``core.throughput``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+
+from edl_scheduler.core.snapshot import Efficiency
 
 _K = TypeVar("_K", str, tuple[int, int])
 _Arrays = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -118,12 +124,17 @@ class Application:
             sync += weight * float(np.interp(per, bsz, synced))
         return one + (steps - 1) * (one - sync)
 
-    def gain(self, global_batch: float, epoch: int) -> float:
+    def grad_stats(self, global_batch: float, epoch: int) -> tuple[float, float]:
+        """(grad_sqr, grad_var) measured at ``epoch`` on the curve of the largest measured
+        batch not above ``global_batch``."""
         sizes = sorted(self.curves)
         ref = max((b for b in sizes if b <= global_batch), default=sizes[0])
         curve = self.curves[ref]
         e = min(epoch, len(curve.sqr) - 1)
-        sqr, var = curve.sqr[e], curve.var[e]
+        return curve.sqr[e], curve.var[e]
+
+    def gain(self, global_batch: float, epoch: int) -> float:
+        sqr, var = self.grad_stats(global_batch, epoch)
         scale = global_batch / self.init_batch
         return (var + sqr) / (var / scale + sqr)
 
@@ -204,19 +215,49 @@ class ProfileSpeed:
         one = _rate(self, (1,), self.app.epoch(done))
         return self.rate(placement, done) / one if one > 0 else 0.0
 
+    def measured(self, placement: tuple[int, ...], done: float) -> tuple[float, int]:
+        """What the job's runtime would report at ``placement`` now: samples per second
+        and the global batch it trains at (the one batch adaptation chose)."""
+        placement = tuple(sorted(placement))
+        local = _choice(self, placement, self.app.epoch(done))[1]
+        workers = sum(placement)
+        if workers <= 0:
+            return 0.0, 0
+        return local * workers / self.app.step_time(placement, local), round(local * workers)
+
+    def efficiency(self, placement: tuple[int, ...], done: float) -> Efficiency:
+        """The gradient statistics the job measures now, at the batch it trains at
+        (``Application.gain`` reads the same curve, so at that batch the two agree)."""
+        workers = sum(placement)
+        epoch = self.app.epoch(done)
+        if workers > 0:
+            batch = _choice(self, tuple(sorted(placement)), epoch)[1] * workers
+        else:
+            batch = self.batch if not self.adapt else self.app.init_batch
+        sqr, var = self.app.grad_stats(batch, epoch)
+        return Efficiency(self.app.init_batch, sqr, var)
+
 
 @lru_cache(maxsize=200_000)
 def _rate(speed: ProfileSpeed, placement: tuple[int, ...], epoch: int) -> float:
+    return _choice(speed, placement, epoch)[0]
+
+
+@lru_cache(maxsize=200_000)
+def _choice(speed: ProfileSpeed, placement: tuple[int, ...], epoch: int) -> tuple[float, float]:
+    """Progress per second at ``placement`` and the local batch that gives it."""
     app, workers = speed.app, sum(placement)
     if workers <= 0:
-        return 0.0
+        return 0.0, 0.0
     if not speed.adapt:
         local = speed.batch / workers
-        return app.gain(speed.batch, epoch) / app.step_time(placement, local)
-    best = 0.0
+        return app.gain(speed.batch, epoch) / app.step_time(placement, local), local
+    best, chosen = 0.0, 0.0
     top = min(app.max_local, app.max_batch / workers)
     candidates = {float(b) for b in app.placements["1"][0] if b <= top} | {max(1.0, top)}
     for local in sorted(candidates):
         global_batch = local * workers
-        best = max(best, app.gain(global_batch, epoch) / app.step_time(placement, local))
-    return best
+        rate = app.gain(global_batch, epoch) / app.step_time(placement, local)
+        if rate > best:
+            best, chosen = rate, local
+    return best, chosen

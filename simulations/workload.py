@@ -24,6 +24,8 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Protocol
 
+from edl_scheduler.core.snapshot import Efficiency
+
 
 class Elasticity(Enum):
     RIGID = "rigid"
@@ -94,6 +96,8 @@ class SpeedModel(Protocol):
     ``total`` is the work to do; ``rate(placement, done)`` the work per second with
     ``placement`` = GPUs used on each node, after ``done`` work; the rate is constant between
     ``done`` and ``horizon(done)``. ``useful`` is what the placement is worth in single GPUs.
+    ``measured`` is what the job's runtime reports there (samples per second, global batch)
+    and ``efficiency`` its statistical efficiency now, both for the planner's snapshot.
     """
 
     @property
@@ -104,6 +108,10 @@ class SpeedModel(Protocol):
     def horizon(self, done: float) -> float: ...
 
     def useful(self, placement: tuple[int, ...], done: float) -> float: ...
+
+    def measured(self, placement: tuple[int, ...], done: float) -> tuple[float, int]: ...
+
+    def efficiency(self, placement: tuple[int, ...], done: float) -> Efficiency: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
-from edl_scheduler.core.throughput import fit
+from edl_scheduler.core.throughput import job_model
 
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
@@ -37,7 +37,7 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     fulfilled = js.fulfillment()
     if session.policy.growth is Growth.FULFILLMENT:
         return (-js.priority, fulfilled, js.rank)
-    model = fit(js.job.throughput)
+    model = job_model(js.job)
     nodes, workers = max(1, js.node_count(session.cluster)), js.size()
     gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)

@@ -36,7 +36,7 @@ from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Rea
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
-from edl_scheduler.core.throughput import fit
+from edl_scheduler.core.throughput import job_model
 from edl_scheduler.core.validating import validate
 
 #: Admission-growth rounds after the first; each must start a job to go on.
@@ -91,7 +91,7 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
         reason = Reason.STARTED if action is Action.START else Reason.GREW
         return reason, js.message + grown
     if action is Action.GROW and js.reason is None:
-        model = fit(js.job.throughput)
+        model = job_model(js.job)
         nodes_before = len({r.node for r in js.live[Role.WORKER]})
         return Reason.GREW, (
             f"grew {before}->{after} into idle GPUs "

@@ -8,9 +8,9 @@ speed-ups, charging a re-allocation penalty. This step does the same, greedily, 
 a time, within the planner's rules:
 
 - The objective is the sum over jobs of ``speedup(nodes, workers)``, from each job's fitted
-  model (``throughput.fit`` of what its runtime measured; the prior for sizes it never ran
-  at). Where a runtime reports goodput (progress per second weighted by statistical
-  efficiency, as the simulator does for the Pollux workloads), this is Pollux's goodput.
+  model (``throughput.job_model`` of what its runtime measured; the prior for sizes it never
+  ran at). Where a runtime reports its statistical efficiency (``snapshot.Efficiency``, as
+  the simulator does for the Pollux workloads), the model is of goodput, Pollux's objective.
 - A move takes one worker from a donor and gives that very GPU (same node) to a recipient, so
   the cluster's allocation, and with it invariant 5, is unchanged. Its value over the
   policy's ``gain_horizon_s`` is (recipient's gain - donor's loss) x horizon, minus, for each
@@ -22,6 +22,11 @@ a time, within the planner's rules:
 - Priority (invariant 4): a donor never has a higher priority than its recipient. Jobs
   resized in this cycle already (started, grown, shrunk, restored), non-preemptible donors,
   jobs with parameter servers, and jobs below their minimum take no part.
+- Trust (as Pollux): a recipient takes workers only up to twice the largest size it has
+  measured (``explored_limit``). Beyond that its speed-up is the prior's near-linear guess,
+  which would win every comparison with a donor's measured curve and move GPUs from known
+  use to hope; the limit doubles each time the job runs at a new largest size. Growth into
+  idle GPUs is not limited: an idle GPU costs nothing to try.
 - Determinism: ties go to the lower rank; the loop ends after at most one move per GPU.
 
 Every moved job says why: the recipient grew by so many workers taken from named jobs, the
@@ -37,12 +42,19 @@ from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, worth_the_pause
-from edl_scheduler.core.throughput import ThroughputModel, fit
+from edl_scheduler.core.throughput import ThroughputModel, job_model
 
 _W = Role.WORKER
 #: Donors tried for one recipient before it is given up (the cheapest first); bounds a
 #: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
 _DONORS_TRIED = 8
+
+
+def explored_limit(js: JobState) -> int:
+    """The most workers a rebalancing move may give ``js``: twice the largest size its
+    runtime measured a throughput at, within its bounds (its minimum when it measured none)."""
+    measured = max((s.workers for s in js.job.throughput if s.samples_per_second > 0), default=0)
+    return min(js.hi, max(js.lo, 1, 2 * measured))
 
 
 class _Member:
@@ -51,6 +63,7 @@ class _Member:
     __slots__ = (
         "donor",
         "js",
+        "limit",
         "model",
         "moved",
         "nodes0",
@@ -62,9 +75,10 @@ class _Member:
 
     def __init__(self, js: JobState, session: Session, donor: bool, recipient: bool) -> None:
         self.js = js
-        self.model: ThroughputModel = fit(js.job.throughput)
+        self.model: ThroughputModel = job_model(js.job)
         self.nodes0 = max(1, js.node_count(session.cluster))
         self.workers0 = js.size()
+        self.limit = explored_limit(js)
         self.donor = donor
         self.recipient = recipient
         self.moved = False
@@ -110,7 +124,7 @@ class Rebalancer:
         for js in s.jobs:
             if not _eligible(js):
                 continue
-            if js.size() < js.hi and cooling_until(s, js) is None:
+            if js.size() < explored_limit(js) and cooling_until(s, js) is None:
                 takers.append(js)
             elif js.size() > max(1, js.lo) and js.job.preemptible:
                 givers.append(js)  # (takers are tested as givers below, once needed)
@@ -148,7 +162,7 @@ class Rebalancer:
     def _gain(self, m: _Member) -> float:
         """Value of one more worker for ``m`` (on its current nodes), horizon-weighted."""
         js = m.js
-        if js.size() >= js.hi:
+        if js.size() >= m.limit:
             return float("-inf")
         nodes = max(1, js.node_count(self.s.cluster))
         up = m.speedup(nodes, js.size() + 1) - m.speedup(nodes, js.size())

@@ -132,11 +132,41 @@ class Replica:
 
 @dataclass(frozen=True, slots=True)
 class ThroughputSample:
-    """A throughput the job's runtime measured at one size: ``workers`` on ``nodes``."""
+    """A throughput the job's runtime measured at one size: ``workers`` on ``nodes``.
+    ``batch`` is the global batch it trained at meanwhile (0: not reported)."""
 
     nodes: int
     workers: int
     samples_per_second: float
+    batch: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """A job's statistical efficiency now, as Pollux models it from the gradient noise the
+    runtime measures: one step at global batch ``B`` makes the progress of
+    ``gain(B) = (var + sqr) / (var / (B / init_batch) + sqr)`` steps at ``init_batch``.
+    ``grad_sqr`` and ``grad_var`` are the squared gradient norm and the gradient variance
+    measured at the job's current batch; they change as training goes on, so the runtime
+    reports them again and a sample's throughput is weighed by the efficiency of now.
+    Optional: without it every sample counts as measured (statistical efficiency 1)."""
+
+    init_batch: int
+    grad_sqr: float
+    grad_var: float
+
+    def __post_init__(self) -> None:
+        if self.init_batch < 1:
+            raise ValueError(f"efficiency.init_batch is {self.init_batch}: it must be >= 1")
+        if not (self.grad_sqr >= 0 and self.grad_var >= 0 and self.grad_sqr + self.grad_var > 0):
+            raise ValueError(
+                f"efficiency.grad_sqr ({self.grad_sqr}) and grad_var ({self.grad_var}) must "
+                "be >= 0 and not both 0: report the gradient statistics the job measured"
+            )
+
+    def gain(self, batch: float) -> float:
+        scale = batch / self.init_batch
+        return (self.grad_var + self.grad_sqr) / (self.grad_var / scale + self.grad_sqr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +193,8 @@ class Job:
     ``suspended`` is the user's ``spec.suspend``: such a job gets no replicas.
     ``start_time`` is when its current run began (None while pending), ``last_resize_time``
     when its size last changed; both drive the cool-down and minimum-run rules.
+    ``efficiency``, where the runtime reports it, turns the measured throughput into goodput
+    (progress per second) for the planner's model (``throughput.job_model``).
     """
 
     name: str
@@ -179,6 +211,7 @@ class Job:
     last_resize_time: float | None = None
     attained_gpu_seconds: float = 0.0
     throughput: tuple[ThroughputSample, ...] = ()
+    efficiency: Efficiency | None = None
 
     def role_spec(self, role: Role) -> RoleSpec | None:
         return self.worker if role is Role.WORKER else self.pserver

@@ -12,6 +12,11 @@ cancels out of every speed-up). The five parameters are fitted by ridge-regulari
 squares toward a prior, so one or two measurements give a usable model and sizes never
 tried are predicted from those that were; the prior alone serves jobs that measured nothing.
 Fits are cached by their (hashable, frozen) input, which keeps the planner pure and fast.
+
+Where a job reports its statistical efficiency (``snapshot.Efficiency``, Pollux's gradient
+noise model) and the batch of each sample, the planner fits goodput instead of throughput
+(``job_model``): each sample's samples per second, per batch, times the gain of that batch
+at the job's efficiency now. Growth, rebalancing and the pause rule all read ``job_model``.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from edl_scheduler.core.snapshot import ThroughputSample
+from edl_scheduler.core.snapshot import Efficiency, Job, ThroughputSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +85,28 @@ def fit(samples: tuple[ThroughputSample, ...]) -> ThroughputModel:
     theta = np.clip(np.linalg.solve(lhs, rhs), 0.0, None) * scale
     compute = max(float(theta[0]), 1e-9 * scale)
     return ThroughputModel(compute, *(float(v) for v in theta[1:]))
+
+
+def goodput(sample: ThroughputSample, efficiency: Efficiency | None) -> ThroughputSample:
+    """``sample`` with its throughput weighed by the job's statistical efficiency now, per
+    step of the initial batch: (samples / s) / batch x gain(batch). Unchanged without an
+    efficiency or a reported batch. The unit cancels out of every speed-up."""
+    if efficiency is None or sample.batch <= 0:
+        return sample
+    rate = sample.samples_per_second / sample.batch * efficiency.gain(sample.batch)
+    return ThroughputSample(sample.nodes, sample.workers, rate, sample.batch)
+
+
+@lru_cache(maxsize=65536)
+def _goodput_fit(samples: tuple[ThroughputSample, ...], efficiency: Efficiency) -> ThroughputModel:
+    return fit(tuple(goodput(s, efficiency) for s in samples))
+
+
+def job_model(job: Job) -> ThroughputModel:
+    """The model the planner decides ``job`` by: fitted to its goodput (its measured
+    throughput weighed by its efficiency now) where the job reports an efficiency, else to
+    its throughput. Samples measured at another epoch thereby count at today's efficiency:
+    what a batch is worth changes as training goes on, how fast it runs does not."""
+    if job.efficiency is None:
+        return fit(job.throughput)
+    return _goodput_fit(job.throughput, job.efficiency)

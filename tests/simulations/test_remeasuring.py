@@ -1,0 +1,60 @@
+"""What the simulator reports as a profiled job's measured throughput.
+
+Aspects:
+- the sample at a running job's current size (samples per second at its batch) and its
+  efficiency follow the job now: a Pollux-workload job's progress rate changes at epoch
+  boundaries (statistical efficiency), and the goodput the planner derives from the two is
+  the new rate at the next plan, as the coordinator's measurements reach the status;
+- a plan is made when a running job enters a new epoch (the controller, which plans every
+  cycle, would see the change), even where nothing else happens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edl_scheduler.core import Plan, Policy, Snapshot, plan, preset
+from edl_scheduler.core.throughput import goodput
+from simulations import engine
+from simulations.engine import SimConfig, simulate
+from simulations.profiles import ProfileSpeed, load_application
+from simulations.workload import ClusterSpec, SimJob
+
+PROFILES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux" / "traces"
+ROUNDS = SimConfig(tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, start_delay_s=30.0)
+
+
+def test_the_current_size_is_measured_again_as_the_epoch_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bert = load_application(PROFILES, "bert")
+    speed = ProfileSpeed(bert, 48)
+    seen: list[tuple[float, float]] = []
+
+    def recording(snapshot: Snapshot, policy: Policy, now: float, **options: Any) -> Plan:
+        for job in snapshot.jobs:
+            seen.extend(
+                (now, goodput(s, job.efficiency).samples_per_second)
+                for s in job.throughput
+                if s.workers == 4
+            )
+        return plan(snapshot, policy, now, **options)
+
+    monkeypatch.setattr(engine, "plan", recording)
+    job = SimJob("b", 0.0, 4, 0.0, 4, 4, profile=speed)
+    result = simulate([job], ClusterSpec(1, 4), preset("fifo-gang"), ROUNDS)
+    end = result.jobs[0].end
+    assert end is not None
+    first_epoch = bert.curves[bert.init_batch].progress[0]
+    rates = (speed.rate((4,), 0.0), speed.rate((4,), first_epoch))
+    assert rates[0] != rates[1]
+    # The epoch ends at 30 s (start) + first_epoch / rates[0]; plans after it see rates[1].
+    boundary = 30.0 + first_epoch / rates[0]
+    before = [r for t, r in seen if t < boundary]
+    after = [r for t, r in seen if t > boundary + 1.0]
+    assert after, "no plan after the epoch changed the job's speed"
+    assert before == pytest.approx([rates[0]] * len(before))
+    assert after == pytest.approx([rates[1]] * len(after))
