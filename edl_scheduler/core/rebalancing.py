@@ -3,19 +3,25 @@
 Admission gives every newcomer its gang and growth hands out idle GPUs, but neither ever
 takes a GPU back from a job that uses it poorly to give it to one that would use it well:
 once every GPU is allocated, sizes only change when jobs arrive or finish. Pollux (OSDI'21)
-instead re-optimizes every job's allocation each round for the sum of the jobs' goodput
-speed-ups, charging a re-allocation penalty. This step does the same, greedily, one worker at
-a time, within the planner's rules:
+instead re-optimizes every job's allocation each round for a fairness-leaning mean of the
+jobs' goodput speed-ups (the power mean with p = -1), charging a re-allocation penalty. This
+step does the same, greedily, one worker at a time, within the planner's rules:
 
-- The objective is the sum over jobs of ``speedup(nodes, workers)``, from each job's fitted
-  model (``throughput.job_model`` of what its runtime measured; the prior for sizes it never
-  ran at). Where a runtime reports its statistical efficiency (``snapshot.Efficiency``, as
-  the simulator does for the Pollux workloads), the model is of goodput, Pollux's objective.
+- The objective is the sum over jobs of ``-1 / speedup(nodes, workers)`` (maximizing it
+  maximizes that power mean), from each job's fitted model (``throughput.job_model`` of what
+  its runtime measured; the prior for sizes it never ran at). Where a runtime reports its
+  statistical efficiency (``snapshot.Efficiency``, as the simulator does for the Pollux
+  workloads), the model is of goodput, as in Pollux. Against the plain sum of speed-ups it
+  values a worker more at a job that runs slowly than at one already fast: a GPU moves from
+  a big job to a small one unless the big job loses much more by it, so short jobs are not
+  starved by long ones that scale well (the sum gave every GPU to the best scaler). Speed-ups
+  are over one worker (Pollux divides by the speed-up at a fair share instead).
 - A move takes one worker from a donor and gives that very GPU (same node) to a recipient, so
   the cluster's allocation, and with it invariant 5, is unchanged. Its value over the
   policy's ``gain_horizon_s`` is (recipient's gain - donor's loss) x horizon, minus, for each
-  of the two jobs not yet resized in this step, its pause (``resize_pause_s`` x its speed-up:
-  the progress it loses while it pauses). Only moves of positive value are made, best first.
+  of the two jobs not yet resized in this step, what its pause costs in the objective
+  (``resize_pause_s / speedup``: the progress lost while it pauses, as a lower speed-up over
+  the horizon). Only moves of positive value are made, best first.
 - Stability (invariant 7, ``stability``): a donor must be allowed a voluntary shrink (its
   minimum run and cool-down are over); a recipient must be past its cool-down, and its whole
   growth must pay its pause (``worth_the_pause``), the rule growth obeys.
@@ -89,6 +95,11 @@ class _Member:
     def speedup(self, nodes: int, workers: int) -> float:
         return self.model.speedup(max(1, nodes), workers) if workers > 0 else 0.0
 
+    def utility(self, nodes: int, workers: int) -> float:
+        """What the job's speed-up is worth in the objective: ``-1 / speedup``."""
+        up = self.speedup(nodes, workers)
+        return -1.0 / up if up > 0 else float("-inf")
+
 
 def _eligible(js: JobState) -> bool:
     if js.suspended or js.job.suspended or js.job.pserver is not None or js.started:
@@ -153,11 +164,14 @@ class Rebalancer:
     # -- values -------------------------------------------------------------------------------
 
     def _pause_cost(self, m: _Member) -> float:
-        """Progress ``m`` loses to one pause, in single-worker seconds (0 once it moved: the
-        step's moves of one job make one resize)."""
+        """What one pause costs ``m`` in the objective, horizon-weighted (0 once it moved:
+        the step's moves of one job make one resize). A pause of ``t`` seconds loses the
+        progress of ``t`` seconds at speed-up ``s``: as a lower speed-up over the horizon it
+        is worth ``t * s * d(-1/s)/ds = t / s``."""
         if m.moved:
             return 0.0
-        return self.s.policy.resize_pause_s * m.speedup(m.nodes0, m.workers0)
+        up = m.speedup(m.nodes0, m.workers0)
+        return self.s.policy.resize_pause_s / up if up > 0 else 0.0
 
     def _gain(self, m: _Member) -> float:
         """Value of one more worker for ``m`` (on its current nodes), horizon-weighted."""
@@ -165,7 +179,7 @@ class Rebalancer:
         if js.size() >= m.limit:
             return float("-inf")
         nodes = max(1, js.node_count(self.s.cluster))
-        up = m.speedup(nodes, js.size() + 1) - m.speedup(nodes, js.size())
+        up = m.utility(nodes, js.size() + 1) - m.utility(nodes, js.size())
         return up * self.s.policy.gain_horizon_s - self._pause_cost(m)
 
     def _loss(self, m: _Member) -> float:
@@ -174,7 +188,7 @@ class Rebalancer:
         if js.size() <= max(1, js.lo):
             return float("inf")
         nodes = max(1, js.node_count(self.s.cluster))
-        down = m.speedup(nodes, js.size()) - m.speedup(nodes, js.size() - 1)
+        down = m.utility(nodes, js.size()) - m.utility(nodes, js.size() - 1)
         return down * self.s.policy.gain_horizon_s + self._pause_cost(m)
 
     # -- moves --------------------------------------------------------------------------------
@@ -280,7 +294,7 @@ class Rebalancer:
         return out
 
     def _total(self, m: _Member) -> float:
-        return m.speedup(m.js.node_count(self.s.cluster), m.js.size())
+        return m.utility(m.js.node_count(self.s.cluster), m.js.size())
 
     def _pays(self, r: _Member) -> bool:
         """The recipient's whole growth in this step pays for its pause (``stability``)."""

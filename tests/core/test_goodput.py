@@ -9,8 +9,7 @@ Aspects:
 - with adapted batches, a size measured at a larger batch counts less than its samples per
   second, and more as training goes on (the noise grows): the same samples, told a later
   efficiency, predict more from growth, with no sample measured again;
-- the planner follows it: a job whose larger batch is worth little early gives way to one
-  whose is worth more;
+- the planner decides by it (the speed-ups its decisions state are the goodput model's);
 - an efficiency that cannot be right is refused with the field named.
 """
 
@@ -64,11 +63,14 @@ def test_larger_batches_count_by_their_efficiency_now() -> None:
     assert early.speedup(1, 4) == pytest.approx(EARLY.gain(256), rel=0.05)
 
 
-def test_the_planner_moves_workers_to_the_job_whose_batches_pay() -> None:
-    snap = replace(snapshot(nodes(1), []), jobs=(adapted(EARLY, "early"), adapted(LATE, "late")))
-    p = plan(snap, preset("edl"), 1000.0)
-    assert p.decision("early").action is Action.SHRINK
-    assert p.decision("late").action is Action.GROW
+def test_the_planner_predicts_by_goodput() -> None:
+    """Grown into idle GPUs, the job's decision states the speed-up of its goodput model."""
+    for eff in (EARLY, LATE):
+        alone = replace(snapshot(nodes(1), []), jobs=(adapted(eff),))
+        grew = plan(alone, preset("edl"), 1000.0).decision("a")
+        model = job_model(adapted(eff))
+        assert grew.action is Action.GROW
+        assert f"{model.speedup(1, 4):.2f}x -> {model.speedup(1, 8):.2f}x" in grew.message
 
 
 def test_an_impossible_efficiency_is_refused() -> None:

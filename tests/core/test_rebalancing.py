@@ -6,7 +6,8 @@ Aspects:
   the same node; each decision names the other job and the predicted speed-ups; the plan is
   a fixed point once applied (invariant 6);
 - no move within the donor's minimum run or cool-down, or the recipient's cool-down;
-- no move whose gain does not pay for the pauses (two jobs of one curve at unequal sizes);
+- no move whose gain does not pay for the pauses (two jobs of one flat curve at unequal
+  sizes); on a near-linear curve the slower job takes one from the faster (fairness);
 - a higher-priority job never gives to a lower-priority one; non-preemptible jobs never give;
 - policies that do not grow by marginal gain (``edl-fulfillment``) never rebalance.
 """
@@ -63,10 +64,24 @@ def test_no_move_within_minimum_run_or_cool_down() -> None:
 
 def test_no_move_whose_gain_does_not_pay_for_the_pauses() -> None:
     def same(name: str) -> JobBuilder:
-        return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 4, 380.0)
+        return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 4, 200.0)
 
     snap = snapshot(nodes(1), [same("a").running(("n0", 5)), same("b").running(("n0", 3))])
     assert run(snap).is_empty
+
+
+def test_a_slow_job_gets_a_worker_from_a_fast_one_of_the_same_curve() -> None:
+    """The objective leans to fairness (Pollux's power mean, p = -1): at 5 and 3 workers of
+    one near-linear curve the sum of speed-ups would not move, the mean of -1/speed-up does."""
+
+    def same(name: str) -> JobBuilder:
+        return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 4, 380.0)
+
+    snap = snapshot(nodes(1), [same("a").running(("n0", 5)), same("b").running(("n0", 3))])
+    p = run(snap)
+    assert p.decision("a").workers.target == 4 and p.decision("a").for_job == "b"
+    assert p.decision("b").workers.target == 4
+    assert run(apply_plan(snap, p)).is_empty
 
 
 def test_priority_and_preemptibility_bound_the_donors() -> None:
