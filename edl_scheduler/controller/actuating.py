@@ -6,14 +6,16 @@ What must stay true:
   already gone (404) as deleted, so a cycle repeated after a crash does no harm;
 - a failed write is logged and left to the next cycle, which sees the world again and decides
   again (level-triggered); nothing is retried in a loop here;
-- writes go in dependency order: a job's Secret and Service (and the victims' draining
-  marks, which depend on nothing), then pods, then coordinator calls (a drain only after
-  the pod is marked draining); the cycle waits for these. Statuses and Events come last and
-  are written in the background (``StatusWriter``): nothing the next cycle does depends on
-  their answers, and at hundreds of jobs waiting for them made the next plan, and any
-  admission behind it, late. A job's statuses are written one at a time, the latest one
-  wins (a newer status replaces one not yet sent), and the status is laid over the job from
-  the moment it is queued, so the next cycle already plans on it;
+- writes go in dependency order, in two stages: a job's Secret and Service and the victims'
+  draining marks, which depend on nothing; then pods and the coordinator calls (a drain only
+  after its pod is marked draining; the planned size, ``SetTarget``). The cycle waits for
+  these, which are an admission's critical path. Statuses and Events come last and are
+  written in the background (``StatusWriter``), never while a cycle acts, so they do not
+  slow its writes: nothing the next cycle does depends on their answers, and at hundreds of
+  jobs waiting for them made the next plan, and any admission behind it, late. A job's
+  statuses are written one at a time, the latest one wins (a newer status replaces one not
+  yet sent), and the status is laid over the job from the moment it is queued, so the next
+  cycle already plans on it;
 - what was just written is remembered (``Expectations``) until the watch shows it, so that
   the next cycle does not plan on a view that lacks the pods just created (no duplicates)
   or still shows the ones just deleted as live.
@@ -69,7 +71,9 @@ EXPECTATION_TTL_S = 30.0
 #: The resourceVersion of a status queued and not yet answered (``Expectations.statuses``).
 QUEUED = ""
 #: Threads writing statuses and Events in the background, apart from the cycle's own.
-STATUS_WRITERS = 8
+STATUS_WRITERS = 4
+#: The longest a background write waits for a cycle to finish acting.
+HOLD_LIMIT_S = 2.0
 
 
 def _iso_now() -> str:
@@ -176,6 +180,16 @@ class StatusWriter:
         self._lock = threading.Lock()
         self._queued: dict[str, PatchStatus] = {}
         self._writing: set[str] = set()
+        #: Cleared while a cycle acts: its writes (drain marks, pods) go first.
+        self._open = threading.Event()
+        self._open.set()
+
+    def hold(self) -> None:
+        """A cycle acts: no background write starts until ``release`` (or ``HOLD_LIMIT_S``)."""
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
 
     def status(self, intent: PatchStatus) -> None:
         key = f"{intent.namespace}/{intent.name}"
@@ -189,7 +203,11 @@ class StatusWriter:
         self.pool.submit(self._write_all, key)
 
     def event(self, post: Callable[[], None]) -> None:
-        self.pool.submit(self.guarded, post)
+        self.pool.submit(self.guarded, functools.partial(self._when_open, post))
+
+    def _when_open(self, call: Callable[[], None]) -> None:
+        self._open.wait(HOLD_LIMIT_S)
+        call()
 
     def idle(self) -> bool:
         """Whether no status is queued or being written (for tests)."""
@@ -203,7 +221,9 @@ class StatusWriter:
                 if intent is None:
                     self._writing.discard(key)
                     return
-            self.guarded(functools.partial(self._write, key, intent))
+            self.guarded(
+                functools.partial(self._when_open, functools.partial(self._write, key, intent))
+            )
 
     def _write(self, key: str, intent: PatchStatus) -> None:
         written = ""
@@ -250,17 +270,25 @@ class Actuator:
         objects, pods and coordinator calls are done; statuses and Events are then queued
         to ``writer`` and written in the background."""
         self._marked = set()
-        stages: list[list[Callable[[], None]]] = [[], [], []]
+        stages: list[list[Callable[[], None]]] = [[], []]
         later: list[PatchStatus | Emit] = []
         for intent in intents:
             if isinstance(intent, PatchStatus | Emit):
                 later.append(intent)
-                continue
-            stage, call = self._call(intent)
-            stages[stage].append(call)
-        for calls in stages:
-            for future in [self.pool.submit(self._guarded, c) for c in calls]:
-                future.result()
+            elif isinstance(intent, EnsureObjects):
+                for manifest in intent.manifests:  # independent: at once
+                    stages[0].append(functools.partial(self._ensure, manifest))
+            else:
+                stage, call = self._call(intent)
+                stages[stage].append(call)
+        if any(stages):
+            self.writer.hold()
+        try:
+            for calls in stages:
+                for future in [self.pool.submit(self._guarded, c) for c in calls]:
+                    future.result()
+        finally:
+            self.writer.release()
         for intent in later:
             if isinstance(intent, PatchStatus):
                 self.writer.status(intent)
@@ -280,8 +308,6 @@ class Actuator:
             log.exception("unexpected failure while acting")
 
     def _call(self, intent: Intent) -> tuple[int, Callable[[], None]]:
-        if isinstance(intent, EnsureObjects):
-            return 0, lambda: self._ensure(intent)
         if isinstance(intent, CreatePod):
             return 1, lambda: self._create_pod(intent.manifest)
         if isinstance(intent, CreateCoordinator):
@@ -292,25 +318,24 @@ class Actuator:
             # First: it depends on nothing, and every moment a victim is not yet told to
             # leave adds to the admission it makes room for.
             return 0, lambda: self._mark_draining(intent)
-        if isinstance(intent, Drain):
-            return 2, lambda: self._drain(intent)
+        if isinstance(intent, Drain):  # its mark is written in stage 0
+            return 1, lambda: self._drain(intent)
         if isinstance(intent, SetTarget):
-            return 2, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
+            return 1, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
         raise TypeError(f"not a staged intent: {intent!r}")
 
     # ----- objects -----
 
-    def _ensure(self, intent: EnsureObjects) -> None:
-        for manifest in intent.manifests:
-            ns = manifest["metadata"]["namespace"]
-            plural = {"Secret": "secrets", "Service": "services", "ConfigMap": "configmaps"}[
-                manifest["kind"]
-            ]
-            try:
-                self.kube.request("POST", namespaced(ns, plural), manifest)
-            except KubeError as error:
-                if error.status != 409:
-                    raise
+    def _ensure(self, manifest: Mapping[str, Any]) -> None:
+        ns = manifest["metadata"]["namespace"]
+        plural = {"Secret": "secrets", "Service": "services", "ConfigMap": "configmaps"}[
+            manifest["kind"]
+        ]
+        try:
+            self.kube.request("POST", namespaced(ns, plural), manifest)
+        except KubeError as error:
+            if error.status != 409:
+                raise
 
     def _create_pod(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]

@@ -548,7 +548,9 @@ def _act(
             continue
         cycle.out.intents.append(MarkDraining(tj.metadata.namespace, name, cycle.now))
         cycle.out.intents.append(Drain(tj.key, name))
-    if decision.workers.target != decision.workers.current:
+    if decision.workers.target != decision.workers.current and view.coordinator_ready:
+        # A coordinator still starting is told in the cycle after its first answer (the one
+        # that creates the workers): asking it earlier only failed, once per cycle.
         cycle.out.intents.append(SetTarget(tj.key, decision.workers.target))
     decision_events(cycle, decision)
 
@@ -556,7 +558,7 @@ def _act(
 def _wait(cycle: JobCycle, placed: list[tuple[Role, str]], what: str) -> None:
     cycle.deferred = True
     cycle.waiting_for = what
-    log.info(
+    log.debug(  # every cycle while it waits; the job's status message says it once
         "%s: %d new replicas for %s wait for %s",
         cycle.tj.key,
         len(placed),

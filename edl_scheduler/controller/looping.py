@@ -1,7 +1,8 @@
 """The planning loop: one cycle at a time, when the world changed, within a min and max period.
 
 A cycle, in numbered steps:
-1. Leader check: only the holder of the Lease goes on (``leading``).
+1. Leader check: only the holder of the Lease goes on (``leading``; the Lease is taken and
+   renewed by a thread of its own, the check calls no API).
 2. Copy the watched objects (taken on the event loop, where kopf keeps its indexes up to
    date) and lay over them what this process wrote and the watch has not shown yet.
 3. observe -> Snapshot (pure), plan (pure), decide -> intents (pure).
@@ -165,6 +166,13 @@ class PlanningLoop:
         poller.start()
         prober = threading.Thread(target=self._probe_forever, name="ready-probe", daemon=True)
         prober.start()
+        lease = threading.Thread(
+            target=self.elector.renewing,
+            args=(self.stopping, self._mark_dirty_threadsafe),
+            name="lease",
+            daemon=True,
+        )
+        lease.start()
         await self.synced.wait()
         last = 0.0
         while not self.stopping.is_set():
@@ -186,7 +194,7 @@ class PlanningLoop:
     def cycle(self, world: World) -> Plan | None:
         started = time.monotonic()
         phases = _PhaseClock(self.metrics, started)
-        leader = self.elector.try_lead()  # 1
+        leader = self.elector.is_leader()  # 1
         self.metrics.leader.set(1 if leader else 0)
         if not leader:
             self._holds_loaded = False  # another leader may change them meanwhile

@@ -9,7 +9,7 @@ Aspects:
 - a failed write drops its expectation (the next cycle decides from the API and writes
   again), unless a newer status was queued meanwhile; a written one keeps the version the
   API answered until the watch shows it;
-- Events are posted in the background too.
+- Events are posted in the background too; neither starts while a cycle acts (``hold``).
 """
 
 from __future__ import annotations
@@ -166,4 +166,22 @@ def test_a_failed_write_leaves_the_status_to_the_next_cycle() -> None:
         assert "ns/k" not in expectations.statuses
     finally:
         gate.set()
+        writer.close()
+
+
+def test_background_writes_wait_while_a_cycle_acts() -> None:
+    expectations = Expectations()
+    written: list[str] = []
+    writer = StatusWriter(expectations, lambda i: written.append(i.status["message"]) or "5",
+                          lambda call: call())  # fmt: skip
+    try:
+        writer.hold()
+        writer.status(PatchStatus("ns", "j", {"message": "later"}))
+        writer.event(lambda: written.append("event"))
+        time.sleep(0.3)
+        assert written == [], "nothing is written while the cycle's own writes go"
+        writer.release()
+        assert eventually(lambda: sorted(written) == ["event", "later"])
+    finally:
+        writer.release()
         writer.close()

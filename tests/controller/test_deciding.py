@@ -139,8 +139,10 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     assert [type(i) for i in first.intents[:2]] == [EnsureObjects, CreateCoordinator]
     kinds = [m["kind"] for m in of(EnsureObjects, first.intents)[0].manifests]
     assert kinds == ["Secret", "Service"]
-    # Workers wait for the coordinator: none in the cycle that creates it.
+    # Workers wait for the coordinator: none in the cycle that creates it, and the size is
+    # told to it once it answers.
     assert of(CreatePod, first.intents) == []
+    assert of(SetTarget, first.intents) == []
     waiting = of(PatchStatus, first.intents)[0].status
     assert waiting["phase"] == "Pending" and waiting["message"].endswith(
         "waiting for its coordinator to answer"

@@ -208,7 +208,6 @@ def test_a_draining_replica_gone_is_what_an_admission_waits_for() -> None:
 
 def test_each_step_of_a_cycle_is_timed(loop: Any) -> None:
     planning, _ = loop
-    planning.elector.try_lead = lambda: True
     planning.elector.is_leader = lambda: True
     planning._holds_loaded = True
     planning.store.save = lambda _reservations: None
