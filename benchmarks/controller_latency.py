@@ -180,7 +180,8 @@ class Phases:
         self.job = job
         self.workers = workers
         self.started = time.monotonic()
-        self.seen: dict[str, float] = {}
+        #: The wall clock at creation, to compare with the operator's log.
+        self.seen: dict[str, float] = {"created_unix": round(time.time(), 3)}
         self.victims: set[str] = set()
 
     def _mark(self, phase: str) -> None:
@@ -317,7 +318,11 @@ def main() -> int:
             "bench",
             NS,
             ports="25000-25999",
+            # The deployed Lease duration (the tests' 4 s lapsed under load: a cycle that
+            # outlived it acted on nothing and the admission waited for the next).
             extra=(
+                "--lease-duration",
+                "10",
                 "--coordinator-command",
                 shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
             ),
