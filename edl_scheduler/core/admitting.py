@@ -146,9 +146,16 @@ class Admitter:
         )
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
+        # Ranking puts each priority level in one run of ranks: only its ends are read.
+        level: int | None = None
         for js in session.jobs:
-            self.level_start.setdefault(js.priority, js.rank)
-            self.level_end[js.priority] = js.rank + 1
+            if js.priority != level:
+                level = js.priority
+                self.level_start.setdefault(level, js.rank)
+                if js.rank:
+                    self.level_end[session.jobs[js.rank - 1].priority] = js.rank
+        if session.jobs:
+            self.level_end[session.jobs[-1].priority] = len(session.jobs)
         self.refresh_pools()
 
     def refresh_pools(self) -> None:
@@ -205,22 +212,32 @@ class Admitter:
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)
                 continue
-            if js.workers >= js.lo and js.job.pserver is None:
-                continue  # needs nothing (``needs_of``, without building the dict)
-            needs = needs_of(js)
-            if not any(needs.values()):
-                continue
+            needs: dict[Role, int] | None = None
+            if js.job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
+                if js.workers >= js.lo:
+                    continue  # needs nothing
+                gpus = (js.lo - js.workers) * js.job.worker.resources.gpu
+            else:
+                needs = needs_of(js)
+                if not any(needs.values()):
+                    continue
+                gpus = _gpus(js, needs)
             if blocked_by is not None:
                 js.reason = Reason.WAITING_IN_LINE
                 js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
                 continue
-            gpus = _gpus(js, needs)
             if self._too_large(js, gpus):
                 continue
-            if self._admit(js, needs, gpus):
-                started += 1
-                continue
             free = self.s.cluster.free_in(js.classes)
+            # ``_admit``'s own quick reject, without the call: nothing can be tried.
+            hopeless = free < gpus and (
+                not (self.shrink_ok or self.suspend_ok) or free + self._pool(js) < gpus
+            )
+            if not hopeless:
+                if self._admit(js, needs_of(js) if needs is None else needs, gpus):
+                    started += 1
+                    continue
+                free = self.s.cluster.free_in(js.classes)
             what = "to restore its minimum" if js.was_running else "for its gang"
             js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.WAITING_FOR_CAPACITY
             js.message = (

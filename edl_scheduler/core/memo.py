@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edl_scheduler.core.layout import Layout, layout_of
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.snapshot import Job, Node, Replica, Role
 
@@ -42,7 +43,7 @@ class Derived:
 class PlanMemo:
     """Per-job derivations carried from one ``plan()`` call to the next (see the module)."""
 
-    __slots__ = ("_nodes", "_policy", "jobs", "node_names", "nodes_valid")
+    __slots__ = ("_layout", "_nodes", "_policy", "jobs", "node_names", "nodes_valid")
 
     def __init__(self) -> None:
         self._policy: Policy | None = None
@@ -52,6 +53,7 @@ class PlanMemo:
         #: Whether the bound nodes tuple passed validation.
         self.nodes_valid = False
         self.node_names: set[str] = set()
+        self._layout: Layout | None = None
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -60,6 +62,13 @@ class PlanMemo:
             self._nodes, self._policy = nodes, policy
             self.jobs = {}
             self.nodes_valid = False
+            self._layout = None
+
+    def layout(self, nodes: tuple[Node, ...]) -> Layout:
+        """``layout_of(nodes)`` for the bound nodes, derived once."""
+        if self._layout is None or nodes is not self._nodes:
+            self._layout = layout_of(nodes)
+        return self._layout
 
     def get(self, job: Job) -> Derived | None:
         found = self.jobs.get(id(job))

@@ -33,7 +33,7 @@ from edl_scheduler.core.admitting import Admitter, suspend_by_spec
 from edl_scheduler.core.growing import WAITING, Grower
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
-from edl_scheduler.core.policy import Policy
+from edl_scheduler.core.policy import Growth, Policy
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
 from edl_scheduler.core.throughput import job_model
@@ -209,12 +209,14 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None)
     # waiting job. After a round that started and grew nothing, another would see the same
     # state (a failed admission leaves no trace) and fail the same way: it is left out.
     rounds = _EXTRA_ROUNDS if started or grower.statements else 0
+    grows = policy.elastic and policy.growth is not Growth.NONE
     for _ in range(rounds):
         waiting = [js for js in session.jobs if js.reason in WAITING]
         if not waiting:
             break
         grower.settle()
-        admitter.refresh_pools()
+        if grows:  # else nothing changed a size since admission kept its pools up to date
+            admitter.refresh_pools()
         if admitter.run(waiting) == 0:
             break
         grower.run()

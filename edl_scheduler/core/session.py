@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from edl_scheduler.core.matching import allowed_on, node_class
+from edl_scheduler.core.layout import Layout, layout_of
+from edl_scheduler.core.matching import allowed_on
 from edl_scheduler.core.memo import Derived, PlanMemo
 from edl_scheduler.core.ordering import effective_priority, key_varies, sort_key
 from edl_scheduler.core.plan import Reason
@@ -46,46 +47,47 @@ class Hold:
 class Cluster:
     """Free capacity per node (indexed 0..n-1), bucketed by free GPUs for best-fit search."""
 
-    def __init__(self, nodes: tuple[Node, ...], used: list[list[int]] | None = None) -> None:
-        """``used[i]`` is [gpu, cpu, memory] that EDL replicas already take on node i."""
-        self.names = [n.name for n in nodes]
-        self.index = {n.name: i for i, n in enumerate(nodes)}
-        self.gpu = [n.allocatable.gpu - n.used_by_others.gpu for n in nodes]
-        self.cpu = [n.allocatable.cpu_milli - n.used_by_others.cpu_milli for n in nodes]
-        self.mem = [n.allocatable.memory_bytes - n.used_by_others.memory_bytes for n in nodes]
-        self.capacity_gpu = sum(max(0, g) for g in self.gpu)
+    def __init__(
+        self,
+        nodes: tuple[Node, ...],
+        used: list[list[int]] | None = None,
+        layout: Layout | None = None,
+    ) -> None:
+        """``used[i]`` is [gpu, cpu, memory] that EDL replicas already take on node i;
+        ``layout``: ``layout_of(nodes)``, when the caller has it already."""
+        if layout is None:
+            layout = layout_of(nodes)
+        self.names = layout.names
+        self.index = layout.index
+        self.gpu = list(layout.gpu)
+        self.cpu = list(layout.cpu)
+        self.mem = list(layout.mem)
+        self.capacity_gpu = layout.capacity_gpu
         for i, (g, c, m) in enumerate(used or ()):
             self.gpu[i] -= g
             self.cpu[i] -= c
             self.mem[i] -= m
-        classes: dict[tuple[object, ...], int] = {}
-        self.node_class: list[int] = []
-        self.class_nodes: list[list[int]] = []
-        self.class_example: list[Node] = []
-        for i, node in enumerate(nodes):
-            key = node_class(node)
-            if key not in classes:
-                classes[key] = len(self.class_nodes)
-                self.class_nodes.append([])
-                self.class_example.append(node)
-            self.node_class.append(classes[key])
-            self.class_nodes[classes[key]].append(i)
+        self.node_class = layout.node_class
+        self.class_nodes = layout.class_nodes
+        self.class_example = layout.class_example
         # Free GPUs -> nodes, per class; dicts keep insertion order, so search is deterministic.
         self.buckets: list[dict[int, dict[int, None]]] = [{} for _ in self.class_nodes]
         self.class_free_gpu = [0] * len(self.class_nodes)
-        self.class_capacity_gpu = [0] * len(self.class_nodes)
+        self.class_capacity_gpu = list(layout.class_capacity_gpu)
+        of_node, free, buckets = self.node_class, self.class_free_gpu, self.buckets
         for i, g in enumerate(self.gpu):
-            c = self.node_class[i]
-            self.buckets[c].setdefault(g, {})[i] = None
-            self.class_free_gpu[c] += max(0, g)
-            self.class_capacity_gpu[c] += max(
-                0, nodes[i].allocatable.gpu - nodes[i].used_by_others.gpu
-            )
+            c = of_node[i]
+            found = buckets[c].get(g)
+            if found is None:
+                buckets[c][g] = {i: None}
+            else:
+                found[i] = None
+            if g > 0:
+                free[c] += g
         #: Free GPUs, counting only nodes that have some (an over-committed node, which
         #: input may show, does not hide another node's free GPUs).
-        self.free_gpu = sum(max(0, g) for g in self.gpu)
-        # The bucket search range: no node can ever have more free GPUs than this.
-        self.max_gpu = max((n.allocatable.gpu - n.used_by_others.gpu for n in nodes), default=0)
+        self.free_gpu = sum(free)
+        self.max_gpu = layout.max_gpu
         self.holds: dict[int, list[Hold]] = {}
 
     def _move(self, node: int, new_gpu: int) -> None:
@@ -159,6 +161,8 @@ class JobState:
     lo: int
     hi: int
     classes: frozenset[int]
+    #: Replicas the job had (not draining). Never changed: with a ``PlanMemo`` the same
+    #: lists serve later cycles; moves go to ``added`` and ``removed``.
     live: dict[Role, list[Replica]]
     added: dict[Role, list[int]] = field(default_factory=lambda: {_W: [], _P: []})
     removed: dict[Role, list[Replica]] = field(default_factory=lambda: {_W: [], _P: []})
@@ -343,7 +347,7 @@ class Session:
                 u[0] += g
                 u[1] += c
                 u[2] += m
-        self.cluster = Cluster(snapshot.nodes, used)
+        self.cluster = Cluster(snapshot.nodes, used, memo.layout(snapshot.nodes) if memo else None)
         self._class_cache: dict[Constraints, frozenset[int]] = {}
         self._last_constraints: Constraints | None = None
         self._last_classes: frozenset[int] = frozenset()
