@@ -318,11 +318,18 @@ def main() -> int:
             "bench",
             NS,
             ports="25000-25999",
-            # The deployed Lease duration (the tests' 4 s lapsed under load: a cycle that
-            # outlived it acted on nothing and the admission waited for the next).
+            # The deployed Lease duration and planning period: the tests' 4 s Lease lapsed
+            # under load (a cycle that outlived it acted on nothing and the admission waited
+            # for the next), and their 0.1 s period let back-to-back cycles take a core from
+            # the processes whose start an admission waits for (what it waits for starts a
+            # cycle at once anyway).
             extra=(
                 "--lease-duration",
                 "10",
+                "--min-period",
+                "0.3",
+                "--max-period",
+                "3",
                 "--coordinator-command",
                 shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
             ),
