@@ -6,9 +6,10 @@ What must stay true:
   already gone (404) as deleted, so a cycle repeated after a crash does no harm;
 - a failed write is logged and left to the next cycle, which sees the world again and decides
   again (level-triggered); nothing is retried in a loop here;
-- writes go in dependency order, in two stages: a job's Secret and Service and the victims'
-  draining marks, which depend on nothing; then pods and the coordinator calls (a drain only
-  after its pod is marked draining; the planned size, ``SetTarget``). The cycle waits for
+- writes go in dependency order, in two stages: a job's Secret and Service, the victims'
+  draining marks and the read of a new coordinator's saved state, which depend on nothing;
+  then pods and the coordinator calls (a drain only after its pod is marked draining; the
+  planned size, ``SetTarget``). The cycle waits for
   these, which are an admission's critical path. Statuses and Events come last and are
   written in the background (``StatusWriter``), never while a cycle acts, so they do not
   slow its writes: nothing the next cycle does depends on their answers, and at hundreds of
@@ -156,6 +157,14 @@ def _not_older(seen: str, written: str) -> bool:
     return seen == written
 
 
+@dataclass(slots=True)
+class _SavedState:
+    """A coordinator's saved state as read in a cycle's first stage, for its second."""
+
+    read: bool = False
+    document: str | None = None
+
+
 class StatusWriter:
     """Writes statuses and Events in the background, so that a cycle never waits for them.
 
@@ -278,6 +287,11 @@ class Actuator:
             elif isinstance(intent, EnsureObjects):
                 for manifest in intent.manifests:  # independent: at once
                     stages[0].append(functools.partial(self._ensure, manifest))
+            elif isinstance(intent, CreateCoordinator):
+                # Its saved state is read beside the Secret it needs, the pod created after.
+                state = _SavedState()
+                stages[0].append(functools.partial(self._read_state, intent, state))
+                stages[1].append(functools.partial(self._create_coordinator, intent, state))
             else:
                 stage, call = self._call(intent)
                 stages[stage].append(call)
@@ -310,8 +324,6 @@ class Actuator:
     def _call(self, intent: Intent) -> tuple[int, Callable[[], None]]:
         if isinstance(intent, CreatePod):
             return 1, lambda: self._create_pod(intent.manifest)
-        if isinstance(intent, CreateCoordinator):
-            return 1, lambda: self._create_coordinator(intent)
         if isinstance(intent, DeletePod):
             return 1, lambda: self._delete_pod(intent)
         if isinstance(intent, MarkDraining):
@@ -363,21 +375,25 @@ class Actuator:
                 self.expectations.created.pop(key, None)
             raise
 
-    def _create_coordinator(self, intent: CreateCoordinator) -> None:
+    def _read_state(self, intent: CreateCoordinator, state: _SavedState) -> None:
+        """The state the job's last coordinator left in its ConfigMap (none: a new job)."""
         tj = intent.job
-        saved: str | None = None
+        name = state_config_map_name(tj.metadata.name)
         try:
-            found = self.kube.request(
-                "GET",
-                namespaced(
-                    tj.metadata.namespace, "configmaps", state_config_map_name(tj.metadata.name)
-                ),
-            )
-            saved = (found.get("data") or {}).get(STATE_KEY) or None
+            found = self.kube.request("GET", namespaced(tj.metadata.namespace, "configmaps", name))
+            state.document = (found.get("data") or {}).get(STATE_KEY) or None
         except KubeError as error:
             if error.status != 404:
                 raise
-        self._create_pod(coordinator_pod(tj, intent.node, intent.port, self.config, saved))
+        state.read = True
+
+    def _create_coordinator(self, intent: CreateCoordinator, state: _SavedState) -> None:
+        """Only once its saved state was read: a coordinator started without the state its
+        predecessor left would start the job over."""
+        if not state.read:
+            return  # the read failed (logged): the next cycle tries again
+        pod = coordinator_pod(intent.job, intent.node, intent.port, self.config, state.document)
+        self._create_pod(pod)
 
     def _delete_pod(self, intent: DeletePod) -> None:
         key = (intent.namespace, intent.name)

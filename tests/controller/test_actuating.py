@@ -9,6 +9,8 @@ Aspects:
 - a failed write drops its expectation (the next cycle decides from the API and writes
   again), unless a newer status was queued meanwhile; a written one keeps the version the
   API answered until the watch shows it;
+- a coordinator's saved state is read in the first stage, beside its Secret, and its pod
+  created in the second only when the read succeeded;
 - Events are posted in the background too; neither starts while a cycle acts (``hold``).
 """
 
@@ -19,10 +21,20 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.actuating import QUEUED, Actuator, Expectations, StatusWriter
 from edl_scheduler.controller.config import ControllerConfig
-from edl_scheduler.controller.intents import CreatePod, Emit, EventReason, EventType, PatchStatus
+from edl_scheduler.controller.intents import (
+    CreateCoordinator,
+    CreatePod,
+    Emit,
+    EnsureObjects,
+    EventReason,
+    EventType,
+    PatchStatus,
+)
 from edl_scheduler.controller.kubeapi import Kube, KubeError
+from edl_scheduler.controller.naming import STATE_KEY
 
 
 def eventually(check: Callable[[], bool], within_s: float = 5.0) -> bool:
@@ -185,3 +197,54 @@ def test_background_writes_wait_while_a_cycle_acts() -> None:
     finally:
         writer.release()
         writer.close()
+
+
+class StateKube:
+    """Answers the state ConfigMap's GET with ``state`` (or ``fail``), records the rest."""
+
+    def __init__(self, state: str | None, fail: int = 0) -> None:
+        self.state = state
+        self.fail = fail
+        self.calls: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> Any:
+        with self.lock:
+            self.calls.append((method, path, body))
+        if method == "GET" and "/configmaps/" in path:
+            if self.fail:
+                raise KubeError(self.fail, "unavailable")
+            if self.state is None:
+                raise KubeError(404, "not found")
+            return {"data": {STATE_KEY: self.state}}
+        return {"metadata": {"resourceVersion": "7"}}
+
+
+def coordinator_of(kube: StateKube) -> list[dict[str, Any]]:
+    return [b for m, p, b in kube.calls if m == "POST" and p.endswith("/pods")]
+
+
+def test_a_coordinator_starts_from_the_state_read_beside_its_secret() -> None:
+    from tests.controller.test_deciding import job_body
+
+    tj = load_training_job(job_body())
+    token = EnsureObjects(tj.key, ({"kind": "Secret", "metadata": {"namespace": "default"}},))
+    for saved, fail, created in (('{"s": 1}', 0, True), (None, 0, True), (None, 503, False)):
+        kube = StateKube(saved, fail)
+        config = ControllerConfig(token_key=b"k" * 32)
+        actuator = Actuator(cast(Kube, kube), config, lambda _j: None)
+        try:
+            actuator.run([token, CreateCoordinator(tj, "n0", 21000)])
+        finally:
+            actuator.close()
+        order = [(m, p.rsplit("/", 1)[-1]) for m, p, _ in kube.calls]
+        assert order.index(("POST", "secrets")) < 2 and ("GET", "j-coordinator-state") in order
+        pods = coordinator_of(kube)
+        assert bool(pods) == created, "no coordinator without the state it must start from"
+        if saved is not None:
+            env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
+            assert saved in env.values()
+        elif created:
+            assert "sh" not in pods[0]["spec"]["containers"][0]["command"][:1]
