@@ -7,7 +7,9 @@ Aspects:
 - a dropped watch stream (a dead worker) returns its leases to todo at once;
 - drain requests reach the worker's watch, and it is told DRAINED;
 - progress, throughput and the state snapshot the controller reads;
-- an unreachable coordinator gives a clear error within the retry budget.
+- an unreachable coordinator gives a clear error within the retry budget;
+- a second coordinator on a port another one listens on is refused at start (it would share
+  the port and answer the other job's calls), and the port is free again once it stops.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from trainer_runtime.client import (
     Fenced,
     TokenRefused,
 )
-from trainer_runtime.coordinator.serving import CoordinatorServer
+from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
+from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
+from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.protocol import pb
-from trainer_runtime.sharding import SampleRange, StepWindow
+from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow
 
 from .harness import TOKEN, waiting_for
 
@@ -137,3 +141,19 @@ def test_unreachable_coordinator_fails_clearly_within_budget() -> None:
     with pytest.raises(CoordinatorUnreachable, match="unreachable"):
         client.register("w0", "n", "")
     assert time.monotonic() - started < 5.0
+
+
+def test_a_port_in_use_is_refused_not_shared(coordinator: CoordinatorServer) -> None:
+    def second(port: int) -> CoordinatorServer:
+        state = CoordinatorState.starting(DatasetPlan(40, 4, 1), ConsumptionMode.INDEPENDENT)
+        return CoordinatorServer(CoordinatorService(state, MemoryStore(), "other"), port=port)
+
+    with pytest.raises(RuntimeError, match=str(coordinator.port)):
+        second(coordinator.port)
+    port = coordinator.port
+    coordinator.stop(0.1)
+    again = second(port).start()
+    try:
+        assert again.port == port
+    finally:
+        again.stop(0.1)

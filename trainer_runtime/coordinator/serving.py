@@ -43,6 +43,10 @@ KEEPALIVE_ACCEPTED = (
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
 )
+# gRPC binds with SO_REUSEPORT unless told not to: a second coordinator started on a port
+# another one listens on would share it, and each would answer some of the other job's calls
+# (with the wrong token). Refused, the second one fails at start and says which port.
+SERVER_OPTIONS = (*KEEPALIVE_ACCEPTED, ("grpc.so_reuseport", 0))
 
 PHASE_STATUS = {
     WorkerPhase.MEMBER: pb.MEMBER,
@@ -332,7 +336,7 @@ class CoordinatorServer:
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="coordinator"),
-            options=list(KEEPALIVE_ACCEPTED),
+            options=list(SERVER_OPTIONS),
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
