@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
@@ -50,7 +51,7 @@ def loop(monkeypatch: pytest.MonkeyPatch) -> Any:
     clock = Clock()
     monkeypatch.setattr(looping.time, "time", clock)
     config = ControllerConfig(token_key=b"k" * 32, attained_period_s=PERIOD)
-    found = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+    found = new_loop(config)
     yield found, clock
     found.actuator.close()
 
@@ -58,6 +59,46 @@ def loop(monkeypatch: pytest.MonkeyPatch) -> Any:
 def due(loop: PlanningLoop, keys: list[str], budget: int = 10_000) -> dict[str, float]:
     loop._attained_left = budget
     return {k: e for k in keys if (e := loop._attained_due(k)) > 0}
+
+
+def new_loop(config: ControllerConfig) -> PlanningLoop:
+    return PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+
+
+def recording_loop() -> tuple[PlanningLoop, list[float]]:
+    """A loop whose cycles only record when they started, with periods so long that within
+    a test only an urgent mark (or the first change) starts one."""
+    config = ControllerConfig(token_key=b"k" * 32, min_period_s=30.0, max_period_s=60.0)
+    planning = new_loop(config)
+    started: list[float] = []
+    planning.cycle = lambda _world: started.append(time.monotonic())  # type: ignore[method-assign,assignment]
+    return planning, started
+
+
+async def started_at_least(started: list[float], count: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while len(started) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    return len(started) >= count
+
+
+def running(planning: PlanningLoop, scenario: Callable[[], Awaitable[None]]) -> None:
+    """Runs ``scenario`` while ``planning.run()`` runs; stops the loop however it ends."""
+
+    async def whole() -> None:
+        task = asyncio.create_task(planning.run())
+        try:
+            await scenario()
+        finally:
+            planning.stopping.set()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    try:
+        asyncio.run(whole())
+    finally:
+        planning.actuator.close()
 
 
 def test_attained_writes_are_spread_and_capped_per_cycle(loop: Any) -> None:
@@ -101,35 +142,18 @@ def test_a_coordinator_is_ready_when_that_pod_runs_and_answered(loop: Any) -> No
 def test_a_new_job_starts_a_cycle_without_waiting_for_the_period() -> None:
     """An ordinary change waits for ``min_period_s`` since the last cycle; a new
     TrainingJob (``mark_urgent``) does not."""
-    config = ControllerConfig(token_key=b"k" * 32, min_period_s=30.0, max_period_s=60.0)
-    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
-    started: list[float] = []
-    planning.cycle = lambda _world: started.append(time.monotonic())  # type: ignore[method-assign,assignment]
-
-    async def cycles(count: int, within_s: float) -> bool:
-        deadline = time.monotonic() + within_s
-        while len(started) < count and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return len(started) >= count
+    planning, started = recording_loop()
 
     async def scenario() -> None:
-        task = asyncio.create_task(planning.run())
         planning.synced.set()
         planning.mark_dirty()
-        assert await cycles(1, 5.0)
+        assert await started_at_least(started, 1, 5.0)
         planning.mark_dirty()
-        assert not await cycles(2, 0.5), "an ordinary change waits for the period"
+        assert not await started_at_least(started, 2, 0.5), "an ordinary change waits"
         planning.mark_urgent()
-        assert await cycles(2, 5.0), "a new job does not"
-        planning.stopping.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        assert await started_at_least(started, 2, 5.0), "a new job does not"
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        planning.actuator.close()
+    running(planning, scenario)
 
 
 class AnsweringCoordinator:
@@ -155,42 +179,25 @@ class AnsweringCoordinator:
 def test_a_coordinators_first_answer_starts_a_cycle_at_once() -> None:
     """The job's workers wait for that answer: the cycle that creates them does not wait
     for ``min_period_s``; a later answer of the same pod is an ordinary change."""
-    config = ControllerConfig(token_key=b"k" * 32, min_period_s=30.0, max_period_s=60.0)
-    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
-    started: list[float] = []
-    planning.cycle = lambda _world: started.append(time.monotonic())  # type: ignore[method-assign,assignment]
+    planning, started = recording_loop()
     answering = AnsweringCoordinator()
     tj = cast(Any, None)
     planning._coordinated["ns/j"] = looping._Coordinated(tj, "127.0.0.1:1", True, "u1")
     planning._clients["ns/j"] = ("127.0.0.1:1", answering)
 
-    async def cycles(count: int, within_s: float) -> bool:
-        deadline = time.monotonic() + within_s
-        while len(started) < count and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
-        return len(started) >= count
-
     async def scenario() -> None:
-        task = asyncio.create_task(planning.run())
         planning.synced.set()
         planning.mark_dirty()
-        assert await cycles(1, 5.0)
+        assert await started_at_least(started, 1, 5.0)
         await asyncio.to_thread(planning._poll_one, "ns/j")
         assert planning._answered["ns/j"] == "u1"
-        assert await cycles(2, 5.0), "the first answer starts a cycle at once"
+        assert await started_at_least(started, 2, 5.0), "the first answer starts a cycle"
         planning._progress.clear()  # so that a later answer would mark the world dirty
         await asyncio.to_thread(planning._poll_one, "ns/j")
-        assert not await cycles(3, 0.5), "a later answer waits for the period"
+        assert not await started_at_least(started, 3, 0.5), "a later answer waits"
         assert answering.asked == 2
-        planning.stopping.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        planning.actuator.close()
+    running(planning, scenario)
 
 
 def test_a_draining_replica_gone_is_what_an_admission_waits_for() -> None:
@@ -233,7 +240,7 @@ def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
     config = ControllerConfig(
         token_key=b"k" * 32, progress_period_s=0.05, ready_probe_period_s=0.05
     )
-    planning = PlanningLoop(config, cast(Kube, None), lambda: World((), (), (), {}), Metrics())
+    planning = new_loop(config)
     planning.cycle = lambda _world: None  # type: ignore[method-assign,assignment]
     planning.elector.is_leader = lambda: True  # type: ignore[method-assign]
     release = threading.Event()
@@ -245,7 +252,6 @@ def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
     planning._progress["ns/slow"] = AnsweringCoordinator().progress()
 
     async def scenario() -> None:
-        task = asyncio.create_task(planning.run())
         assert await asyncio.to_thread(slow.entered.wait, 5.0), "a round is stuck on it"
         planning._coordinated["ns/new"] = looping._Coordinated(tj, "127.0.0.1:2", True, "u2")
         planning._clients["ns/new"] = ("127.0.0.1:2", new)
@@ -254,15 +260,9 @@ def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
             await asyncio.sleep(0.01)
         assert planning._answered.get("ns/new") == "u2", "the probe waited for the round"
         assert slow.asked == 0, "the round is still waiting for the slow coordinator"
-        release.set()
-        planning.stopping.set()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        release.set()  # before the loop stops: its round's thread ends, nothing waits for it
 
     try:
-        asyncio.run(scenario())
+        running(planning, scenario)
     finally:
         release.set()
-        planning.stopping.set()
-        planning.actuator.close()

@@ -25,6 +25,8 @@ from typing import Any
 import kubernetes
 from kubernetes.client import ApiException
 
+from edl_scheduler.controller.intents import EventReason
+from edl_scheduler.controller.naming import coordinator_name
 from edl_scheduler.local.processes import ProcessSpec, ProcessSupervisor, UnknownProcess
 
 from .kubelet import MiniKubelet
@@ -317,13 +319,13 @@ class Cluster:
         the failed replica's output (what a failing test prints)."""
         told = []
         for event in self.events(ns, name):
-            if event.reason != "ReplicaFailed":
+            if event.reason != EventReason.REPLICA_FAILED.value:
                 continue
             replica = str(event.message).split(" ", 1)[0]
             tail = kubelet.logs(ns, replica).splitlines()[-15:]
             told.append(f"{event.message}\n" + "\n".join(tail))
         if told:  # what the job's coordinator said of its workers
-            log = kubelet.logs(ns, f"{name}-coordinator").splitlines()
+            log = kubelet.logs(ns, coordinator_name(name)).splitlines()
             words = ("lost", "depart", "expire", "fence", "error", "Error")
             told.extend(line for line in log if any(word in line for word in words))
         return told
