@@ -314,6 +314,17 @@ class Cluster:
             if e.involved_object.name == name and e.involved_object.kind == "TrainingJob"
         ]
 
+    def told(self, ns: str, name: str, *reasons: str, timeout_s: float = 30) -> list[Any]:
+        """The job's Events once one of each of ``reasons`` is among them. The controller
+        posts Events in the background (``StatusWriter``), so one may show a moment after
+        the pods or status it tells of: a test waits for it rather than reading at once."""
+
+        def all_there() -> list[Any]:
+            events = self.events(ns, name)
+            return events if set(reasons) <= {e.reason for e in events} else []
+
+        return list(eventually(all_there, timeout_s, f"Events {', '.join(reasons)} of {name}"))
+
     def restarts_told(self, ns: str, name: str, kubelet: MiniKubelet) -> list[str]:
         """Why a job was charged restarts: each ReplicaFailed Event, with the last lines of
         the failed replica's output (what a failing test prints)."""

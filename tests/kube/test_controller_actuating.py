@@ -119,8 +119,7 @@ def test_job_gets_coordinator_and_placed_workers(
     assert status["replicas"] == 3
     assert sorted(status["allocation"]) == sorted(p.metadata.name for p in workers)
     assert status["priority"] == 1000
-    reasons = {e.reason for e in cluster.events(NS, "place")}
-    assert "Admitted" in reasons
+    cluster.told(NS, "place", "Admitted")
 
 
 def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
@@ -151,8 +150,7 @@ def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
         30,
         "phase Failed past maxRestarts",
     )
-    reasons = {e.reason for e in cluster.events(NS, "fail")}
-    assert {"RefusedAtAdmission", "ReplicaFailed", "Failed"} <= reasons
+    cluster.told(NS, "fail", "RefusedAtAdmission", "ReplicaFailed", "Failed")
 
 
 def test_nonsense_jobs_get_a_reason_and_the_controller_keeps_running(
@@ -171,7 +169,8 @@ def test_nonsense_jobs_get_a_reason_and_the_controller_keeps_running(
         )
 
     eventually(invalid, 20, "Valid=False on minReplicas > maxReplicas")
-    assert any(e.reason == "Invalid" and e.type == "Warning" for e in cluster.events(NS, "minmax"))
+    told = cluster.told(NS, "minmax", "Invalid")
+    assert any(e.reason == "Invalid" and e.type == "Warning" for e in told)
     eventually(
         lambda: cluster.job(NS, "huge").get("status", {}).get("message"), 20, "a waiting reason"
     )

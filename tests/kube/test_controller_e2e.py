@@ -90,7 +90,7 @@ def test_job_runs_to_success_with_progress_and_saved_state(
     final = cluster.job(NS, "solo")["status"]
     told = cluster.restarts_told(NS, "solo", kubelet)
     assert final["completionTime"] and final["restarts"] == 0, told
-    assert "Succeeded" in {e.reason for e in cluster.events(NS, "solo")}
+    cluster.told(NS, "solo", "Succeeded")
 
 
 def test_graceful_preemption_through_the_coordinator(
@@ -112,8 +112,8 @@ def test_graceful_preemption_through_the_coordinator(
 
     eventually(high_running, 60, "the high-priority job's workers running")
     admitted_s = time.monotonic() - started
-    preempted = [e for e in cluster.events(NS, "low") if e.reason == "Preempted"]
-    assert preempted and "victims: low-worker-" in preempted[0].message
+    preempted = [e for e in cluster.told(NS, "low", "Preempted") if e.reason == "Preempted"]
+    assert "victims: low-worker-" in preempted[0].message
     eventually(lambda: phase(cluster, "high") == "Succeeded", 90, "high Succeeded")
     eventually(lambda: len(live_workers(cluster, NS, "low")) == 4, 60, "low grown back")
     eventually(lambda: phase(cluster, "low") == "Succeeded", 120, "low Succeeded")

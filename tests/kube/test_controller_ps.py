@@ -211,8 +211,8 @@ def test_ps_job_without_shared_snapshots_is_refused(
 
     valid = eventually(refused, 30, "Valid=False")
     assert "edl.dev/ps-snapshots" in valid["message"]
-    events = [e for e in cluster.events(NS, "bare") if e.reason == "Invalid"]
-    assert events and "ReadWriteMany" in events[0].message
+    events = [e for e in cluster.told(NS, "bare", "Invalid") if e.reason == "Invalid"]
+    assert "ReadWriteMany" in events[0].message
     assert cluster.pods(NS, "bare") == []
     cluster.delete_job(NS, "bare")
 

@@ -92,8 +92,8 @@ def test_high_priority_job_preempts_gracefully_and_low_grows_back(
 
     eventually(high_running, 30, "the high-priority job to start")
     assert len(live_workers(cluster, NS, "low")) == 2
-    preempted = [e for e in cluster.events(NS, "low") if e.reason == "Preempted"]
-    assert preempted and all(v in preempted[0].message for v in victims)
+    preempted = [e for e in cluster.told(NS, "low", "Preempted") if e.reason == "Preempted"]
+    assert all(v in preempted[0].message for v in victims)
     assert "ns" not in preempted[0].message or "high" in preempted[0].message
     cluster.delete_job(NS, "high")
 
@@ -102,7 +102,7 @@ def test_high_priority_job_preempts_gracefully_and_low_grows_back(
         return len(live_workers(cluster, NS, "low")) == 4
 
     eventually(grown_back, 60, "the low-priority job to grow back")
-    assert any(e.reason == "ScaledUp" for e in cluster.events(NS, "low"))
+    cluster.told(NS, "low", "ScaledUp")
     cluster.delete_job(NS, "low")
 
 
@@ -193,6 +193,5 @@ def test_suspend_and_resume(
         return workers(2) and cluster.job(NS, "nap")["status"]["phase"] in RUNNING_PHASES
 
     eventually(resumed, 30, "phase Running (or Resizing) again")
-    reasons = [e.reason for e in cluster.events(NS, "nap")]
-    assert "Suspended" in reasons and "Resumed" in reasons
+    cluster.told(NS, "nap", "Suspended", "Resumed")
     cluster.delete_job(NS, "nap")

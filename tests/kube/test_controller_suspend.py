@@ -109,7 +109,7 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
         )
 
     eventually(suspended, 60, "phase Suspended with no worker pod left")
-    assert "Suspended" in {e.reason for e in cluster.events(NS, "nap")}
+    cluster.told(NS, "nap", "Suspended")
     held = suspended_condition(cluster, "nap")
     assert held is not None and held["status"] == "True" and held["reason"] == "UserSuspended"
     kept = cluster.pods(NS, "nap", "coordinator")
@@ -132,8 +132,7 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
     assert status(cluster, "nap")["restarts"] == 0, "drained workers are not failures"
 
     set_suspend(cluster, "nap", False)
-    eventually(lambda: "Resumed" in {e.reason for e in cluster.events(NS, "nap")}, 30,
-               "the Resumed Event")  # fmt: skip
+    cluster.told(NS, "nap", "Resumed")
     eventually(lambda: done(cluster, "nap") > at_suspension, 90, "training again")
     eventually(lambda: status(cluster, "nap").get("phase") == "Succeeded", 120, "Succeeded")
     assert status(cluster, "nap")["restarts"] == 0

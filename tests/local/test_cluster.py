@@ -68,9 +68,11 @@ class Harness:
             if predicate():
                 return
             time.sleep(0.2)
-        events = {
-            r.key: [(e.reason, e.message) for e in self.store.events(r.key)]
-            for r in self.store.jobs()
+        told = {r.key: self.store.events(r.key) for r in self.store.jobs()}
+        first = min((e.time for rows in told.values() for e in rows), default=0.0)
+        events = {  # with seconds since the first, to tell which step was slow
+            key: [(round(e.time - first, 1), e.reason, e.message) for e in rows]
+            for key, rows in told.items()
         }
         raise AssertionError(f"timed out waiting for {what}; events: {events}")
 
@@ -91,9 +93,15 @@ def members(h: Harness, key: str) -> int:
     return len(progress.members) if progress is not None else 0
 
 
+SAMPLES = 30000
+
+
 def test_priority_shrinks_gracefully_and_the_job_grows_back(harness: Harness) -> None:
     h = harness
-    low = h.submit(plain_job("low", 1, 4, priority=10, samples=12000, step_time_s=0.1))
+    # Enough work that the low job outlasts the high one plus its cool-down however slow
+    # the machine: the test takes about a minute here, and the job would take 95 s at 2
+    # workers; with 12,000 samples a slow CI machine once saw it end before growing back.
+    low = h.submit(plain_job("low", 1, 4, priority=10, samples=SAMPLES, step_time_s=0.1))
     h.until("low runs 4 workers", lambda: members(h, low) == 4)
     before = h.pids(low)
     assert len(before) == 4
@@ -111,7 +119,7 @@ def test_priority_shrinks_gracefully_and_the_job_grows_back(harness: Harness) ->
     resizes = [(r.from_replicas, r.to_replicas) for r in h.store.resizes(low)]
     assert (4, 2) in resizes and (2, 4) in resizes
     done = h.cluster.get(low).job.status.progress
-    assert done["samplesDone"] == 12000 and done["finished"]
+    assert done["samplesDone"] == SAMPLES and done["finished"]
     assert h.cluster.get(low).job.status.restarts == 0
 
 
