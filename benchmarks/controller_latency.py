@@ -11,8 +11,11 @@ median over the rounds and C the mean planning cycle (observe, plan, decide, act
 operator's own `edl_planner_cycle_seconds`, over the whole run (`rounds_cycle_s`: over the
 rounds only, without the start's hundreds of status writes; `rounds_cycle_phases_s`: the
 mean of each step of a cycle over the rounds, from `edl_planner_cycle_phase_seconds`), and
-`phases_s`, when each step of each admission was first seen. Pods run the runtime of the
-tree the script is in, so a copy of the tree at another commit measures that commit whole.
+`phases_s`, when each step of each admission was first seen (from a watch on the real
+nodes' pods, timed as the API delivers each change) and the kubelet in miniature's own lag
+(`kubelet_s`: a worker's creation to its process, its process to Running in the API). Pods
+run the runtime of the tree the script is in, so a copy of the tree at another commit
+measures that commit whole.
 
 So that it fits on a small machine, only the nodes the high-priority job may use (its
 nodeSelector names them: `--real-nodes`, default 2) run their pods for real, through the
@@ -26,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
+import math
 import os
 import shlex
 import statistics
@@ -53,6 +58,7 @@ from tests.kube.controller_harness import (  # noqa: E402
     training_job,
 )
 from tests.kube.kubelet import running_kubelet  # noqa: E402
+from tests.kube.listing import keep_listed  # noqa: E402
 from tests.kube.nodes import KUBELET_LABELS, create_node  # noqa: E402
 from tests.kube.testenv import ensure_binaries, running_control_plane  # noqa: E402
 from trainer_runtime.protocol import METHODS, SERVICE, pb  # noqa: E402
@@ -168,61 +174,173 @@ def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
     return manifest
 
 
-class Phases:
-    """When each step of one admission was first seen, in seconds from the job's creation:
-    victims marked draining, victims gone (exited or deleted), the new job's coordinator
-    Running, its workers created, all of them Running. Read by polling the API, so each
-    is late by up to one poll (about 0.1 s)."""
+class PodTimes(dict[str, dict[str, Any]]):
+    """The store of a list-then-watch (``tests/kube/listing.keep_listed``) that notes when
+    each pod was first seen in each state, the moment its event was read: created, marked
+    draining, Running, finished (Succeeded or Failed), gone (deleted). Times are
+    ``time.monotonic()``; a pod is named by its name (names are not reused in a run)."""
 
-    def __init__(self, cluster: Cluster, victim_job: str, job: str, workers: int) -> None:
-        self.cluster = cluster
+    def __init__(self) -> None:
+        super().__init__()
+        self.first: dict[str, dict[str, float]] = {}
+        self.labels: dict[str, dict[str, str]] = {}
+        self.names: dict[str, str] = {}  # uid -> name
+
+    def _note(self, obj: dict[str, Any], now: float) -> None:
+        meta = obj["metadata"]
+        name = meta["name"]
+        self.names[meta["uid"]] = name
+        self.labels[name] = meta.get("labels") or {}
+        seen = self.first.setdefault(name, {})
+        seen.setdefault("created", now)
+        if (meta.get("annotations") or {}).get("edl.dev/draining") == "true":
+            seen.setdefault("draining", now)
+        phase = (obj.get("status") or {}).get("phase")
+        if phase == "Running":
+            seen.setdefault("running", now)
+        elif phase in ("Succeeded", "Failed"):
+            seen.setdefault("finished", now)
+        if meta.get("deletionTimestamp"):
+            seen.setdefault("deleting", now)
+
+    def __setitem__(self, uid: str, obj: dict[str, Any]) -> None:
+        self._note(obj, time.monotonic())
+        super().__setitem__(uid, obj)
+
+    def update(self, items: Any = (), **_: Any) -> None:  # type: ignore[override]
+        for uid, obj in items:
+            self[uid] = obj
+
+    def pop(self, uid: str, default: Any = None) -> Any:  # type: ignore[override]
+        name = self.names.get(uid)
+        if name is not None:
+            self.first.setdefault(name, {}).setdefault("gone", time.monotonic())
+        return super().pop(uid, default)
+
+
+class PodWatch:
+    """The pods of the real nodes, seen through a watch (one per node: a field selector
+    names one node), so that each state is timed when the API delivers it, not when a
+    poll from this loaded process gets round to listing a thousand pods."""
+
+    def __init__(self, cluster: Cluster, nodes: set[str]) -> None:
+        self.times = PodTimes()
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.stopping = threading.Event()
+        self.threads = [
+            threading.Thread(
+                target=keep_listed,
+                args=(
+                    functools.partial(cluster.core.list_namespaced_pod, NS),
+                    self.times,
+                    self.lock,
+                    self.changed,
+                    self.stopping,
+                ),
+                kwargs={"field_selector": f"spec.nodeName={node}"},
+                daemon=True,
+            )
+            for node in sorted(nodes)
+        ]
+
+    def __enter__(self) -> PodWatch:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(15)
+
+    def of_job(self, job: str) -> dict[str, tuple[str, dict[str, float]]]:
+        """name -> (role, first times) of the job's pods seen so far."""
+        with self.lock:
+            return {
+                name: (labels.get("edl.dev/role", ""), dict(self.times.first.get(name, {})))
+                for name, labels in self.times.labels.items()
+                if labels.get("edl.dev/job") == job
+            }
+
+
+def process_started(pid: int) -> float | None:
+    """When a process started, on ``time.monotonic()``'s clock (both count from boot here;
+    /proc gives the start in clock ticks since boot, to 10 ms)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return None
+    ticks = int(stat.rsplit(")", 1)[1].split()[19])
+    age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+    return time.monotonic() - age
+
+
+class Phases:
+    """When each step of one admission was first seen, in seconds from the job's creation,
+    from the watch's times: victims marked draining, victims gone (exited or deleted), the
+    new job's coordinator Running, its workers created, all of them Running. And the kubelet
+    in miniature's own lag, apart (``kubelet_s``): from a worker's creation to its process
+    (``start``, the process's start time from /proc) and from the process to Running in
+    the API (``report``), the slowest of the job's workers each."""
+
+    def __init__(self, pods: PodWatch, kubelet: Any, victim_job: str, job: str,
+                 workers: int) -> None:  # fmt: skip
+        self.pods = pods
+        self.kubelet = kubelet
         self.victim_job = victim_job
         self.job = job
         self.workers = workers
         self.started = time.monotonic()
         #: The wall clock at creation, to compare with the operator's log.
-        self.seen: dict[str, float] = {"created_unix": round(time.time(), 3)}
-        self.victims: set[str] = set()
+        self.seen: dict[str, Any] = {"created_unix": round(time.time(), 3)}
+        self.finished_at: float | None = None
 
-    def _mark(self, phase: str) -> None:
-        self.seen.setdefault(phase, round(time.monotonic() - self.started, 3))
+    def _at(self, phase: str, when: float) -> None:
+        self.seen.setdefault(phase, round(when - self.started, 3))
 
     def admitted(self) -> bool:
-        pods = self.cluster.core.list_namespaced_pod(
-            NS, label_selector=f"edl.dev/job in ({self.victim_job},{self.job})"
-        ).items
-        mine = [p for p in pods if p.metadata.labels["edl.dev/job"] == self.job]
-        theirs = {p.metadata.name: p for p in pods if p.metadata.labels["edl.dev/job"] != self.job}
-        if len(self.victims) < self.workers:
-            self.victims |= {
-                name
-                for name, p in theirs.items()
-                if (p.metadata.annotations or {}).get("edl.dev/draining") == "true"
-            }
-            if len(self.victims) >= self.workers:
-                self._mark("victims_marked_s")
-        elif all(
-            name not in theirs or theirs[name].status.phase in ("Succeeded", "Failed")
-            for name in self.victims
-        ):
-            self._mark("victims_gone_s")
-        if any(
-            p.metadata.labels.get("edl.dev/role") == "coordinator" and p.status.phase == "Running"
-            for p in mine
-        ):
-            self._mark("coordinator_running_s")
-        workers = [
-            p
-            for p in mine
-            if p.metadata.labels.get("edl.dev/role") == "worker"
-            and not p.metadata.deletion_timestamp
-        ]
-        if len(workers) >= self.workers:
-            self._mark("workers_created_s")
-            if all(p.status.phase == "Running" for p in workers):
-                self._mark("workers_running_s")
-                return True
-        return False
+        theirs = self.pods.of_job(self.victim_job)
+        victims = sorted(
+            (t["draining"], t) for _, t in theirs.values() if t.get("draining", 0) >= self.started
+        )
+        if len(victims) >= self.workers:
+            self._at("victims_marked_s", victims[self.workers - 1][0])
+            gone = [min(t.get("finished", math.inf), t.get("gone", math.inf))
+                    for _, t in victims]  # fmt: skip
+            if max(gone) < math.inf:
+                self._at("victims_gone_s", max(gone))
+        mine = self.pods.of_job(self.job)
+        for role, t in mine.values():
+            if role == "coordinator":
+                self._at("coordinator_created_s", t["created"])
+                if "running" in t:
+                    self._at("coordinator_running_s", t["running"])
+        workers = {
+            n: t for n, (role, t) in mine.items() if role == "worker" and "deleting" not in t
+        }
+        if len(workers) < self.workers:
+            return False
+        self._at(
+            "workers_created_s", sorted(t["created"] for t in workers.values())[self.workers - 1]
+        )
+        running = sorted((t["running"], n) for n, t in workers.items() if "running" in t)
+        if len(running) < self.workers:
+            return False
+        self.finished_at = running[self.workers - 1][0]
+        self._at("workers_running_s", self.finished_at)
+        start = report = 0.0
+        for _, name in running[: self.workers]:
+            pid = next(iter(self.kubelet.pids(NS, name).values()), None)
+            began = process_started(pid) if pid is not None else None
+            if began is None:
+                continue
+            t = workers[name]
+            start, report = max(start, began - t["created"]), max(report, t["running"] - began)
+            self.seen.setdefault("worker_processes_s", []).append(round(began - self.started, 3))
+        self.seen["kubelet_s"] = {"start": round(start, 3), "report": round(report, 3)}
+        return True
 
 
 def cycle_totals(metrics: str) -> tuple[float, float]:
@@ -334,7 +452,7 @@ def main() -> int:
                 shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
             ),
         )
-        with kubelet, operator as ctrl:
+        with kubelet as kubelet_run, operator as ctrl, PodWatch(cluster, real) as pods:
             player.start()
             try:
                 eventually(ctrl.healthy, 60, "the controller")
@@ -368,13 +486,14 @@ def main() -> int:
                 phases_before = phase_totals(ctrl.metrics())
                 for r in range(args.rounds):
                     name = f"high-{r}"
-                    watch = Phases(cluster, "low-0", name, args.high_workers)
+                    watch = Phases(pods, kubelet_run, "low-0", name, args.high_workers)
                     cluster.create_job(
                         job(name, "real", min_replicas=args.high_workers,
                             max_replicas=args.high_workers, priority=1000)
                     )  # fmt: skip
                     eventually(watch.admitted, 120, f"{name}'s workers Running")
-                    times.append(time.monotonic() - watch.started)
+                    assert watch.finished_at is not None
+                    times.append(watch.finished_at - watch.started)
                     phases.append(watch.seen)
                     # The next round's job takes its workers from what the low jobs kept.
                 result = {
