@@ -18,11 +18,12 @@ run the runtime of the tree the script is in, so a copy of the tree at another c
 measures that commit whole.
 
 So that it fits on a small machine, only the nodes the high-priority job may use (its
-nodeSelector names them: `--real-nodes`, default 2) run their pods for real, through the
-kubelet in miniature: real coordinators and real framework-free workers, which the victims'
-drains go through. The other nodes' pods are reported Running without a process (a kubelet
-played by this script; their coordinators answer from small gRPC servers in this process),
-so their jobs are planned, placed and counted like any other, but never train.
+nodeSelector names them: `--real-nodes`, default 1) run their pods for real, through the
+kubelet in miniature in a process of its own: real coordinators and real framework-free
+workers, which the victims' drains go through. The other nodes' pods are reported Running
+without a process (a kubelet played by this script; their coordinators answer from small
+gRPC servers in this process), so their jobs are planned, placed and counted like any
+other, but never train.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ import json
 import math
 import os
 import shlex
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -114,8 +117,7 @@ def played_kubelet(
     ``coordinators``, their workers without a process) and removes deleted pods at once.
 
     It reads the pod list as plain JSON: turning a thousand pods into the client's models
-    every 0.3 s took this process's CPU (and the GIL) from the kubelet in miniature, which
-    runs in the same process and starts the real pods whose Running the rounds measure."""
+    every 0.3 s took this process's CPU (and the GIL) from the watch that times the rounds."""
 
     def settle(pod: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -264,6 +266,65 @@ class PodWatch:
             }
 
 
+class KubeletProcess:
+    """The kubelet in miniature in a process of its own (this script with ``--kubelet-only``),
+    as a node's kubelet is: in this process it shared the GIL with the played kubelet and
+    the 199 played coordinators, and started a worker's process 2 to 6 s after the pod was
+    created (``kubelet_s.start``) while the machine was loaded. Its pods' processes run with
+    their pod's directory under ``workdir`` as their working directory, by which
+    ``pids`` finds them."""
+
+    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
+        self.workdir = workdir
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--kubelet-only", str(kubeconfig), str(workdir)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        if self.process.stdout.readline().strip() != "ready":
+            self.close()
+            raise RuntimeError("the kubelet in miniature did not start")
+
+    def pids(self, namespace: str, name: str) -> dict[str, int]:
+        """The processes whose working directory is the pod's (the kubelet's `pids`)."""
+        prefix = str(self.workdir / f"{namespace}_{name}_")
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if os.readlink(entry / "cwd").startswith(prefix):
+                    found[entry.name] = int(entry.name)
+        return found
+
+    def close(self) -> None:
+        """Stops it (it stops its pods' processes first, within their grace periods)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(90)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def serve_kubelet(kubeconfig: Path, workdir: Path) -> int:
+    """``--kubelet-only``: runs the kubelet in miniature until SIGTERM or its parent ends."""
+    import kubernetes
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    parent = os.getppid()
+    client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+    with running_kubelet(client, workdir, node_labels=KUBELET_LABELS):
+        print("ready", flush=True)
+        while not stop.wait(0.5) and os.getppid() == parent:
+            pass
+    client.close()
+    return 0
+
+
 def process_started(pid: int) -> float | None:
     """When a process started, on ``time.monotonic()``'s clock (both count from boot here;
     /proc gives the start in clock ticks since boot, to 10 ms)."""
@@ -285,7 +346,7 @@ class Phases:
     (``start``, the process's start time from /proc) and from the process to Running in
     the API (``report``), the slowest of the job's workers each."""
 
-    def __init__(self, pods: PodWatch, kubelet: Any, victim_job: str, job: str,
+    def __init__(self, pods: PodWatch, kubelet: KubeletProcess, victim_job: str, job: str,
                  workers: int) -> None:  # fmt: skip
         self.pods = pods
         self.kubelet = kubelet
@@ -332,7 +393,7 @@ class Phases:
         self._at("workers_running_s", self.finished_at)
         start = report = 0.0
         for _, name in running[: self.workers]:
-            pid = next(iter(self.kubelet.pids(NS, name).values()), None)
+            pid = min(self.kubelet.pids(NS, name).values(), default=None)
             began = process_started(pid) if pid is not None else None
             if began is None:
                 continue
@@ -386,6 +447,8 @@ def phase_means(metrics: str, since: PhaseTotals) -> dict[str, float]:
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--kubelet-only"]:
+        return serve_kubelet(Path(sys.argv[2]), Path(sys.argv[3]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8)
@@ -429,7 +492,8 @@ def main() -> int:
         player = threading.Thread(
             target=played_kubelet, args=(cluster, real, coordinators, stop), daemon=True
         )
-        kubelet = running_kubelet(kube_client, workdir / "kubelet", node_labels=KUBELET_LABELS)
+        kubelet = KubeletProcess(api.kubeconfig, workdir / "kubelet")
+        stack.callback(kubelet.close)
         operator = running_controller(
             api,
             workdir,
@@ -452,7 +516,7 @@ def main() -> int:
                 shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
             ),
         )
-        with kubelet as kubelet_run, operator as ctrl, PodWatch(cluster, real) as pods:
+        with operator as ctrl, PodWatch(cluster, real) as pods:
             player.start()
             try:
                 eventually(ctrl.healthy, 60, "the controller")
@@ -486,7 +550,7 @@ def main() -> int:
                 phases_before = phase_totals(ctrl.metrics())
                 for r in range(args.rounds):
                     name = f"high-{r}"
-                    watch = Phases(pods, kubelet_run, "low-0", name, args.high_workers)
+                    watch = Phases(pods, kubelet, "low-0", name, args.high_workers)
                     cluster.create_job(
                         job(name, "real", min_replicas=args.high_workers,
                             max_replicas=args.high_workers, priority=1000)

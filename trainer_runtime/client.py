@@ -26,6 +26,13 @@ from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+#: The pauses between tries while the coordinator is unreachable: from 20 ms, doubling, at
+#: most ``RETRY_PAUSE_MAX_S``. The controller starts a job's workers in the same act as its
+#: coordinator, so they register while it is still starting: each one joins within about
+#: that much of its listening. The channel's own reconnection back-off is bounded alike
+#: (while it waits to reconnect, a call fails at once and a retry gains nothing).
+RETRY_PAUSE_FIRST_S = 0.02
+RETRY_PAUSE_MAX_S = 0.1
 
 
 class CoordinatorError(RuntimeError):
@@ -46,6 +53,9 @@ class Fenced(CoordinatorError):
 
 class LedgerConflict(CoordinatorError):
     """A commit would have lost or repeated samples."""
+
+
+RETRY_PAUSES = wait_exponential(multiplier=RETRY_PAUSE_FIRST_S, max=RETRY_PAUSE_MAX_S)
 
 
 def is_transient(error: BaseException) -> bool:
@@ -93,8 +103,8 @@ class CoordinatorClient:
                 ("grpc.keepalive_time_ms", 5000),
                 ("grpc.keepalive_timeout_ms", 2000),
                 ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.initial_reconnect_backoff_ms", 50),
-                ("grpc.max_reconnect_backoff_ms", 500),
+                ("grpc.initial_reconnect_backoff_ms", int(RETRY_PAUSE_FIRST_S * 1000)),
+                ("grpc.max_reconnect_backoff_ms", int(RETRY_PAUSE_MAX_S * 1000)),
             ],
         )
         self.calls: dict[str, Any] = {}
@@ -122,7 +132,7 @@ class CoordinatorClient:
             for attempt in Retrying(
                 retry=retry_if_exception(is_transient),
                 stop=stop_after_delay(self.retry_s),
-                wait=wait_exponential(multiplier=0.05, max=0.5),
+                wait=RETRY_PAUSES,
                 reraise=False,
             ):
                 with attempt:

@@ -6,11 +6,12 @@ What must stay true:
   already gone (404) as deleted, so a cycle repeated after a crash does no harm;
 - a failed write is logged and left to the next cycle, which sees the world again and decides
   again (level-triggered); nothing is retried in a loop here;
-- writes go in dependency order, in two stages: a job's Secret and Service, the victims'
-  draining marks and the read of a new coordinator's saved state, which depend on nothing;
-  then pods and the coordinator calls (a drain only after its pod is marked draining; the
-  planned size, ``SetTarget``). The cycle waits for
-  these, which are an admission's critical path. Statuses and Events come last and are
+- each write waits for what it depends on and for nothing else: a new coordinator's pod
+  for its job's Secret and Service and the read of its saved state, the pods created with
+  it for the Secret and Service (none is created when one of them failed), a drain for its
+  victim's draining mark; the rest (the marks, other pods, deletions, the planned size,
+  ``SetTarget``) go at once. The cycle waits for these, which are an admission's critical
+  path. Statuses and Events come last and are
   written in the background (``StatusWriter``), never while a cycle acts, so they do not
   slow its writes: nothing the next cycle does depends on their answers, and at hundreds of
   jobs waiting for them made the next plan, and any admission behind it, late. A job's
@@ -30,7 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -159,7 +160,7 @@ def _not_older(seen: str, written: str) -> bool:
 
 @dataclass(slots=True)
 class _SavedState:
-    """A coordinator's saved state as read in a cycle's first stage, for its second."""
+    """A coordinator's saved state as read beside its Secret, for the creation of its pod."""
 
     read: bool = False
     document: str | None = None
@@ -269,45 +270,106 @@ class Actuator:
         self.writer = StatusWriter(self.expectations, self._patch_status, self._guarded)
         self.errors = 0
         self._marked: set[str] = set()
+        #: Jobs whose Secret and Service this run ensured, each created or already there.
+        self._ensured: dict[str, list[str]] = {}
+        #: Jobs whose coordinator accepted the planned size in the last run.
+        self.targets_set: set[str] = set()
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.writer.close()
 
     def run(self, intents: Sequence[Intent]) -> None:
-        """All intents, in dependency order; each stage in parallel. Returns once the
-        objects, pods and coordinator calls are done; statuses and Events are then queued
-        to ``writer`` and written in the background."""
+        """All intents, each write once what it depends on is done, the rest at once.
+        Returns once the objects, pods and coordinator calls are done; statuses and Events
+        are then queued to ``writer`` and written in the background.
+
+        What waits for what: a job's coordinator pod for its Secret, Service and saved
+        state; pods created with it (``CreatePod.job``) for its Secret and Service; a drain
+        for its victim's draining mark. Nothing else waits: a victim's drain does not wait
+        for another job's Secret, nor a coordinator for the victims' marks (under a slow
+        API server, stages that each waited for their slowest write added up on every
+        admission)."""
         self._marked = set()
-        stages: list[list[Callable[[], None]]] = [[], []]
+        self._ensured = {}
+        self.targets_set = set()
+        needed: dict[str, int] = {}
+        first: list[tuple[str, Callable[[], None]]] = []  # (what it provides, the write)
+        then: list[tuple[tuple[str, ...], Callable[[], None]]] = []  # (what it needs, ...)
         later: list[PatchStatus | Emit] = []
+        call: Callable[[], None]
         for intent in intents:
             if isinstance(intent, PatchStatus | Emit):
                 later.append(intent)
             elif isinstance(intent, EnsureObjects):
+                needed[intent.job] = len(intent.manifests)
+                self._ensured[intent.job] = []
                 for manifest in intent.manifests:  # independent: at once
-                    stages[0].append(functools.partial(self._ensure, manifest))
+                    call = functools.partial(self._ensure, intent.job, manifest)
+                    first.append((f"objects {intent.job}", call))
             elif isinstance(intent, CreateCoordinator):
                 # Its saved state is read beside the Secret it needs, the pod created after.
-                state = _SavedState()
-                stages[0].append(functools.partial(self._read_state, intent, state))
-                stages[1].append(functools.partial(self._create_coordinator, intent, state))
+                key, state = intent.job.key, _SavedState()
+                first.append((f"state {key}", functools.partial(self._read_state, intent, state)))
+                create = functools.partial(self._create_coordinator, intent, state)
+                then.append(
+                    (
+                        (f"objects {key}", f"state {key}"),
+                        functools.partial(self._when_ensured, key, needed, create),
+                    )
+                )
+            elif isinstance(intent, CreatePod) and intent.job:
+                create = functools.partial(self._create_pod, intent.manifest)
+                then.append(
+                    (
+                        (f"objects {intent.job}",),
+                        functools.partial(self._when_ensured, intent.job, needed, create),
+                    )
+                )
+            elif isinstance(intent, MarkDraining):
+                # It depends on nothing, and every moment a victim is not yet told to leave
+                # adds to the admission it makes room for.
+                mark = functools.partial(self._mark_draining, intent)
+                first.append((f"mark {intent.namespace}/{intent.name}", mark))
+            elif isinstance(intent, Drain):  # after its pod is marked draining
+                namespace = intent.job.split("/", 1)[0]
+                drain = functools.partial(self._drain, intent)
+                then.append(((f"mark {namespace}/{intent.worker_id}",), drain))
             else:
-                stage, call = self._call(intent)
-                stages[stage].append(call)
-        if any(stages):
-            self.writer.hold()
+                first.append(("", self._call(intent)))
+        if not first and not then:
+            self._queue_later(later)
+            return
+        self.writer.hold()
         try:
-            for calls in stages:
-                for future in [self.pool.submit(self._guarded, c) for c in calls]:
-                    future.result()
+            # Everything a write waits for is submitted before it: the pool takes work in
+            # order, so a waiting write never holds a thread that its prerequisite needs.
+            provided: dict[str, list[Future[None]]] = {}
+            futures: list[Future[None]] = []
+            for key, call in first:
+                future = self.pool.submit(self._guarded, call)
+                provided.setdefault(key, []).append(future)
+                futures.append(future)
+            for needs, call in then:
+                waits = [f for key in needs for f in provided.get(key, ())]
+                futures.append(self.pool.submit(self._after, waits, call))
+            for future in futures:
+                future.result()
         finally:
             self.writer.release()
+        self._queue_later(later)
+
+    def _queue_later(self, later: Sequence[PatchStatus | Emit]) -> None:
         for intent in later:
             if isinstance(intent, PatchStatus):
                 self.writer.status(intent)
             else:
                 self.writer.event(functools.partial(self._emit, intent))
+
+    def _after(self, waits: Sequence[Future[None]], call: Callable[[], None]) -> None:
+        for future in waits:
+            future.result()  # ``_guarded`` never raises: a failure shows in what it recorded
+        self._guarded(call)
 
     def _guarded(self, call: Callable[[], None]) -> None:
         try:
@@ -321,24 +383,28 @@ class Actuator:
             self.errors += 1
             log.exception("unexpected failure while acting")
 
-    def _call(self, intent: Intent) -> tuple[int, Callable[[], None]]:
+    def _when_ensured(self, job: str, needed: Mapping[str, int], call: Callable[[], None]) -> None:
+        """``call`` only if the job's Secret and Service ensured in this run (before it)
+        all exist: a pod never runs without them (a failed write is logged; the next cycle
+        decides again)."""
+        if len(self._ensured.get(job, ())) < needed.get(job, 0):
+            log.info("%s: its Secret or Service is not there yet; its pods wait", job)
+            return
+        call()
+
+    def _call(self, intent: Intent) -> Callable[[], None]:
+        """The writes that wait for nothing."""
         if isinstance(intent, CreatePod):
-            return 1, lambda: self._create_pod(intent.manifest)
+            return lambda: self._create_pod(intent.manifest)
         if isinstance(intent, DeletePod):
-            return 1, lambda: self._delete_pod(intent)
-        if isinstance(intent, MarkDraining):
-            # First: it depends on nothing, and every moment a victim is not yet told to
-            # leave adds to the admission it makes room for.
-            return 0, lambda: self._mark_draining(intent)
-        if isinstance(intent, Drain):  # its mark is written in stage 0
-            return 1, lambda: self._drain(intent)
+            return lambda: self._delete_pod(intent)
         if isinstance(intent, SetTarget):
-            return 1, lambda: self._coordinator(intent.job, lambda c: c.set_target(intent.workers))
-        raise TypeError(f"not a staged intent: {intent!r}")
+            return lambda: self._coordinator(intent.job, functools.partial(self._target, intent))
+        raise TypeError(f"not an intent acted on here: {intent!r}")
 
     # ----- objects -----
 
-    def _ensure(self, manifest: Mapping[str, Any]) -> None:
+    def _ensure(self, job: str, manifest: Mapping[str, Any]) -> None:
         ns = manifest["metadata"]["namespace"]
         plural = {"Secret": "secrets", "Service": "services", "ConfigMap": "configmaps"}[
             manifest["kind"]
@@ -348,6 +414,11 @@ class Actuator:
         except KubeError as error:
             if error.status != 409:
                 raise
+        self._ensured[job].append(str(manifest["kind"]))  # list.append: thread-safe
+
+    def _target(self, intent: SetTarget, coordinator: CoordinatorPort) -> None:
+        coordinator.set_target(intent.workers)
+        self.targets_set.add(intent.job)
 
     def _create_pod(self, manifest: dict[str, Any]) -> None:
         meta = manifest["metadata"]

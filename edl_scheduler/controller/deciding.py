@@ -15,16 +15,22 @@ The rules, per job, in order:
 3. Its coordinator reports the last epoch committed: Succeeded, its pods cleared as in 2.
 4. Finished replica pods are removed. A failed one that was not leaving counts against
    ``failurePolicy.maxRestarts`` unless the kubelet refused it at admission (then the cluster
-   changed under the plan: plan again, the job is not charged). Past the budget: Failed.
+   changed under the plan: plan again, the job is not charged) or its job's coordinator has
+   not answered yet (it gave up waiting for one that is still starting: not its fault).
+   Past the budget: Failed.
 5. A replica on a deleted node is deleted, one on a cordoned (or not Ready) node drains;
    the planner places their replacements elsewhere. A draining replica still there at its
    drain deadline is deleted.
 6. The plan's moves: new replicas on the planned nodes, named victims drained through the
    coordinator (a victim that never started is deleted at once), the new target sent to the
-   coordinator. A job placed without a live coordinator gets one (with its Service and the
-   token Secret, if missing) at once; its new replicas are created only in a later cycle,
-   once that coordinator's pod is Running and it has answered the controller
-   (``JobView.coordinator_ready``), and once the room they take is really free.
+   coordinator once it answers. A job placed without a live coordinator gets one (with its
+   Service and the token Secret, if missing) at once. Its new replicas are created as soon
+   as the room they take is really free, in the same act as the coordinator when it is
+   (after the Secret and Service exist: ``actuating`` holds them back otherwise): a replica
+   started before its coordinator listens retries its registration until it does, and
+   waiting for the coordinator's first answer before creating them added a cycle, the pod
+   creation and a process start to every admission. A replica that fails while its
+   job's coordinator has not answered is not charged (rule 4): it could not have run.
 7. The status: phase along ``JobPhase``'s diagram, size, allocation, conditions, reason,
    progress and throughput; written only when it changed.
 """
@@ -250,6 +256,7 @@ class QuietJobs:
             view.progress,
             view.priority,
             view.coordinator_ready,
+            view.target_due,
             view.rejected,
             decision,
             placed,
@@ -455,6 +462,12 @@ def _replace_finished(cycle: JobCycle) -> None:
                     f"{name} was refused by node {pod.get('spec', {}).get('nodeName')} "
                     f"({pod.get('status', {}).get('reason')}): planning again",
                 )
+            elif not cycle.view.coordinator_ready:
+                log.info(
+                    "%s: %s failed before its coordinator answered: replaced, not charged",
+                    cycle.tj.key,
+                    name,
+                )
             else:
                 cycle.restarts += 1
                 cycle.emit(
@@ -505,15 +518,14 @@ def _act(
     alive = _coordinator_alive(view, cycle.removed)
     placed = [] if cycle.deferred else adds  # where the plan puts new replicas now
     adds = []
-    if placed and not (alive and view.coordinator_ready):
-        _wait(cycle, placed, "its coordinator to answer")
-    elif placed and not _reserve(tj, placed, nodes):
+    if placed and not _reserve(tj, placed, nodes):
         _wait(cycle, placed, "leaving replicas to go")
     else:
         adds = placed
     port = coordinator_port_of(view.coordinator)
-    # The coordinator is created as soon as the plan places the job, before its replicas
-    # (they wait until it answers), and while their room is still being vacated.
+    ensured = ""  # the job's key when this cycle ensures its Secret and Service
+    # The coordinator is created as soon as the plan places the job, while the room of its
+    # replicas is still being vacated; the replicas with it when their room is free.
     if (placed or live_replicas) and not alive:
         if port is None:
             port = free_port(used_ports, config)
@@ -526,6 +538,7 @@ def _act(
             )
             coordinator_pod(tj, node, port, config, None)  # fails early on a bad job
             cycle.out.intents.append(CreateCoordinator(tj, node, port))
+            ensured = tj.key
         except ShapingError as error:
             cycle.status["message"] = str(error)
             cycle.status.setdefault("conditions", [])
@@ -536,7 +549,7 @@ def _act(
     for role, node in adds:
         name = namer(tj.metadata.name, role.value)
         cycle.created[name] = node
-        cycle.out.intents.append(CreatePod(replica_pod(tj, name, node, role, address)))
+        cycle.out.intents.append(CreatePod(replica_pod(tj, name, node, role, address), job=ensured))
     by_name = {str(meta_of(p)["name"]): p for p in view.replicas}
     for name in removes:
         pod = by_name.get(name)
@@ -548,9 +561,13 @@ def _act(
             continue
         cycle.out.intents.append(MarkDraining(tj.metadata.namespace, name, cycle.now))
         cycle.out.intents.append(Drain(tj.key, name))
-    if decision.workers.target != decision.workers.current and view.coordinator_ready:
-        # A coordinator still starting is told in the cycle after its first answer (the one
-        # that creates the workers): asking it earlier only failed, once per cycle.
+    if view.coordinator_ready and (
+        decision.workers.target != decision.workers.current or view.target_due
+    ):
+        # A coordinator still starting is told from its first answer on: asking it earlier
+        # only failed, once per cycle. Its workers may exist already (created with it), so it
+        # is told once even when the plan's size did not change: it then opens its first
+        # generation as soon as that many have joined, not after its join window.
         cycle.out.intents.append(SetTarget(tj.key, decision.workers.target))
     decision_events(cycle, decision)
 

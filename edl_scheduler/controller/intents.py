@@ -44,7 +44,12 @@ class EventReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class CreatePod:
+    """A replica pod. ``job``: the job's key, when the same cycle ensures the job's Secret
+    and Service (``EnsureObjects``): the pod is then created only once they exist, so that
+    no replica ever runs without them."""
+
     manifest: Manifest
+    job: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +136,12 @@ class JobView:
     progress: Progress | None = None
     #: The job's effective priority (spec.priority or its PriorityClass's value).
     priority: int | None = None
-    #: Its coordinator pod is Running and has answered the controller: only then are
-    #: new workers created (a worker gives up on a coordinator that does not listen).
+    #: Its coordinator pod is Running and has answered the controller: only then is it
+    #: asked anything (drains, the target), and a replica failing before is not charged.
     coordinator_ready: bool = False
+    #: That coordinator has not been told the job's size yet (it just answered for the
+    #: first time): its workers may have been created with it, so the size did not change.
+    target_due: bool = False
 
 
 @dataclass(slots=True)

@@ -116,6 +116,8 @@ class PlanningLoop:
         #: job key -> uid of the coordinator pod that last answered: a job's workers are
         #: created once its coordinator answers (``JobView.coordinator_ready``).
         self._answered: dict[str, str] = {}
+        #: job key -> uid of the coordinator pod last told the job's size (``target_due``).
+        self._told: dict[str, str] = {}
         self._coordinated: dict[str, _Coordinated] = {}
         self._snapshots: dict[str, float] = {}
         #: job key -> digest of the coordinator state last written to its ConfigMap
@@ -241,6 +243,9 @@ class PlanningLoop:
         self.store.save(result.reservations)  # before the drains that free their room
         self.actuator.run(decisions.intents)  # 4
         phases.done("act")
+        for key in self.actuator.targets_set:
+            if key in self._answered:
+                self._told[key] = self._answered[key]
         for key in decisions.attained_written:
             self._attained[key] = now
         self._remember_coordinators(views)
@@ -310,7 +315,8 @@ class PlanningLoop:
                 coordinator,
                 self._progress.get(key),
                 priorities.get(key),
-                coordinator_ready=self._ready(key, coordinator),
+                coordinator_ready=(ready := self._ready(key, coordinator)),
+                target_due=ready and self._told.get(key) != self._answered.get(key),
             )
         return views
 
@@ -350,6 +356,8 @@ class PlanningLoop:
                 self._saved.pop(key, None)
             for key in [k for k in self._answered if k not in known]:
                 del self._answered[key]
+            for key in [k for k in self._told if k not in known]:
+                del self._told[key]
 
     def _client_of(self, key: str) -> CoordinatorPort | None:
         found = self._coordinated.get(key)

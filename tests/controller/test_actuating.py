@@ -9,8 +9,11 @@ Aspects:
 - a failed write drops its expectation (the next cycle decides from the API and writes
   again), unless a newer status was queued meanwhile; a written one keeps the version the
   API answered until the watch shows it;
-- a coordinator's saved state is read in the first stage, beside its Secret, and its pod
-  created in the second only when the read succeeded;
+- a coordinator's saved state is read beside its Secret, and its pod created only when the
+  read succeeded;
+- each write waits only for what it depends on: the pods created with a coordinator for
+  its Secret and Service (none when one failed), a drain for its mark; a victim's drain
+  does not wait for another job's slow Secret;
 - Events are posted in the background too; neither starts while a cycle acts (``hold``).
 """
 
@@ -27,10 +30,12 @@ from edl_scheduler.controller.config import ControllerConfig
 from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
+    Drain,
     Emit,
     EnsureObjects,
     EventReason,
     EventType,
+    MarkDraining,
     PatchStatus,
 )
 from edl_scheduler.controller.kubeapi import Kube, KubeError
@@ -248,3 +253,123 @@ def test_a_coordinator_starts_from_the_state_read_beside_its_secret() -> None:
             assert saved in env.values()
         elif created:
             assert "sh" not in pods[0]["spec"]["containers"][0]["command"][:1]
+
+
+class FailingObjectsKube(StateKube):
+    """Like ``StateKube`` (no saved state), and every POST of a Service fails with ``fail``."""
+
+    def __init__(self, fail: int) -> None:
+        super().__init__(None)
+        self.service_fail = fail
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> Any:
+        if method == "POST" and path.endswith("/services") and self.service_fail:
+            with self.lock:
+                self.calls.append((method, path, body))
+            raise KubeError(self.service_fail, "refused")
+        return super().request(method, path, body, content_type)
+
+
+def test_pods_created_with_their_coordinator_wait_for_its_secret_and_service() -> None:
+    from tests.controller.test_deciding import job_body
+
+    tj = load_training_job(job_body())
+    objects = EnsureObjects(
+        tj.key,
+        (
+            {"kind": "Secret", "metadata": {"namespace": "ns", "name": "j-token"}},
+            {"kind": "Service", "metadata": {"namespace": "ns", "name": "j-coordinator"}},
+        ),
+    )
+    # 409: the Service is there already (success); 503: it is not, nothing runs yet.
+    for fail, created in ((0, True), (409, True), (503, False)):
+        kube = FailingObjectsKube(fail)
+        actuator = Actuator(
+            cast(Kube, kube), ControllerConfig(token_key=b"k" * 32), lambda _j: None
+        )
+        try:
+            actuator.run(
+                [
+                    objects,
+                    CreateCoordinator(tj, "n0", 21000),
+                    CreatePod(pod("j-worker-1"), job=tj.key),
+                    CreatePod(pod("other-worker-1")),  # another job's: not held
+                ]
+            )
+            names = [b["metadata"]["name"] for b in coordinator_of(kube)]
+            first_pod = next(i for i, (m, p, _) in enumerate(kube.calls) if p.endswith("/pods"))
+            objects_at = [
+                i for i, (_, p, _) in enumerate(kube.calls) if p.endswith(("secrets", "services"))
+            ]
+            assert max(objects_at) < first_pod, "a pod before its Secret and Service"
+            expected = {"j-coordinator", "j-worker-1"} if created else set()
+            assert set(names) == expected | {"other-worker-1"}
+            # A pod held back is not expected either: the next cycle decides it again.
+            shown = actuator.expectations.overlay_pods([], time.monotonic())
+            assert ("j-worker-1" in {p["metadata"]["name"] for p in shown}) is created
+        finally:
+            actuator.close()
+
+
+class SlowSecretKube(StateKube):
+    """Like ``StateKube`` (no saved state); a Secret's POST waits until ``gate`` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(None)
+        self.gate = threading.Event()
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> Any:
+        if method == "POST" and path.endswith("/secrets"):
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().request(method, path, body, content_type)
+
+
+class RecordingCoordinator:
+    def __init__(self) -> None:
+        self.drained: list[str] = []
+
+    def drain(self, worker_id: str) -> None:
+        self.drained.append(worker_id)
+
+    def set_target(self, workers: int) -> None:
+        pass
+
+
+def test_a_write_waits_only_for_what_it_depends_on() -> None:
+    from tests.controller.test_deciding import job_body
+
+    tj = load_training_job(job_body())
+    kube = SlowSecretKube()
+    victims = RecordingCoordinator()
+    actuator = Actuator(
+        cast(Kube, kube), ControllerConfig(token_key=b"k" * 32), lambda _j: cast(Any, victims)
+    )
+    secret = {"kind": "Secret", "metadata": {"namespace": "ns", "name": "j-token"}}
+    intents = [
+        EnsureObjects(tj.key, (secret,)),
+        CreateCoordinator(tj, "n0", 21000),
+        CreatePod(pod("j-worker-1"), job=tj.key),
+        MarkDraining("ns", "low-worker-1", 1.0),
+        Drain("ns/low", "low-worker-1"),
+    ]
+    acting = threading.Thread(target=actuator.run, args=(intents,))
+    acting.start()
+    try:
+        # The victim is marked and drained while the new job's Secret is still being written;
+        # nothing of the new job is created before it.
+        assert eventually(lambda: victims.drained == ["low-worker-1"])
+        assert coordinator_of(kube) == []
+        kube.gate.set()
+        acting.join(10)
+        assert not acting.is_alive()
+        assert {b["metadata"]["name"] for b in coordinator_of(kube)} == {
+            "j-coordinator",
+            "j-worker-1",
+        }
+    finally:
+        kube.gate.set()
+        actuator.close()

@@ -1,12 +1,14 @@
 """The controller's pure decisions: Plan + pods + progress -> intents, without an API server.
 
 Aspects:
-- a started job gets its Secret and Service and a coordinator; once that coordinator runs and
-  answers (not before, not while it is being deleted), one pod per planned node with the
-  environment contract, owner reference, labels and GPU limits; an Admitted Event;
+- a started job gets its Secret and Service, a coordinator and, in the same act when their
+  room is free, one pod per planned node (held behind the Secret and Service) with the
+  environment contract, owner reference, labels and GPU limits; an Admitted Event; the size
+  is told to the coordinator once it answers, once even when it did not change;
 - a shrink drains running victims (annotation + coordinator drain) and deletes ones that never
   started; a draining pod past its deadline is deleted; victims are named in the Event;
-- a failed worker is charged, one refused at admission is not; past maxRestarts the job
+- a failed worker is charged, one refused at admission or failed before its coordinator
+  answered is not; past maxRestarts the job
   Fails and keeps no pods;
 - the coordinator's "finished" makes the job Succeeded; its pods go as they exit, the rest
   at the drain deadline, the coordinator last;
@@ -45,7 +47,17 @@ from edl_scheduler.controller.intents import (
 )
 from edl_scheduler.controller.observing import observe
 from edl_scheduler.controller.podstate import group_pods, step_toward
-from edl_scheduler.core import Action, JobDecision, Plan, Reason, Role, RoleChange, plan, preset
+from edl_scheduler.core import (
+    Action,
+    JobDecision,
+    Plan,
+    Reason,
+    Resources,
+    Role,
+    RoleChange,
+    plan,
+    preset,
+)
 
 CONFIG = ControllerConfig(
     token_key=b"k" * 32, coordinator_host="127.0.0.1", coordinator_ports=PortRange(21000, 21010)
@@ -139,19 +151,12 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     assert [type(i) for i in first.intents[:2]] == [EnsureObjects, CreateCoordinator]
     kinds = [m["kind"] for m in of(EnsureObjects, first.intents)[0].manifests]
     assert kinds == ["Secret", "Service"]
-    # Workers wait for the coordinator: none in the cycle that creates it, and the size is
-    # told to it once it answers.
-    assert of(CreatePod, first.intents) == []
-    assert of(SetTarget, first.intents) == []
-    waiting = of(PatchStatus, first.intents)[0].status
-    assert waiting["phase"] == "Pending" and waiting["message"].endswith(
-        "waiting for its coordinator to answer"
-    )
-    # Its pod Running and answering: the next cycle creates the workers.
-    running = view(body, [coordinator()], coordinator_ready=True)
-    out = decide({"ns/j": running}, p, CONFIG, NOW, names())
-    assert of(CreateCoordinator, out.intents) == []
-    pods = [i.manifest for i in of(CreatePod, out.intents)]
+    # The workers are created in the same act as their coordinator (their room is free),
+    # held by the actuator until the Secret and Service exist (``job``); the size is told
+    # to the coordinator once it answers.
+    created = of(CreatePod, first.intents)
+    assert [c.job for c in created] == ["ns/j", "ns/j"]
+    pods = [c.manifest for c in created]
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["n0", "n1"]
     for manifest in pods:
         env = {e["name"]: e for e in manifest["spec"]["containers"][0]["env"]}
@@ -160,39 +165,46 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
         assert env["EDL_JOB_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j-token"
         assert manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-j"
         assert manifest["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    assert of(SetTarget, first.intents) == []
+    assert [e.reason.value for e in of(Emit, first.intents)] == ["Admitted"]
+    status = of(PatchStatus, first.intents)[0].status
+    assert status["replicas"] == 2
+    # Its pod Running and answering for the first time: it is told the size once, although
+    # the plan's size did not change; then no more.
+    workers = [pod(str(m["metadata"]["name"]), node=m["spec"]["nodeName"]) for m in pods]
+    steady = decision(Action.KEEP, 2, 2)
+    answered = view(body, [coordinator(), *workers], coordinator_ready=True, target_due=True)
+    out = decide({"ns/j": answered}, Plan(NOW, (steady,)), CONFIG, NOW, names())
     assert of(SetTarget, out.intents) == [SetTarget("ns/j", 2)]
-    assert [e.reason.value for e in of(Emit, out.intents)] == ["Admitted"]
-    status = of(PatchStatus, out.intents)[0].status
-    assert status["phase"] == "Running" and status["replicas"] == 2
+    assert of(CreatePod, out.intents) == [] and of(CreateCoordinator, out.intents) == []
+    told = view(body, [coordinator(), *workers], coordinator_ready=True)
+    out = decide({"ns/j": told}, Plan(NOW, (steady,)), CONFIG, NOW, names())
+    assert of(SetTarget, out.intents) == []
 
 
-def test_workers_wait_for_a_coordinator_that_runs_and_answers() -> None:
+def test_workers_start_with_their_coordinator_and_wait_only_for_room() -> None:
     body = job_body()
     start = Plan(NOW, (decision(Action.START, 0, 2, add=("n0", "n1")),))
     cases = [
         ([coordinator(phase="Pending")], False),  # not running yet
         ([coordinator()], False),  # running, not answering yet
         ([coordinator(phase="Failed")], True),  # ended: replaced, its answer is void
+        ([], True),  # none yet
     ]
     for pods, replaced in cases:
         out = decide({"ns/j": view(body, pods)}, start, CONFIG, NOW, names())
-        assert of(CreatePod, out.intents) == []
         assert bool(of(CreateCoordinator, out.intents)) is replaced
-        assert (
-            of(PatchStatus, out.intents)[0]
-            .status["message"]
-            .endswith("waiting for its coordinator to answer")
-        )
-    # A coordinator that answers but is being deleted does not count either.
-    leaving = coordinator()
-    leaving["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:05Z"
-    out = decide(
-        {"ns/j": view(body, [leaving], coordinator_ready=True)}, start, CONFIG, NOW, names()
+        # Behind the Secret and Service only when this cycle ensures them.
+        assert [c.job for c in of(CreatePod, out.intents)] == ["ns/j" if replaced else ""] * 2
+        assert of(SetTarget, out.intents) == []  # not asked before it answers
+    # The room still held by leaving replicas: the coordinator, no workers yet.
+    full = NodeStates(
+        frozenset({"n0", "n1"}), frozenset(), {"n0": Resources(), "n1": Resources(gpu=1)}
     )
-    assert of(CreatePod, out.intents) == []
-    ready = view(body, [coordinator()], coordinator_ready=True)
-    out = decide({"ns/j": ready}, start, CONFIG, NOW, names())
-    assert len(of(CreatePod, out.intents)) == 2
+    out = decide({"ns/j": view(body)}, start, CONFIG, NOW, names(), nodes=full)
+    assert of(CreatePod, out.intents) == [] and len(of(CreateCoordinator, out.intents)) == 1
+    message = of(PatchStatus, out.intents)[0].status["message"]
+    assert message.endswith("waiting for leaving replicas to go")
 
 
 def test_shrink_drains_running_victims_and_deletes_unstarted_ones() -> None:
@@ -228,12 +240,21 @@ def test_failures_are_charged_refusals_are_not_and_the_budget_ends_the_job() -> 
     assert of(DeletePod, out.intents) == [DeletePod("ns", "a")]
     assert of(PatchStatus, out.intents)[0].status["restarts"] == 0
     failed = pod("b", phase="Failed")
+    # Before its coordinator answered, a worker that gave up waiting for it is not charged.
     out = decide({"ns/j": view(body, [failed, coordinator()])}, None, CONFIG, NOW, names())
+    assert of(DeletePod, out.intents) == [DeletePod("ns", "b")]
+    assert of(PatchStatus, out.intents)[0].status["restarts"] == 0
+    assert "ReplicaFailed" not in [e.reason.value for e in of(Emit, out.intents)]
+    out = decide(
+        {"ns/j": view(body, [failed, coordinator()], coordinator_ready=True)},
+        None, CONFIG, NOW, names(),
+    )  # fmt: skip
     assert of(PatchStatus, out.intents)[0].status["restarts"] == 1
     body = job_body(phase="Running", restarts=1)
     out = decide(
-        {"ns/j": view(body, [failed, pod("c"), coordinator()])}, None, CONFIG, NOW, names()
-    )
+        {"ns/j": view(body, [failed, pod("c"), coordinator()], coordinator_ready=True)},
+        None, CONFIG, NOW, names(),
+    )  # fmt: skip
     status = of(PatchStatus, out.intents)[0].status
     assert status["phase"] == "Failed" and status["restarts"] == 2
     assert {i.name for i in of(DeletePod, out.intents)} == {"b", "c", "j-coordinator"}

@@ -9,6 +9,7 @@ Aspects:
 - an ordinary change waits for ``min_period_s`` since the last cycle, a new TrainingJob
   (``mark_urgent``) starts the next cycle at once, and so do a coordinator's first answer
   (from the progress poller's thread) and a draining replica gone (``left_for_good``);
+- a coordinator is told the job's size once after its first answer, and a replacement again;
 - a coordinator that has not answered yet is probed apart from the progress rounds: a round
   held up by a slow coordinator does not hold its probe back;
 - each step of a cycle is timed in ``edl_planner_cycle_phase_seconds``.
@@ -137,6 +138,29 @@ def test_a_coordinator_is_ready_when_that_pod_runs_and_answered(loop: Any) -> No
     assert not planning._ready("ns/j", coordinator("u1", deleting=True))
     assert not planning._ready("ns/j", coordinator("u2"))  # a replacement must answer itself
     assert not planning._ready("ns/j", None)
+
+
+def test_a_coordinator_is_told_the_size_once_after_its_first_answer(loop: Any) -> None:
+    from edl_scheduler.api import load_training_job
+    from tests.controller.test_deciding import coordinator as coordinator_pod
+    from tests.controller.test_deciding import job_body
+
+    planning, _ = loop
+    body = job_body()
+    parsed = {"ns/j": load_training_job(body)}
+
+    def due(uid: str) -> bool:
+        pod = coordinator_pod()
+        pod["metadata"]["uid"] = uid
+        return planning._views([body], [pod], parsed, {}, {})["ns/j"].target_due
+
+    assert not due("u1")  # not answered yet: nothing is asked of it
+    planning._answered["ns/j"] = "u1"
+    assert due("u1")
+    planning._told["ns/j"] = "u1"  # what a cycle records once its SetTarget succeeded
+    assert not due("u1")
+    planning._answered["ns/j"] = "u2"  # a replacement is told again
+    assert due("u2")
 
 
 def test_a_new_job_starts_a_cycle_without_waiting_for_the_period() -> None:

@@ -352,8 +352,8 @@ class Cluster:
 class PlayedCoordinators:
     """The coordinator pods of tests that play the kubelet by hand, run for real.
 
-    The controller creates a job's workers only once its coordinator answers, so a test
-    that reports pods Running without processes still needs real coordinators: each one
+    The controller asks a job's coordinator for progress, drains and the planned size, so
+    a test that reports pods Running without processes still needs real coordinators: each one
     ``settle`` reports Running is first started here, as a local process with the pod's
     command and environment (the kubelet in miniature's own machinery), and stopped when
     its pod is deleted or gone. Workers stay played (no process). Processes are stopped by

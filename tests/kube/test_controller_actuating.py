@@ -1,13 +1,15 @@
 """The operator against a real API server, with the tests playing the kubelet (``settle``:
-workers run no process; coordinators run for real, since workers wait for theirs to answer).
+workers run no process; coordinators run for real: the controller asks them for progress,
+drains and the planned size).
 
 Aspects tested:
 - a TrainingJob gets its coordinator pod, Service and token Secret, and worker pods bound (by
   spec.nodeName) to the planned nodes, with owner references, labels, the job's priority
-  class and the runtime's environment contract, created once the coordinator answers; the
+  class and the runtime's environment contract, created with the coordinator; the
   status subresource shows the phase, replicas and allocation; an Admitted Event is posted;
 - a worker the kubelet refused at admission is replaced without charging the restart
-  budget; a failed worker is replaced and charged; past the budget the job Fails;
+  budget; a failed worker is replaced and charged once its coordinator has answered; past
+  the budget the job Fails;
 - a job whose spec makes no sense (minReplicas > maxReplicas) stays Pending with Valid=False
   and a Warning Event; a job asking more GPUs per worker than any node has waits with a reason;
   the controller keeps running;
@@ -71,10 +73,16 @@ def pooled(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def workers_of(cluster: Cluster, job: str, count: int) -> list[Any]:
     """The job's worker pods once there are ``count``; the test plays the kubelet meanwhile
-    (its coordinator runs for real: workers are created once it answers)."""
+    (its coordinator runs for real; workers are created with it)."""
     settle(cluster, NS)
     found = cluster.pods(NS, job, "worker")
     return found if len(found) == count else []
+
+
+def answered(cluster: Cluster, job: str) -> bool:
+    """Whether the job's coordinator has answered the controller (its progress is shown)."""
+    settle(cluster, NS)
+    return "progress" in cluster.job(NS, job).get("status", {})
 
 
 def test_job_gets_coordinator_and_placed_workers(
@@ -127,6 +135,9 @@ def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
 ) -> None:
     cluster.create_job(pooled(training_job("fail", NS, max_restarts=1)))
     first = eventually(lambda: workers_of(cluster, "fail", 1), 30, "a worker")[0]
+    # Workers are created with their coordinator; one failing before the coordinator has
+    # answered is not charged, so the charged failures below come after its first answer.
+    eventually(lambda: answered(cluster, "fail"), 30, "the coordinator's first answer")
     cluster.set_pod_phase(NS, first.metadata.name, "Failed", reason="OutOfnvidia.com/gpu")
     second = eventually(
         lambda: [p for p in cluster.pods(NS, "fail", "worker")

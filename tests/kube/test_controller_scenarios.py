@@ -1,6 +1,6 @@
 """Scheduling scenarios through the operator on a real API server; the test plays the
 kubelet (``settle``: bound pods become Running, deleted pods go); workers run no process,
-coordinators run for real (workers are created once theirs answers).
+coordinators run for real (the controller drains victims through them).
 
 Aspects tested:
 - a low-priority elastic job fills the pool; a high-priority job arrives; the low one shrinks
