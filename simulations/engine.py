@@ -53,6 +53,7 @@ from edl_scheduler.core import (
     ThroughputSample,
     plan,
 )
+from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.pruning import visible
 from simulations.workload import ClusterSpec, SimJob
@@ -143,6 +144,14 @@ class _Run:
     serial: int = 0
     samples: dict[tuple[int, int], ThroughputSample] = field(default_factory=dict)
     cached: Job | None = None
+    #: Under LAS queues (the incremental path): ``cached`` stays right while the job's
+    #: attained GPU-time is in ``[queue_low, queue_high)``, the thresholds around the
+    #: attained GPU-time it was built with (so its queue is the same); empty until built.
+    queue_low: float = _INF
+    queue_high: float = -_INF
+    #: ``ordering.sort_key`` of ``cached``, where the policy's key does not depend on
+    #: ``now`` (pruning reads it at every plan).
+    rank_key: tuple[float | str, ...] = ()
     #: What this job adds to the engine's useful-GPU tally now (0 while paused).
     useful: float = 0.0
 
@@ -247,6 +256,11 @@ class Engine:
         #: changes; its attained GPU-time in the snapshot may lag until then.
         self.queue_only = config.incremental and policy.ordering is Ordering.LAS_QUEUES
         self.memo = PlanMemo() if config.incremental else None
+        #: The policy's rank key where it does not depend on ``now``: kept per snapshot Job
+        #: (``_Run.rank_key``) for pruning, on the incremental path.
+        self.fixed_key = (
+            sort_key(policy, 0.0) if config.incremental and not key_varies(policy) else None
+        )
         #: Whether any job's speed comes from a measured profile (its rate changes by epoch).
         self.profiled = any(j.profile is not None for j in self.jobs)
 
@@ -405,6 +419,13 @@ class Engine:
             efficiency=efficiency,
         )
         run.cached = built
+        if self.fixed_key is not None:
+            run.rank_key = self.fixed_key(built)
+        if self.queue_only:
+            got = built.attained_gpu_seconds
+            thresholds = self.policy.queue_thresholds_gpu_s
+            run.queue_low = max((t for t in thresholds if t <= got), default=-_INF)
+            run.queue_high = min((t for t in thresholds if t > got), default=_INF)
         return built
 
     def _efficiency(self, run: _Run) -> Efficiency | None:
@@ -421,17 +442,39 @@ class Engine:
         fixed point (invariant 6) and jobs that cannot start change no decision."""
         if self.profiled and self.config.report_throughput:
             self._remeasure(now)
-        # The cached Job of a waiting job (most of them) is taken here, without a call.
+        # The cached Job of a waiting job (most of them) is taken here, without a call; under
+        # LAS queues so is a running job's while its attained GPU-time (``attained_at``, the
+        # same sum) stays between the thresholds around the one its Job was built with.
         fresh = self.fresh_attained
-        jobs = [
-            r.cached
-            if r.cached is not None and not (fresh and r.replicas)
-            else self._snapshot_job(r, now)
-            for r in self.active.values()
-        ]
+        if self.queue_only:
+            jobs = [
+                cached
+                if (cached := r.cached) is not None
+                and (
+                    not r.replicas
+                    or r.queue_low <= r.attained + len(r.replicas) * (now - r.last) < r.queue_high
+                )
+                else self._snapshot_job(r, now)
+                for r in self.active.values()
+            ]
+        else:
+            jobs = [
+                r.cached
+                if r.cached is not None and not (fresh and r.replicas)
+                else self._snapshot_job(r, now)
+                for r in self.active.values()
+            ]
         if self.config.prune:
             free = self.cluster.gpus - self.allocated
-            jobs = visible(jobs, self.policy, now, free, self.reservations)
+            if self.fixed_key is not None:
+                # The engine's replicas are all live workers: a Job's count is its own.
+                live = [len(j.replicas) for j in jobs]
+                keys = [r.rank_key for r in self.active.values()]
+                jobs = visible(
+                    jobs, self.policy, now, free, self.reservations, live=live, keys=keys
+                )
+            else:
+                jobs = visible(jobs, self.policy, now, free, self.reservations)
             if arrived is not None and len(jobs) < len(self.active):
                 shown = {j.name for j in jobs}
                 if not any(name in shown for name in arrived):

@@ -60,8 +60,15 @@ def visible(
     now: float,
     free_gpus: int,
     reservations: Sequence[Reservation] = (),
+    *,
+    live: Sequence[int] | None = None,
+    keys: Sequence[tuple[float | str, ...]] | None = None,
 ) -> list[Job]:
-    """``jobs`` (in submit order) without the waiting ones that cannot start now."""
+    """``jobs`` (in submit order) without the waiting ones that cannot start now.
+
+    ``live`` and ``keys``, where a caller that keeps them passes them (the simulator), are
+    each job's live workers and its rank key (``ordering.sort_key(policy, now)``), in the
+    order of ``jobs``; else they are computed here."""
     if policy.ordering is Ordering.LEAST_ATTAINED:
         return list(jobs)
     shrink = policy.elastic and policy.preemption in (
@@ -70,7 +77,8 @@ def visible(
     )
     suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
     # This runs before every plan over every job: each job's live workers are counted once.
-    live = [_live_workers(j) if j.replicas else 0 for j in jobs]
+    if live is None:
+        live = [_live_workers(j) if j.replicas else 0 for j in jobs]
     running = [j for j, n in zip(jobs, live, strict=True) if n]
     if any(not j.preemptible for j in running):
         return list(jobs)
@@ -87,13 +95,16 @@ def visible(
             if n:
                 pool += max(0, n - _minimum(j, policy)) * j.worker.resources.gpu
     if suspend and waiting:
-        key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
-        best = min(waiting, key=key)
-        top = key(best)
-        for j, n in zip(jobs, live, strict=True):
+        if keys is None:
+            key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
+            keys = [key(j) for j in jobs]
+        # The best-ranked waiting job (keys end in the name: no two are equal).
+        top, at = min((k, i) for i, (n, k) in enumerate(zip(live, keys, strict=True)) if not n)
+        best = jobs[at]
+        for j, n, k in zip(jobs, live, keys, strict=True):
             if not n:
                 continue
-            if (j.priority < best.priority) if policy.use_priority else (key(j) > top):
+            if (j.priority < best.priority) if policy.use_priority else (k > top):
                 pool += n * j.worker.resources.gpu
     return [
         job

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from edl_scheduler.core.layout import Layout, layout_of
+from edl_scheduler.core.plan import JobDecision
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.snapshot import Job, Node, Replica, Role
 
@@ -43,7 +44,17 @@ class Derived:
 class PlanMemo:
     """Per-job derivations carried from one ``plan()`` call to the next (see the module)."""
 
-    __slots__ = ("_layout", "_nodes", "_policy", "jobs", "node_names", "nodes_valid")
+    __slots__ = (
+        "_layout",
+        "_nodes",
+        "_policy",
+        "jobs",
+        "node_names",
+        "nodes_valid",
+        "ranked",
+        "steady",
+        "used",
+    )
 
     def __init__(self) -> None:
         self._policy: Policy | None = None
@@ -54,6 +65,17 @@ class PlanMemo:
         self.nodes_valid = False
         self.node_names: set[str] = set()
         self._layout: Layout | None = None
+        #: The last cycle's jobs in rank order with their rank keys, kept so that the next
+        #: cycle ranks only the jobs it has not seen (None: not kept, e.g. where a waiting
+        #: job's key depends on ``now``); ``used[i]``: [gpu, cpu, memory] that the live
+        #: replicas of the memo's jobs take on node i. Both always describe ``jobs``.
+        self.ranked: list[tuple[tuple[float | str, ...], Derived]] | None = None
+        self.used: list[list[int]] = []
+        #: id(job) -> (job, its decision) for a job that a cycle left as it was without
+        #: giving it a reason (most running jobs): that decision is a function of the job
+        #: and the policy alone (``planning._steady``), and frozen, so later cycles reuse
+        #: the object. Entries of jobs that left are dropped with them.
+        self.steady: dict[int, tuple[Job, JobDecision]] = {}
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -63,6 +85,9 @@ class PlanMemo:
             self.jobs = {}
             self.nodes_valid = False
             self._layout = None
+            self.ranked = None
+            self.used = []
+            self.steady = {}
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""

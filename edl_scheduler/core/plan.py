@@ -9,7 +9,7 @@ at the same instant on the applied state yields an empty plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from edl_scheduler.core.snapshot import Reservation, Role
@@ -120,9 +120,14 @@ class Plan:
     now: float
     decisions: tuple[JobDecision, ...]
     reservations: tuple[Reservation, ...] = ()
+    #: ``changes`` where the planner collected them as it decided (it knows which few
+    #: decisions can change anything); not part of the plan's value (equality, repr).
+    known_changes: tuple[JobDecision, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def changes(self) -> tuple[JobDecision, ...]:
+        if self.known_changes is not None:
+            return self.known_changes
         return tuple(d for d in self.decisions if d.changed)
 
     @property

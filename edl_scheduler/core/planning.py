@@ -128,6 +128,21 @@ def _untouched(js: JobState) -> bool:
     )
 
 
+def _steady(
+    js: JobState, session: Session, steady: dict[tuple[Role, int], RoleChange]
+) -> JobDecision:
+    """The decision of a job that the cycle neither touched nor gave a reason: KEEP (or
+    WAIT) at its size, explained by ``_explain``. What it reads of the cycle is the job, its
+    bounds and the policy (``js.reason`` is None and nothing was added or removed, so none of
+    ``_explain``'s cases that read the cluster apply), so it is the same for every cycle
+    that sees the same Job object under the same policy and nodes."""
+    action = _action(js)
+    reason, message = _explain(js, action, session)
+    pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
+    workers = _role_change(js, Role.WORKER, session, steady)
+    return JobDecision(js.name, action, reason, message, workers, pservers, None)
+
+
 def _reservations(session: Session) -> tuple[Reservation, ...]:
     out: list[Reservation] = []
     names = session.cluster.names
@@ -222,7 +237,17 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None)
         grower.run()
     decisions = []  # 5
     steady: dict[tuple[Role, int], RoleChange] = {}
+    kept = memo.steady if memo is not None else None
+    changes: list[JobDecision] = []
     for js in session.jobs:
+        if kept is not None and js.reason is None and js.for_job is None and _untouched(js):
+            # Nobody touched nor explained it: its decision is that of the last cycle that
+            # saw the same Job object (``_steady``), the very object.
+            found = kept.get(id(js.job))
+            if found is None or found[0] is not js.job:
+                found = kept[id(js.job)] = (js.job, _steady(js, session, steady))
+            decisions.append(found[1])
+            continue
         if js.reason is not None and _untouched(js):
             # Said already, and nothing moved: what ``_action``, ``_explain`` and
             # ``_role_change`` give such a job, without the calls (most jobs of a cycle).
@@ -247,16 +272,22 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None)
         action = _action(js)
         reason, message = _explain(js, action, session)
         pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
-        decisions.append(
-            JobDecision(
-                job=js.name,
-                action=action,
-                reason=reason,
-                message=message,
-                workers=_role_change(js, Role.WORKER, session, steady),
-                pservers=pservers,
-                for_job=js.for_job,
-            )
+        decision = JobDecision(
+            job=js.name,
+            action=action,
+            reason=reason,
+            message=message,
+            workers=_role_change(js, Role.WORKER, session, steady),
+            pservers=pservers,
+            for_job=js.for_job,
         )
+        decisions.append(decision)
+        if decision.changed:  # (the two paths above keep every size: they change nothing)
+            changes.append(decision)
     _guard(session)  # 6
-    return Plan(now=now, decisions=tuple(decisions), reservations=_reservations(session))
+    return Plan(
+        now=now,
+        decisions=tuple(decisions),
+        reservations=_reservations(session),
+        known_changes=tuple(changes),
+    )

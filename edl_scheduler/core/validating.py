@@ -115,9 +115,9 @@ def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> None:
     if memo is not None and memo.nodes_valid:
         names = [job.name for job in snapshot.jobs]
         if len(set(names)) == len(names):
-            node_names = memo.node_names
+            node_names, known = memo.node_names, memo.jobs
             for job in snapshot.jobs:
-                if memo.get(job) is None:
+                if id(job) not in known:  # (``memo.get`` without the call: ids are held)
                     _check_job(job, node_names)
             return
     _validate(snapshot)

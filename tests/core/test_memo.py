@@ -8,16 +8,23 @@ Aspects:
 - the memo forgets everything when the policy or the nodes change (a job's bounds and its
   replicas' node indices depend on both);
 - an invalid job raises the same error with a memo as without, also after valid cycles, and
-  a job that was valid stays valid only as the same object.
+  a job that was valid stays valid only as the same object;
+- the state a memo keeps from plan to plan (the ranking, the replicas' use per node, the
+  decisions of jobs nobody touched) equals, after every plan, what the plan would derive
+  from scratch, also when the snapshots come in an order where many jobs leave and arrive
+  between two plans (the merge of a kept ranking with many new jobs), and the plans equal
+  the plans made without a memo.
 """
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
 
 from edl_scheduler.core import PRESETS, PlanMemo, Policy, Snapshot, plan, preset
+from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.policy import with_overrides
 from edl_scheduler.core.validating import SnapshotError
 from simulations import engine as engine_module
@@ -105,3 +112,47 @@ def test_an_invalid_job_raises_the_same_error_after_valid_cycles() -> None:
     twice = Snapshot(good.nodes, (good.jobs[0], good.jobs[0]))  # held job, duplicated
     with pytest.raises(SnapshotError, match="appears twice"):
         plan(twice, preset("edl"), 0.0, memo=memo)
+
+
+def _kept_state_is_what_scratch_derives(memo: PlanMemo, snap: Snapshot, policy: Policy) -> None:
+    """The memo's kept ranking and per-node use describe exactly ``snap``'s jobs."""
+    assert set(memo.jobs) == {id(j) for j in snap.jobs}
+    assert set(memo.steady) <= set(memo.jobs)
+    if key_varies(policy):
+        assert memo.ranked is None
+        return
+    key = sort_key(policy, 0.0)
+    assert memo.ranked is not None
+    assert [d.job for _, d in memo.ranked] == sorted(snap.jobs, key=key)
+    assert [k for k, _ in memo.ranked] == [key(d.job) for _, d in memo.ranked]
+    index = {n.name: i for i, n in enumerate(snap.nodes)}
+    used = [[0, 0, 0] for _ in snap.nodes]
+    for j in snap.jobs:
+        for r in j.replicas:
+            spec = j.role_spec(r.role)
+            if not r.draining and spec is not None:
+                res = spec.resources
+                u = used[index[r.node]]
+                u[0] += res.gpu
+                u[1] += res.cpu_milli
+                u[2] += res.memory_bytes
+    assert memo.used == used
+
+
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
+def test_kept_state_follows_snapshots_in_any_order(
+    policy_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = _recorded(policy_name, monkeypatch)
+    policy = _policy(policy_name)
+    memo = PlanMemo()
+    # In recorded order (a few jobs change per plan), then shuffled (many leave and arrive
+    # between two plans, so a kept ranking takes many new jobs at once).
+    shuffled = list(sequence)
+    random.Random(7).shuffle(shuffled)
+    for snap, now in [*sequence, *shuffled]:
+        got = plan(snap, policy, now, memo=memo)
+        assert got == plan(snap, policy, now)
+        # The changes the planner collected as it decided are the changed decisions.
+        assert got.changes == tuple(d for d in got.decisions if d.changed)
+        _kept_state_is_what_scratch_derives(memo, snap, policy)
