@@ -35,7 +35,8 @@ def decision_events(cycle: JobCycle, decision: JobDecision) -> None:
         return  # told when the pods are created
     w = decision.workers
     size = f"{w.current} -> {w.target} workers"
-    victims = ", ".join(w.remove) or "none"
+    servers = decision.pservers.remove if decision.pservers is not None else ()
+    victims = ", ".join((*w.remove, *servers)) or "none"  # a PS job's servers leave too
     counts = cycle.out.counts
     if decision.action is Action.START:
         cycle.emit(

@@ -16,6 +16,11 @@ Aspects tested:
   leaves, the coordinator stays) and resumed (new servers restore the partitions from the
   snapshots); it succeeds with no restart charged, and the resumed workers' final
   parameters count every sample exactly ``epochs`` times;
+- whole-job preemption: a rigid higher-priority job that needs the PS job's GPUs takes them
+  (policy ``shrink-then-suspend``): the PS job is Suspended with reason Preempted, its
+  servers drained with its workers (no restart charged), the coordinator kept; once the
+  other job has succeeded it is admitted again, new servers restore the snapshots, and the
+  final parameters count every sample exactly ``epochs`` times;
 - a ``ps`` job that names no shared snapshot storage is refused with ``Valid=False`` and an
   Event saying which annotation to set; it gets no pod;
 - the example ``examples/05-parameter-server/trainingjob.yaml`` (a claim and the job) is
@@ -56,6 +61,8 @@ NS = "ctrl-ps"
 POOL = "edl.test/pool"
 JOB = str(REPO / "tests" / "runtime" / "ps_job.py")
 SAMPLES, EPOCHS = 480, 2
+# Whole-job preemption for the preemption test; nothing else here competes for GPUs.
+POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
 
 
 @pytest.fixture(scope="module")
@@ -68,11 +75,14 @@ def controller(
     kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ControllerProcess]:
     workdir: Path = tmp_path_factory.mktemp("ctrl-ps")
+    (workdir / "policy.yaml").write_text(POLICY)
     with healthy_controller(kube_api, workdir, "ps", NS, ports="26200-26299") as proc:
         yield proc
 
 
-def ps_job(name: str, shared: Path, out: Path, *, snapshots: bool = True) -> dict[str, Any]:
+def ps_job(
+    name: str, shared: Path, out: Path, *, snapshots: bool = True, pool: str = "ps"
+) -> dict[str, Any]:
     # The workers write their final parameters (what the test reads) after the job
     # finished: the controller lets them exit on their own before it clears the job's pods.
     worker = [
@@ -97,7 +107,7 @@ def ps_job(name: str, shared: Path, out: Path, *, snapshots: bool = True) -> dic
     if snapshots:
         manifest["metadata"]["annotations"]["edl.dev/ps-snapshots"] = f"{shared}/ps"
     spec = manifest["spec"]["template"]["spec"]
-    spec["nodeSelector"] = {POOL: "ps"}
+    spec["nodeSelector"] = {POOL: pool}
     spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "ps-shared"}}]
     container = spec["containers"][0]
     container["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
@@ -184,6 +194,16 @@ def test_ps_job_survives_a_deleted_server_and_a_suspension_with_an_exact_ledger(
     eventually(lambda: status(cluster, "ctr").get("phase") == "Succeeded", 150, "Succeeded")
     assert status(cluster, "ctr")["restarts"] == 0, "deleted and drained servers are no failures"
 
+    expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
+    for name, counts in final_counts(out).items():
+        assert torch.equal(counts, expected), f"{name}: {counts.unique(return_counts=True)}"
+    summaries = [json.loads(p.read_text()) for p in out.glob("*.json")]
+    assert any(s["rolled_back"] >= 1 for s in summaries), summaries
+
+
+def final_counts(out: Path) -> dict[str, torch.Tensor]:
+    """The parameters of the workers that pulled the last step (those that ran to the end),
+    once two have written them: each sample's counter."""
     steps = SAMPLES * EPOCHS // 6
     summaries: dict[str, dict[str, Any]] = {}
 
@@ -192,12 +212,54 @@ def test_ps_job_survives_a_deleted_server_and_a_suspension_with_an_exact_ledger(
         final = [name for name, s in summaries.items() if s["pulled"] == steps]
         return final if len(final) == 2 else []
 
-    results = eventually(finals, 60, "the resumed workers' final parameters")
+    names = eventually(finals, 60, "the final workers' parameters")
+    return {name: torch.load(out / f"{name}.pt")["counts"] for name in names}
+
+
+def test_ps_job_preempted_whole_resumes_with_an_exact_ledger(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    create_node(kube_api.api_client, "ps-pre-0", gpus=2, labels={POOL: "ps-pre"}, kubelet=True)
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    low = ps_job("low", shared, out, pool="ps-pre")
+    low["spec"]["priority"] = 10
+    cluster.create_job(low)
+    eventually(lambda: step(cluster, "low") >= 25, 120, "the PS job 25 steps in")
+    coordinator = cluster.pods(NS, "low", "coordinator")[0].metadata.uid
+    slow = [sys.executable, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.1"]
+    high = training_job(  # about 10 s of training: long enough to see the PS job suspended
+        "high", NS, min_replicas=2, max_replicas=2, priority=100, samples=2000, command=slow
+    )
+    high["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "ps-pre"}
+    cluster.create_job(high)
+
+    def suspended() -> bool:
+        # Its servers retire (marked draining) but stay until the drain deadline or the
+        # job's next generation: no worker is left to lead the move of their partitions,
+        # and a re-admission in time takes their parameters over without a rollback.
+        servers = [p for p in cluster.pods(NS, "low", "pserver")
+                   if not p.metadata.deletion_timestamp]  # fmt: skip
+        draining = all(
+            (p.metadata.annotations or {}).get("edl.dev/draining") == "true" for p in servers
+        )
+        workers = cluster.pods(NS, "low", "worker")
+        return status(cluster, "low").get("phase") == "Suspended" and not workers and draining
+
+    eventually(suspended, 60, "the PS job Suspended, no worker left and its servers retiring")
+    assert not status(cluster, "low")["progress"]["finished"], "preempted mid-run"
+    preempted = [e for e in cluster.told(NS, "low", "Preempted") if e.reason == "Preempted"]
+    assert f"{NS}/high" in preempted[0].message and "low-pserver-" in preempted[0].message
+    held = next(c for c in status(cluster, "low")["conditions"] if c["type"] == "Suspended")
+    assert held["status"] == "True" and held["reason"] == "Preempted"
+    assert [p.metadata.uid for p in cluster.pods(NS, "low", "coordinator")] == [coordinator]
+
+    eventually(lambda: status(cluster, "high").get("phase") == "Succeeded", 90, "high Succeeded")
+    cluster.told(NS, "low", "Resumed")
+    eventually(lambda: status(cluster, "low").get("phase") == "Succeeded", 150, "low Succeeded")
+    assert status(cluster, "low")["restarts"] == 0, "preempted servers and workers are no failures"
     expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
-    for name in results:
-        counts = torch.load(out / f"{name}.pt")["counts"]
+    for name, counts in final_counts(out).items():
         assert torch.equal(counts, expected), f"{name}: {counts.unique(return_counts=True)}"
-    assert any(s["rolled_back"] >= 1 for s in summaries.values()), summaries
 
 
 def test_ps_job_without_shared_snapshots_is_refused(
