@@ -14,18 +14,28 @@ Aspects tested:
   coordinator pod and the state ConfigMap remain; no sample is committed while suspended;
 - ``suspend: false``: Event ``Resumed``, the condition turns False, the job runs again from
   the samples it had committed (never back to 0) and succeeds; the workers' ledger files show
-  every sample trained exactly once.
+  every sample trained exactly once;
+- an allreduce PyTorch job naming ``edl.dev/checkpoints`` (a directory on a shared volume of
+  its template): suspended, its drained rank 0 leaves a checkpoint in ``<dir>/<uid>``; resumed,
+  fresh workers load it, train only the steps after it, and end with the parameters of an
+  uninterrupted single-process run.
 """
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from trainer_runtime.torch.checkpointing import stored_steps
+
+from ..runtime.test_torch_elastic import JOB, reference_parameters
 from .controller_harness import (
     GROUP,
     PLURAL,
@@ -139,3 +149,73 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
     assert_exactly_once(tmp_path, samples)
     cleared = suspended_condition(cluster, "nap")
     assert cleared is not None and cleared["status"] == "False"
+
+
+def test_allreduce_job_keeps_its_model_where_edl_dev_checkpoints_names(
+    kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess, tmp_path: Path
+) -> None:
+    create_node(kube_api.api_client, "susp-ck-0", gpus=2, labels={POOL: "susp-ck"}, kubelet=True)
+    samples, epochs, batch = 600, 2, 12
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    command = [
+        sys.executable, JOB, "--kind", "mlp", "--samples", str(samples),
+        "--global-batch", str(batch), "--step-sleep-s", "0.1", "--out", str(out),
+    ]  # fmt: skip
+    manifest = training_job(
+        "ckpt", NS, min_replicas=2, max_replicas=2, framework="torch", command=command
+    )
+    manifest["metadata"]["annotations"] = {
+        "edl.dev/coordinator-args": (
+            f"--samples {samples} --shard-size 10 --epochs {epochs} --join-window-s 0.3"
+        ),
+        "edl.dev/checkpoints": f"{shared}/ckpt",
+    }
+    spec = manifest["spec"]["template"]["spec"]
+    spec["nodeSelector"] = {POOL: "susp-ck"}
+    spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    container = spec["containers"][0]
+    container["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
+    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
+    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
+    cluster.create_job(manifest)
+    directory = shared / "ckpt" / cluster.job(NS, "ckpt")["metadata"]["uid"]
+
+    def step() -> int:
+        return int(status(cluster, "ckpt").get("progress", {}).get("committedStep", 0))
+
+    eventually(lambda: step() >= 10, 120, "ten committed steps")
+    first = {p.metadata.name for p in cluster.pods(NS, "ckpt", "worker")}
+    assert all(
+        env.value == str(directory)
+        for p in cluster.pods(NS, "ckpt", "worker")
+        for env in p.spec.containers[0].env
+        if env.name == "EDL_CHECKPOINT_DIR"
+    ), "each worker is told the job's own checkpoint directory"
+    set_suspend(cluster, "ckpt", True)
+    eventually(
+        lambda: (
+            status(cluster, "ckpt").get("phase") == "Suspended"
+            and not cluster.pods(NS, "ckpt", "worker")
+        ),
+        90,
+        "phase Suspended with no worker pod left",
+    )
+    saved = stored_steps(directory)
+    assert saved, f"no checkpoint in {directory}"
+    steps = samples * epochs // batch
+    assert 0 < saved[0] < steps, "the suspension was to land mid-run"
+
+    set_suspend(cluster, "ckpt", False)
+    eventually(lambda: status(cluster, "ckpt").get("phase") == "Succeeded", 180, "Succeeded")
+    assert status(cluster, "ckpt")["restarts"] == 0
+    resumed = {p.stem for p in out.glob("*.json")} - first
+    assert len(resumed) == 2, resumed
+    # Only the steps after the checkpoint were trained again (a start from scratch would
+    # give the same parameters: this is what shows the checkpoint was loaded).
+    trained = [json.loads((out / f"{name}.json").read_text())["steps"] for name in resumed]
+    assert max(trained) == steps - saved[0], (trained, saved)
+    expected = reference_parameters(samples, epochs, batch)
+    for name in resumed:
+        final = torch.load(out / f"{name}.pt")
+        for key, value in expected.items():
+            torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
