@@ -65,6 +65,9 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         # A job the controller never wrote a status for is new: it waits for a plan.
         loop = holder.get("loop")
         if loop is not None and not (body.get("status") or {}).get("phase"):
+            meta = body.get("metadata", {})
+            # When the watch delivered it: the first step of its admission's latency.
+            log.info("new TrainingJob %s/%s seen", meta.get("namespace"), meta.get("name"))
             loop.mark_urgent()
         return keep(body)
 
