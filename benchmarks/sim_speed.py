@@ -10,6 +10,11 @@ time spent inside ``plan()``; ``*_cpu_s`` is the CPU time of the process over th
 (on a shared machine the fairer number: wall time grows with the others' load).
 
     python benchmarks/sim_speed.py [--traces ../shared/traces] [--limit N] [--skip-full|--skip-3d]
+        [--progress]
+
+``--progress`` prints to stderr, every 1,000 finished jobs of the full trace, a JSON line
+with the CPU time so far and over the last 1,000 jobs (a run too long to finish still says
+how far it got and whether the cost per job grows).
 """
 
 from __future__ import annotations
@@ -30,12 +35,34 @@ from simulations.workload import Elasticity, ScalingRule, shape
 _TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
+class _Progress:
+    """Called by the engine after every event: a line per 1,000 finished jobs."""
+
+    def __init__(self) -> None:
+        self.began = self.last = time.process_time()
+        self.next = 1000
+
+    def __call__(self, done: int, total: int) -> None:
+        if done < self.next:
+            return
+        now = time.process_time()
+        line = {
+            "done": done,
+            "of": total,
+            "cpu_s": round(now - self.began, 1),
+            "cpu_last_1000_s": round(now - self.last, 2),
+        }
+        click.echo(json.dumps(line), err=True)
+        self.next, self.last = self.next + 1000, now
+
+
 @click.command()
 @click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
 @click.option("--limit", type=int, default=None, help="Only the first N Philly jobs.")
 @click.option("--skip-full", is_flag=True, help="Only philly_3d.")
 @click.option("--skip-3d", is_flag=True, help="Only the full trace.")
-def main(traces: Path, limit: int | None, skip_full: bool, skip_3d: bool) -> None:
+@click.option("--progress", is_flag=True, help="CPU time per 1,000 finished jobs, to stderr.")
+def main(traces: Path, limit: int | None, skip_full: bool, skip_3d: bool, progress: bool) -> None:
     line: dict[str, object] = {"cluster": "64x8"}
     if not skip_full:
         cluster = load_cluster("64x8")
@@ -48,7 +75,9 @@ def main(traces: Path, limit: int | None, skip_full: bool, skip_3d: bool) -> Non
             seed=0,
         )
         began = time.process_time()
-        result = simulate(jobs, cluster, preset("edl"), SimConfig())
+        result = simulate(
+            jobs, cluster, preset("edl"), SimConfig(), progress=_Progress() if progress else None
+        )
         line["philly_full_jobs"] = len(jobs)
         line["philly_full_s"] = round(result.wall_s, 2)
         line["philly_full_cpu_s"] = round(time.process_time() - began, 2)

@@ -603,10 +603,13 @@ class Engine:
         elastic = policy.elastic and policy.growth is not Growth.NONE
         for run in self.running.values():
             if thresholds:
-                got = run.attained_at(now)
+                workers = len(run.replicas)  # ``attained_at`` and ``workers``, inlined
+                got = run.attained + workers * (now - run.last)
                 for t in thresholds:
                     if t > got + _EPS:
-                        wake = min(wake, now + (t - got) / run.workers)
+                        at = now + (t - got) / workers
+                        if at < wake:
+                            wake = at
                         break
             if elastic and run.last_resize_time is not None:
                 job = run.job
