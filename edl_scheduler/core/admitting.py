@@ -27,6 +27,8 @@ from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import may_shrink_voluntarily
 
+_W = Role.WORKER
+
 
 class _Fenwick:
     """Prefix sums over ranks: GPUs that could be taken from the job at each rank."""
@@ -204,8 +206,14 @@ class Admitter:
         (or were restored to their minimum)."""
         blocked_by: JobState | None = None
         ahead = started = 0
+        cluster = self.s.cluster
+        preempts = self.shrink_ok or self.suspend_ok
+        head_of_line = self.s.policy.admission is Admission.HEAD_OF_LINE
+        # Every waiting job the snapshot shows is visited at every plan: the loop reads
+        # what it needs once, in locals (same steps as before, without repeated lookups).
         for js in self.s.jobs if jobs is None else jobs:
-            if js.job.suspended:
+            job = js.job
+            if job.suspended:
                 if js.reason is not Reason.USER_SUSPENDED:  # else it left this cycle: said so
                     js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec"
                 continue
@@ -213,10 +221,10 @@ class Admitter:
                 self._move(js)
                 continue
             needs: dict[Role, int] | None = None
-            if js.job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
+            if job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
                 if js.workers >= js.lo:
                     continue  # needs nothing
-                gpus = (js.lo - js.workers) * js.job.worker.resources.gpu
+                gpus = (js.lo - js.workers) * job.worker.resources.gpu
             else:
                 needs = needs_of(js)
                 if not any(needs.values()):
@@ -226,30 +234,33 @@ class Admitter:
                 js.reason = Reason.WAITING_IN_LINE
                 js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
                 continue
-            if self._too_large(js, gpus):
+            classes = js.classes
+            if not (classes and gpus <= cluster.capacity_in(classes)):
+                self._too_large(js, gpus)  # says why
                 continue
-            free = self.s.cluster.free_in(js.classes)
+            free = cluster.free_in(classes)
             # ``_admit``'s own quick reject, without the call: nothing can be tried.
-            hopeless = free < gpus and (
-                not (self.shrink_ok or self.suspend_ok) or free + self._pool(js) < gpus
-            )
+            hopeless = free < gpus and (not preempts or free + self._pool(js) < gpus)
             if not hopeless:
                 if self._admit(js, needs_of(js) if needs is None else needs, gpus):
                     started += 1
                     continue
-                free = self.s.cluster.free_in(js.classes)
-            what = "to restore its minimum" if js.was_running else "for its gang"
-            js.reason = Reason.BELOW_MINIMUM if js.was_running else Reason.WAITING_FOR_CAPACITY
+                free = cluster.free_in(classes)
+            if js.live[_W]:
+                what, js.reason = "to restore its minimum", Reason.BELOW_MINIMUM
+            else:
+                what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY
             js.message = (
                 f"waiting: needs {gpus} GPUs {what} ({js.lo} workers), "
                 f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
             )
             ahead += 1
-            if self.s.policy.admission is Admission.HEAD_OF_LINE:
+            if head_of_line:
                 blocked_by = js
         return started
 
     def _too_large(self, js: JobState, gpus: int) -> bool:
+        """Whether no node ``js`` may use could ever hold its ``gpus``; says so if true."""
         capacity = self.s.cluster.capacity_in(js.classes)
         if gpus <= capacity and js.classes:
             return False

@@ -357,8 +357,12 @@ class Session:
             derived = [self._derive(job, policy, index, memo, key, varies) for job in snapshot.jobs]
             keyed = [(d.key if d.key is not None else key(d.job), d) for d in derived]
             keyed.sort(key=_first)
-            for _, d in keyed:
-                _count(used, d, 1)
+            for _, d in keyed:  # (``_count``, inlined: this path serves the controller)
+                for n, g, c, m in d.usage:
+                    u = used[n]
+                    u[0] += g
+                    u[1] += c
+                    u[2] += m
             if memo is not None:
                 memo.jobs = {id(d.job): d for d in derived}
                 steady = memo.steady
