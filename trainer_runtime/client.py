@@ -189,12 +189,15 @@ class CoordinatorClient:
         windows: Sequence[StepWindow],
         step_time_s: float,
         retry: bool = True,
+        noise: pb.GradientNoise | None = None,
     ) -> Any:
+        """Commit applied windows; `noise`, the job's gradient statistics now, rides along."""
         request = pb.CommitRequest(
             worker_id=worker_id,
             generation=generation,
             windows=[window_message(w) for w in windows],
             step_time_s=step_time_s,
+            noise=noise,
         )
         return self.calling("Commit", request, retry=retry)
 

@@ -43,6 +43,7 @@ from edl_scheduler.api.spec import (
 from edl_scheduler.api.status import (
     Condition,
     ConditionStatus,
+    GradientStatistics,
     JobPhase,
     LastResize,
     ThroughputSample,
@@ -79,6 +80,7 @@ __all__ = [
     "CoordinatorState",
     "FailurePolicy",
     "Framework",
+    "GradientStatistics",
     "JobPhase",
     "LastResize",
     "LrRule",

@@ -15,6 +15,7 @@ What must stay true:
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -25,6 +26,7 @@ from edl_scheduler.api.meta import ApiModel
 __all__ = [
     "Condition",
     "ConditionStatus",
+    "GradientStatistics",
     "JobPhase",
     "LastResize",
     "ThroughputSample",
@@ -167,6 +169,35 @@ class ThroughputSample(ApiModel):
     """Seconds per step, when known."""
 
 
+class GradientStatistics(ApiModel):
+    """The job's gradient noise as its runtime measured it last, from which the planner
+    weighs throughput by statistical efficiency (Pollux's ``init_batch``, ``grad_sqr``,
+    ``grad_var``). Kept as reported, without bounds, so that one bad report never makes the
+    whole TrainingJob unreadable: the controller checks the values when it builds the
+    planner's snapshot and drops invalid ones with a warning."""
+
+    init_batch: int
+    """The global batch the job's learning rate was set for."""
+    grad_sqr: float
+    """Squared norm of the true gradient (smoothed estimate)."""
+    grad_var: float
+    """Trace of the covariance of a gradient over ``initBatch`` samples (smoothed)."""
+    steps: int = 0
+    """Steps the estimate rests on."""
+
+    def problem(self) -> str | None:
+        """Why the planner cannot use these values (naming the field), or None."""
+        if self.init_batch < 1:
+            return f"efficiency.initBatch is {self.init_batch}: it must be >= 1"
+        values = (self.grad_sqr, self.grad_var)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+            return (
+                f"efficiency.gradSqr ({self.grad_sqr}) and gradVar ({self.grad_var}) must be "
+                "finite, >= 0 and not both 0"
+            )
+        return None
+
+
 class TrainingJobStatus(ApiModel):
     """Where the job stands. Written by the controller, read by people and the planner."""
 
@@ -204,6 +235,8 @@ class TrainingJobStatus(ApiModel):
     """GPU-seconds the job has held so far (least-attained-service ordering uses it)."""
     throughput: list[ThroughputSample] = Field(default_factory=list)
     """Measured speed by (nodes, workers), for the planner's throughput model."""
+    efficiency: GradientStatistics | None = None
+    """The gradient statistics the runtime measured last, for the planner's goodput model."""
     progress: dict[str, Any] = Field(default_factory=dict)
     """The runtime's progress report (epoch, step, ...), kept as reported."""
     restarts: int = Field(default=0, ge=0)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import grpc
 
+from edl_scheduler.api import GradientStatistics
 from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
 
 
@@ -54,6 +55,7 @@ class Progress:
     members: tuple[str, ...]
     draining: tuple[str, ...]
     throughput: tuple[SizeThroughput, ...]
+    efficiency: GradientStatistics | None = None  # the gradient statistics, once measured
 
     def as_status(self) -> dict[str, Any]:
         """The ``status.progress`` block."""
@@ -142,6 +144,14 @@ class GrpcCoordinator:
                 )
                 for t in reply.throughput
             ),
+            efficiency=GradientStatistics(
+                init_batch=int(reply.noise.init_batch),
+                grad_sqr=float(reply.noise.grad_sqr),
+                grad_var=float(reply.noise.grad_var),
+                steps=int(reply.noise.steps),
+            )
+            if reply.HasField("noise")
+            else None,
         )
 
     def snapshot(self) -> str:

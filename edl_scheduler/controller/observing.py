@@ -22,6 +22,7 @@ must stay true:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
@@ -47,10 +48,12 @@ from edl_scheduler.core import (
     TaintEffect,
 )
 from edl_scheduler.core.building import job_from_training_job
+from edl_scheduler.core.snapshot import Efficiency
 
 Obj = Mapping[str, Any]
 T = TypeVar("T")
 _FINISHED = frozenset({"Succeeded", "Failed"})
+LOG = logging.getLogger(__name__)
 
 
 def _quantity(raw: object, field_name: str, *, milli: bool) -> int:
@@ -154,6 +157,20 @@ class Observation:
     jobs: Mapping[str, TrainingJob] = field(default_factory=dict)
 
 
+def efficiency_of(tj: TrainingJob) -> Efficiency | None:
+    """The job's statistical efficiency from the gradient statistics in its status (the
+    runtime's last report), or None: none reported, or values the planner cannot use, which
+    are dropped with a warning naming the field (the job is planned on raw throughput)."""
+    stats = tj.status.efficiency
+    if stats is None:
+        return None
+    problem = stats.problem()
+    if problem is not None:
+        LOG.warning("%s: status %s; planning on raw throughput", tj.metadata.name, problem)
+        return None
+    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var)
+
+
 def resolve_priority(tj: TrainingJob, priority_classes: Mapping[str, int]) -> int:
     """spec.priority, else the value of spec.priorityClassName, else 0."""
     if tj.spec.priority is not None:
@@ -254,6 +271,8 @@ def observe(
         ordered = sorted(replicas.get(key, ()), key=lambda cr: (cr[0], cr[1].name))
         mine = tuple(r for _, r in ordered if r.node in known)
         last = tj.status.last_resize.time.timestamp() if tj.status.last_resize else None
-        jobs.append(job_from_training_job(tj, priority, mine, last))
+        job = job_from_training_job(tj, priority, mine, last)
+        efficiency = efficiency_of(tj)
+        jobs.append(job if efficiency is None else replace(job, efficiency=efficiency))
         parsed[key] = tj
     return Observation(Snapshot(node_views, tuple(jobs), reservations), rejected, parsed)

@@ -176,6 +176,8 @@ def compute_status(
             for t in progress.throughput
             if t.workers > 0
         ]
+        if progress.efficiency is not None and progress.efficiency.problem() is None:
+            status["efficiency"] = progress.efficiency.model_dump(mode="json", by_alias=True)
     elapsed = attained_due(tj.key) if phase.active else 0.0
     if elapsed > 0:
         last = float(status.get("attainedGpuSeconds", 0.0))

@@ -71,6 +71,7 @@ from edl_scheduler.local.statusing import (
     at,
     final_status,
     observed_status,
+    planned_efficiency,
     resized_status,
 )
 from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store, WorkerRow
@@ -467,6 +468,7 @@ class LocalCluster:
                         Resources(slots_per_worker(row.job), 0, 0),
                     ),
                     constraints=NO_CONSTRAINTS,
+                    efficiency=planned_efficiency(row.job.status),
                 )
             )
         keys = {j.name for j in jobs}

@@ -10,14 +10,23 @@ What must stay true:
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from edl_scheduler.api import JobPhase, LastResize, ThroughputSample, TrainingJobStatus
+from edl_scheduler.api import (
+    GradientStatistics,
+    JobPhase,
+    LastResize,
+    ThroughputSample,
+    TrainingJobStatus,
+)
 from edl_scheduler.core import Action
+from edl_scheduler.core.snapshot import Efficiency
 from edl_scheduler.local.launching import LOCAL_NODE
 from edl_scheduler.local.storing import WorkerRow
 
+LOG = logging.getLogger("edl.local")
 RESIZE_EVENTS = {
     Action.START: "Started",
     Action.GROW: "Grew",
@@ -101,6 +110,7 @@ def progress_fields(progress: Any) -> dict[str, Any]:
             "samplesPerEpoch": int(progress.samples_per_epoch),
             "finished": bool(progress.finished),
         },
+        **efficiency_fields(progress),
         "throughput": [
             ThroughputSample(
                 nodes=max(1, int(t.nodes)),
@@ -112,6 +122,37 @@ def progress_fields(progress: Any) -> dict[str, Any]:
             if t.workers > 0
         ],
     }
+
+
+def efficiency_fields(progress: Any) -> dict[str, Any]:
+    """The gradient statistics the coordinator holds, when it holds usable ones (an unusable
+    report is dropped with a warning; the status keeps the last good one)."""
+    if not progress.HasField("noise"):
+        return {}
+    stats = GradientStatistics(
+        init_batch=int(progress.noise.init_batch),
+        grad_sqr=float(progress.noise.grad_sqr),
+        grad_var=float(progress.noise.grad_var),
+        steps=int(progress.noise.steps),
+    )
+    problem = stats.problem()
+    if problem is not None:
+        LOG.warning("the coordinator's gradient statistics dropped: %s", problem)
+        return {}
+    return {"efficiency": stats}
+
+
+def planned_efficiency(status: TrainingJobStatus) -> Efficiency | None:
+    """The statistical efficiency the planner weighs the job's throughput by, from the
+    status's gradient statistics; None when none are usable (dropped with a warning)."""
+    stats = status.efficiency
+    if stats is None:
+        return None
+    problem = stats.problem()
+    if problem is not None:
+        LOG.warning("status %s; planning on raw throughput", problem)
+        return None
+    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var)
 
 
 def resized_status(

@@ -25,7 +25,7 @@ from google.protobuf.message import Message
 
 from trainer_runtime.coordinator.ledger import LedgerError
 from trainer_runtime.coordinator.membership import WorkerPhase
-from trainer_runtime.coordinator.state import CoordinatorState, FencedError
+from trainer_runtime.coordinator.state import CoordinatorState, FencedError, NoiseRecord
 from trainer_runtime.coordinator.storing import StateStore
 from trainer_runtime.protocol import METHODS, SERVICE, TOKEN_HEADER, pb
 from trainer_runtime.sharding import SampleRange, StepWindow
@@ -65,6 +65,14 @@ def windows_from(messages: Any) -> list[StepWindow]:
         StepWindow(m.step, m.epoch, tuple(SampleRange(r.start, r.stop) for r in m.ranges))
         for m in messages
     ]
+
+
+def noise_from(request: Any) -> NoiseRecord | None:
+    """The gradient statistics a commit carries, if it carries any."""
+    if not request.HasField("noise"):
+        return None
+    m = request.noise
+    return NoiseRecord(int(m.init_batch), float(m.grad_sqr), float(m.grad_var), int(m.steps))
 
 
 class CoordinatorService:
@@ -241,6 +249,7 @@ class CoordinatorService:
                 request.generation,
                 windows_from(request.windows),
                 request.step_time_s,
+                noise_from(request),
             )
             self.saving()
             return pb.CommitReply(
@@ -322,6 +331,14 @@ class CoordinatorService:
                     )
                     for t in state.throughput.values()
                 ],
+                noise=None
+                if state.noise is None
+                else pb.GradientNoise(
+                    init_batch=state.noise.init_batch,
+                    grad_sqr=state.noise.grad_sqr,
+                    grad_var=state.noise.grad_var,
+                    steps=state.noise.steps,
+                ),
             )
 
     def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:

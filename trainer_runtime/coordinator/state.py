@@ -18,6 +18,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,31 @@ class ThroughputRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class NoiseRecord:
+    """The gradient statistics rank 0 reported last (see `GradientNoise` in the proto):
+    what the planner weighs the job's throughput by. Only valid records are kept."""
+
+    init_batch: int
+    grad_sqr: float
+    grad_var: float
+    steps: int
+
+    def problem(self) -> str | None:
+        """Why the record is unusable, or None."""
+        if self.init_batch < 1:
+            return f"init_batch is {self.init_batch}: it must be >= 1"
+        values = (self.grad_sqr, self.grad_var)
+        if not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
+            return (
+                f"grad_sqr ({self.grad_sqr}) and grad_var ({self.grad_var}) must be finite, "
+                ">= 0 and not both 0"
+            )
+        if self.steps < 1:
+            return f"steps is {self.steps}: a reported estimate rests on at least one step"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationView:
     """What one worker learns when it asks for the current generation."""
 
@@ -87,6 +113,7 @@ class CoordinatorState:
     membership: Membership
     throughput: dict[tuple[int, int], ThroughputRecord] = field(default_factory=dict)
     worker_rates: dict[str, float] = field(default_factory=dict)
+    noise: NoiseRecord | None = None
 
     @classmethod
     def starting(
@@ -213,13 +240,29 @@ class CoordinatorState:
         self.ledger.adopting(trial)
 
     def committing_windows(
-        self, worker_id: str, generation: int, windows: list[StepWindow], step_time_s: float
+        self,
+        worker_id: str,
+        generation: int,
+        windows: list[StepWindow],
+        step_time_s: float,
+        noise: NoiseRecord | None = None,
     ) -> None:
         self.checking_rank0(worker_id, generation)
         fresh = [w for w in windows if w.step > self.ledger.committed_step]
         self.ledger.committing_windows(fresh)
         if fresh:
             self.recording_throughput(counting(fresh[-1].ranges), step_time_s)
+        if noise is not None:
+            self.recording_noise(noise)
+
+    def recording_noise(self, noise: NoiseRecord) -> None:
+        """Keep the latest valid gradient statistics; an invalid record is dropped with a
+        warning (the previous one stays), never refusing the commit it came with."""
+        problem = noise.problem()
+        if problem is not None:
+            LOG.warning("gradient statistics dropped: %s", problem)
+            return
+        self.noise = noise
 
     # ----- independent mode -----
 
@@ -269,6 +312,14 @@ class CoordinatorState:
                     [r.nodes, r.workers, r.samples_per_s, r.step_time_s, r.steps]
                     for r in self.throughput.values()
                 ],
+                "noise": None
+                if self.noise is None
+                else [
+                    self.noise.init_batch,
+                    self.noise.grad_sqr,
+                    self.noise.grad_var,
+                    self.noise.steps,
+                ],
             },
             sort_keys=True,
         )
@@ -284,9 +335,13 @@ class CoordinatorState:
         }
         membership = Membership.from_dict(data["membership"], now)
         membership.restoring_after_restart(now)
+        noise = data.get("noise")  # absent in states saved before it was measured
         return cls(
             mode=ConsumptionMode(data["mode"]),
             ledger=Ledger.from_dict(data["ledger"]),
             membership=membership,
             throughput=throughput,
+            noise=None
+            if noise is None
+            else NoiseRecord(int(noise[0]), float(noise[1]), float(noise[2]), int(noise[3])),
         )

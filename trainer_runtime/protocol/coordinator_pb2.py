@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trainer_runtime/protocol/coordinator.proto\x12\x12\x65\x64l.coordinator.v1\"*\n\x0bSampleRange\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x03\"q\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12&\n\x04role\x18\x04 \x01(\x0e\x32\x18.edl.coordinator.v1.Role\"#\n\rRegisterReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"!\n\x0cWatchRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"@\n\x06Notice\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\"N\n\x06Member\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x15\n\rstore_address\x18\x04 \x01(\t\"M\n\x16\x41waitGenerationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\xe8\x01\n\nGeneration\x12\x34\n\x06status\x18\x01 \x01(\x0e\x32$.edl.coordinator.v1.GenerationStatus\x12\x0e\n\x06number\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12+\n\x07members\x18\x04 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12+\n\x07servers\x18\x05 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12,\n\x08retiring\x18\x06 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\"\xb7\x01\n\nLedgerView\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x02 \x01(\x03\x12-\n\x04todo\x18\x03 \x03(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x0f\n\x07samples\x18\x05 \x01(\x03\x12\x12\n\nshard_size\x18\x06 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\"x\n\x10ReconcileRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12/\n\x07windows\x18\x04 \x03(\x0b\x32\x1e.edl.coordinator.v1.StepWindow\"Z\n\nStepWindow\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12/\n\x06ranges\x18\x03 \x03(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\"|\n\rCommitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12/\n\x07windows\x18\x03 \x03(\x0b\x32\x1e.edl.coordinator.v1.StepWindow\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\"7\n\x0b\x43ommitReply\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\"5\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"X\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12.\n\x05range\x18\x03 \x01(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\"I\n\nLeaseReply\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08\x12)\n\x06leases\x18\x02 \x03(\x0b\x32\x19.edl.coordinator.v1.Lease\"d\n\x13\x43ommitLeasesRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x11\n\tlease_ids\x18\x03 \x03(\x03\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"!\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\" \n\rTargetRequest\x12\x0f\n\x07workers\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"g\n\nThroughput\x12\r\n\x05nodes\x18\x01 \x01(\x05\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x15\n\rsamples_per_s\x18\x03 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x03\"\xb8\x02\n\x08Progress\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x04 \x01(\x03\x12\x14\n\x0csamples_done\x18\x05 \x01(\x03\x12\x19\n\x11samples_per_epoch\x18\x06 \x01(\x03\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12+\n\x07members\x18\x08 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12\x10\n\x08\x64raining\x18\t \x03(\t\x12\x32\n\nthroughput\x18\n \x03(\x0b\x32\x1e.edl.coordinator.v1.Throughput\x12+\n\x07servers\x18\x0b \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\"\x1e\n\x08Snapshot\x12\x12\n\nstate_json\x18\x01 \x01(\t*\x1e\n\x04Role\x12\n\n\x06WORKER\x10\x00\x12\n\n\x06SERVER\x10\x01*u\n\x10GenerationStatus\x12!\n\x1dGENERATION_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06MEMBER\x10\x01\x12\x0b\n\x07\x44RAINED\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x0b\n\x07PENDING\x10\x04\x12\x0c\n\x08\x46INISHED\x10\x05\x32\x84\x08\n\x0b\x43oordinator\x12R\n\x08Register\x12#.edl.coordinator.v1.RegisterRequest\x1a!.edl.coordinator.v1.RegisterReply\x12G\n\x05Watch\x12 .edl.coordinator.v1.WatchRequest\x1a\x1a.edl.coordinator.v1.Notice0\x01\x12]\n\x0f\x41waitGeneration\x12*.edl.coordinator.v1.AwaitGenerationRequest\x1a\x1e.edl.coordinator.v1.Generation\x12Q\n\tReconcile\x12$.edl.coordinator.v1.ReconcileRequest\x1a\x1e.edl.coordinator.v1.LedgerView\x12L\n\x06\x43ommit\x12!.edl.coordinator.v1.CommitRequest\x1a\x1f.edl.coordinator.v1.CommitReply\x12N\n\nLeaseShard\x12 .edl.coordinator.v1.LeaseRequest\x1a\x1e.edl.coordinator.v1.LeaseReply\x12X\n\x0c\x43ommitLeases\x12\'.edl.coordinator.v1.CommitLeasesRequest\x1a\x1f.edl.coordinator.v1.CommitReply\x12\x44\n\x05Leave\x12 .edl.coordinator.v1.LeaveRequest\x1a\x19.edl.coordinator.v1.Empty\x12G\n\nViewLedger\x12\x19.edl.coordinator.v1.Empty\x1a\x1e.edl.coordinator.v1.LedgerView\x12\x44\n\x05\x44rain\x12 .edl.coordinator.v1.DrainRequest\x1a\x19.edl.coordinator.v1.Empty\x12I\n\tSetTarget\x12!.edl.coordinator.v1.TargetRequest\x1a\x19.edl.coordinator.v1.Empty\x12\x46\n\x0bGetProgress\x12\x19.edl.coordinator.v1.Empty\x1a\x1c.edl.coordinator.v1.Progress\x12\x46\n\x0bGetSnapshot\x12\x19.edl.coordinator.v1.Empty\x1a\x1c.edl.coordinator.v1.Snapshotb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n*trainer_runtime/protocol/coordinator.proto\x12\x12\x65\x64l.coordinator.v1\"*\n\x0bSampleRange\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0c\n\x04stop\x18\x02 \x01(\x03\"q\n\x0fRegisterRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04node\x18\x02 \x01(\t\x12\x15\n\rstore_address\x18\x03 \x01(\t\x12&\n\x04role\x18\x04 \x01(\x0e\x32\x18.edl.coordinator.v1.Role\"#\n\rRegisterReply\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"!\n\x0cWatchRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"@\n\x06Notice\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x10\n\x08\x64raining\x18\x02 \x01(\x08\x12\x10\n\x08\x66inished\x18\x03 \x01(\x08\"N\n\x06Member\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0c\n\x04node\x18\x03 \x01(\t\x12\x15\n\rstore_address\x18\x04 \x01(\t\"M\n\x16\x41waitGenerationRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"\xe8\x01\n\nGeneration\x12\x34\n\x06status\x18\x01 \x01(\x0e\x32$.edl.coordinator.v1.GenerationStatus\x12\x0e\n\x06number\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12+\n\x07members\x18\x04 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12+\n\x07servers\x18\x05 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12,\n\x08retiring\x18\x06 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\"\xb7\x01\n\nLedgerView\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x02 \x01(\x03\x12-\n\x04todo\x18\x03 \x03(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\x12\x10\n\x08\x66inished\x18\x04 \x01(\x08\x12\x0f\n\x07samples\x18\x05 \x01(\x03\x12\x12\n\nshard_size\x18\x06 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x07 \x01(\x03\x12\x0c\n\x04seed\x18\x08 \x01(\x03\"x\n\x10ReconcileRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12/\n\x07windows\x18\x04 \x03(\x0b\x32\x1e.edl.coordinator.v1.StepWindow\"Z\n\nStepWindow\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12/\n\x06ranges\x18\x03 \x03(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\"\xae\x01\n\rCommitRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12/\n\x07windows\x18\x03 \x03(\x0b\x32\x1e.edl.coordinator.v1.StepWindow\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\x30\n\x05noise\x18\x05 \x01(\x0b\x32!.edl.coordinator.v1.GradientNoise\"V\n\rGradientNoise\x12\x12\n\ninit_batch\x18\x01 \x01(\x03\x12\x10\n\x08grad_sqr\x18\x02 \x01(\x01\x12\x10\n\x08grad_var\x18\x03 \x01(\x01\x12\r\n\x05steps\x18\x04 \x01(\x03\"7\n\x0b\x43ommitReply\x12\x16\n\x0e\x63ommitted_step\x18\x01 \x01(\x03\x12\x10\n\x08\x66inished\x18\x02 \x01(\x08\"5\n\x0cLeaseRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\"X\n\x05Lease\x12\x10\n\x08lease_id\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12.\n\x05range\x18\x03 \x01(\x0b\x32\x1f.edl.coordinator.v1.SampleRange\"I\n\nLeaseReply\x12\x10\n\x08\x66inished\x18\x01 \x01(\x08\x12)\n\x06leases\x18\x02 \x03(\x0b\x32\x19.edl.coordinator.v1.Lease\"d\n\x13\x43ommitLeasesRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\ngeneration\x18\x02 \x01(\x03\x12\x11\n\tlease_ids\x18\x03 \x03(\x03\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"!\n\x0c\x44rainRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\" \n\rTargetRequest\x12\x0f\n\x07workers\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"g\n\nThroughput\x12\r\n\x05nodes\x18\x01 \x01(\x05\x12\x0f\n\x07workers\x18\x02 \x01(\x05\x12\x15\n\rsamples_per_s\x18\x03 \x01(\x01\x12\x13\n\x0bstep_time_s\x18\x04 \x01(\x01\x12\r\n\x05steps\x18\x05 \x01(\x03\"\xea\x02\n\x08Progress\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05\x65poch\x18\x02 \x01(\x03\x12\x0e\n\x06\x65pochs\x18\x03 \x01(\x03\x12\x16\n\x0e\x63ommitted_step\x18\x04 \x01(\x03\x12\x14\n\x0csamples_done\x18\x05 \x01(\x03\x12\x19\n\x11samples_per_epoch\x18\x06 \x01(\x03\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12+\n\x07members\x18\x08 \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12\x10\n\x08\x64raining\x18\t \x03(\t\x12\x32\n\nthroughput\x18\n \x03(\x0b\x32\x1e.edl.coordinator.v1.Throughput\x12+\n\x07servers\x18\x0b \x03(\x0b\x32\x1a.edl.coordinator.v1.Member\x12\x30\n\x05noise\x18\x0c \x01(\x0b\x32!.edl.coordinator.v1.GradientNoise\"\x1e\n\x08Snapshot\x12\x12\n\nstate_json\x18\x01 \x01(\t*\x1e\n\x04Role\x12\n\n\x06WORKER\x10\x00\x12\n\n\x06SERVER\x10\x01*u\n\x10GenerationStatus\x12!\n\x1dGENERATION_STATUS_UNSPECIFIED\x10\x00\x12\n\n\x06MEMBER\x10\x01\x12\x0b\n\x07\x44RAINED\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x0b\n\x07PENDING\x10\x04\x12\x0c\n\x08\x46INISHED\x10\x05\x32\x84\x08\n\x0b\x43oordinator\x12R\n\x08Register\x12#.edl.coordinator.v1.RegisterRequest\x1a!.edl.coordinator.v1.RegisterReply\x12G\n\x05Watch\x12 .edl.coordinator.v1.WatchRequest\x1a\x1a.edl.coordinator.v1.Notice0\x01\x12]\n\x0f\x41waitGeneration\x12*.edl.coordinator.v1.AwaitGenerationRequest\x1a\x1e.edl.coordinator.v1.Generation\x12Q\n\tReconcile\x12$.edl.coordinator.v1.ReconcileRequest\x1a\x1e.edl.coordinator.v1.LedgerView\x12L\n\x06\x43ommit\x12!.edl.coordinator.v1.CommitRequest\x1a\x1f.edl.coordinator.v1.CommitReply\x12N\n\nLeaseShard\x12 .edl.coordinator.v1.LeaseRequest\x1a\x1e.edl.coordinator.v1.LeaseReply\x12X\n\x0c\x43ommitLeases\x12\'.edl.coordinator.v1.CommitLeasesRequest\x1a\x1f.edl.coordinator.v1.CommitReply\x12\x44\n\x05Leave\x12 .edl.coordinator.v1.LeaveRequest\x1a\x19.edl.coordinator.v1.Empty\x12G\n\nViewLedger\x12\x19.edl.coordinator.v1.Empty\x1a\x1e.edl.coordinator.v1.LedgerView\x12\x44\n\x05\x44rain\x12 .edl.coordinator.v1.DrainRequest\x1a\x19.edl.coordinator.v1.Empty\x12I\n\tSetTarget\x12!.edl.coordinator.v1.TargetRequest\x1a\x19.edl.coordinator.v1.Empty\x12\x46\n\x0bGetProgress\x12\x19.edl.coordinator.v1.Empty\x1a\x1c.edl.coordinator.v1.Progress\x12\x46\n\x0bGetSnapshot\x12\x19.edl.coordinator.v1.Empty\x1a\x1c.edl.coordinator.v1.Snapshotb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trainer_runtime.protocol.coordinator_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ROLE']._serialized_start=2227
-  _globals['_ROLE']._serialized_end=2257
-  _globals['_GENERATIONSTATUS']._serialized_start=2259
-  _globals['_GENERATIONSTATUS']._serialized_end=2376
+  _globals['_ROLE']._serialized_start=2416
+  _globals['_ROLE']._serialized_end=2446
+  _globals['_GENERATIONSTATUS']._serialized_start=2448
+  _globals['_GENERATIONSTATUS']._serialized_end=2565
   _globals['_SAMPLERANGE']._serialized_start=66
   _globals['_SAMPLERANGE']._serialized_end=108
   _globals['_REGISTERREQUEST']._serialized_start=110
@@ -57,32 +57,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECONCILEREQUEST']._serialized_end=1063
   _globals['_STEPWINDOW']._serialized_start=1065
   _globals['_STEPWINDOW']._serialized_end=1155
-  _globals['_COMMITREQUEST']._serialized_start=1157
-  _globals['_COMMITREQUEST']._serialized_end=1281
-  _globals['_COMMITREPLY']._serialized_start=1283
-  _globals['_COMMITREPLY']._serialized_end=1338
-  _globals['_LEASEREQUEST']._serialized_start=1340
-  _globals['_LEASEREQUEST']._serialized_end=1393
-  _globals['_LEASE']._serialized_start=1395
-  _globals['_LEASE']._serialized_end=1483
-  _globals['_LEASEREPLY']._serialized_start=1485
-  _globals['_LEASEREPLY']._serialized_end=1558
-  _globals['_COMMITLEASESREQUEST']._serialized_start=1560
-  _globals['_COMMITLEASESREQUEST']._serialized_end=1660
-  _globals['_LEAVEREQUEST']._serialized_start=1662
-  _globals['_LEAVEREQUEST']._serialized_end=1695
-  _globals['_DRAINREQUEST']._serialized_start=1697
-  _globals['_DRAINREQUEST']._serialized_end=1730
-  _globals['_TARGETREQUEST']._serialized_start=1732
-  _globals['_TARGETREQUEST']._serialized_end=1764
-  _globals['_EMPTY']._serialized_start=1766
-  _globals['_EMPTY']._serialized_end=1773
-  _globals['_THROUGHPUT']._serialized_start=1775
-  _globals['_THROUGHPUT']._serialized_end=1878
-  _globals['_PROGRESS']._serialized_start=1881
-  _globals['_PROGRESS']._serialized_end=2193
-  _globals['_SNAPSHOT']._serialized_start=2195
-  _globals['_SNAPSHOT']._serialized_end=2225
-  _globals['_COORDINATOR']._serialized_start=2379
-  _globals['_COORDINATOR']._serialized_end=3407
+  _globals['_COMMITREQUEST']._serialized_start=1158
+  _globals['_COMMITREQUEST']._serialized_end=1332
+  _globals['_GRADIENTNOISE']._serialized_start=1334
+  _globals['_GRADIENTNOISE']._serialized_end=1420
+  _globals['_COMMITREPLY']._serialized_start=1422
+  _globals['_COMMITREPLY']._serialized_end=1477
+  _globals['_LEASEREQUEST']._serialized_start=1479
+  _globals['_LEASEREQUEST']._serialized_end=1532
+  _globals['_LEASE']._serialized_start=1534
+  _globals['_LEASE']._serialized_end=1622
+  _globals['_LEASEREPLY']._serialized_start=1624
+  _globals['_LEASEREPLY']._serialized_end=1697
+  _globals['_COMMITLEASESREQUEST']._serialized_start=1699
+  _globals['_COMMITLEASESREQUEST']._serialized_end=1799
+  _globals['_LEAVEREQUEST']._serialized_start=1801
+  _globals['_LEAVEREQUEST']._serialized_end=1834
+  _globals['_DRAINREQUEST']._serialized_start=1836
+  _globals['_DRAINREQUEST']._serialized_end=1869
+  _globals['_TARGETREQUEST']._serialized_start=1871
+  _globals['_TARGETREQUEST']._serialized_end=1903
+  _globals['_EMPTY']._serialized_start=1905
+  _globals['_EMPTY']._serialized_end=1912
+  _globals['_THROUGHPUT']._serialized_start=1914
+  _globals['_THROUGHPUT']._serialized_end=2017
+  _globals['_PROGRESS']._serialized_start=2020
+  _globals['_PROGRESS']._serialized_end=2382
+  _globals['_SNAPSHOT']._serialized_start=2384
+  _globals['_SNAPSHOT']._serialized_end=2414
+  _globals['_COORDINATOR']._serialized_start=2568
+  _globals['_COORDINATOR']._serialized_end=3596
 # @@protoc_insertion_point(module_scope)

@@ -152,16 +152,30 @@ class StepWindow(_message.Message):
     def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[SampleRange, _Mapping[str, object]]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("worker_id", "generation", "windows", "step_time_s")
+    __slots__ = ("worker_id", "generation", "windows", "step_time_s", "noise")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     generation: int
     windows: _containers.RepeatedCompositeFieldContainer[StepWindow]
     step_time_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ...) -> None: ...
+    noise: GradientNoise
+    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ...) -> None: ...
+
+class GradientNoise(_message.Message):
+    __slots__ = ("init_batch", "grad_sqr", "grad_var", "steps")
+    INIT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    GRAD_SQR_FIELD_NUMBER: _ClassVar[int]
+    GRAD_VAR_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    init_batch: int
+    grad_sqr: float
+    grad_var: float
+    steps: int
+    def __init__(self, init_batch: _Optional[int] = ..., grad_sqr: _Optional[float] = ..., grad_var: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class CommitReply(_message.Message):
     __slots__ = ("committed_step", "finished")
@@ -246,7 +260,7 @@ class Throughput(_message.Message):
     def __init__(self, nodes: _Optional[int] = ..., workers: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput", "servers")
+    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput", "servers", "noise")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +272,7 @@ class Progress(_message.Message):
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     generation: int
     epoch: int
     epochs: int
@@ -269,7 +284,8 @@ class Progress(_message.Message):
     draining: _containers.RepeatedScalarFieldContainer[str]
     throughput: _containers.RepeatedCompositeFieldContainer[Throughput]
     servers: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
+    noise: GradientNoise
+    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("state_json",)

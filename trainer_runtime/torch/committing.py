@@ -25,7 +25,9 @@ from collections import deque
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import StepWindow
+from trainer_runtime.torch.noise import NoiseEstimate
 
 LOG = logging.getLogger(__name__)
 # Each `Commit` costs the coordinator about the same whatever its size (it checks the windows
@@ -47,6 +49,9 @@ class Committer:
         self.hurry = threading.Event()
         self.closed = False
         self.failure: CoordinatorError | None = None
+        # the job's gradient statistics now, set by the training thread (one assignment)
+        # and sent with the next batch of windows
+        self.noise: NoiseEstimate | None = None
         self.thread = threading.Thread(target=self.sending, name="edl-commit", daemon=True)
         self.thread.start()
 
@@ -73,7 +78,13 @@ class Committer:
             _, window, step_time_s = self.waiting.popleft()
             batch.append(window)
         try:
-            self.agent.client.commit(self.agent.worker_id, generation, batch, step_time_s)
+            self.agent.client.commit(
+                self.agent.worker_id,
+                generation,
+                batch,
+                step_time_s,
+                noise=noise_message(self.noise),
+            )
         except Fenced:
             LOG.info("commits of generation %d fenced; the next reconcile carries them", generation)
         except CoordinatorError as error:
@@ -94,3 +105,14 @@ class Committer:
     def closing(self) -> None:
         self.closed = True
         self.hurry.set()
+
+
+def noise_message(noise: NoiseEstimate | None) -> pb.GradientNoise | None:
+    if noise is None:
+        return None
+    return pb.GradientNoise(
+        init_batch=noise.init_batch,
+        grad_sqr=noise.grad_sqr,
+        grad_var=noise.grad_var,
+        steps=noise.steps,
+    )

@@ -43,10 +43,12 @@ from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
-from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, initial_batch
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
+from trainer_runtime.torch.measuring import NoiseMeter
+from trainer_runtime.torch.noise import NoiseEstimator
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
@@ -88,6 +90,8 @@ class ElasticSession:
         self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
         self.committer = Committer(self.agent)
+        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
+        self.meter = NoiseMeter(self.noise)
         self.step_count = 0
         self.applied: deque[StepWindow] = deque(maxlen=APPLIED_KEPT)
         self.walk: Walk | None = None
@@ -221,10 +225,12 @@ class ElasticSession:
                 "todo": [(r.start, r.stop) for r in view.todo],
                 "plan": (view.samples, view.shard_size, view.epochs, view.seed),
                 "policy": self.policy.shared_state(),
+                "noise": self.noise_state(),
             }
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.policy.adopting(sent["policy"])
+        self.noise.adopting(sent["noise"])
         self.step_count = int(sent["step"])
         self.walk = Walk(
             DatasetPlan(*sent["plan"]),
@@ -236,8 +242,17 @@ class ElasticSession:
         with warnings.catch_warnings():  # buffers were just broadcast: no sync in forward
             warnings.simplefilter("ignore", FutureWarning)
             self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
+        self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
         self.last_step_at = time.monotonic()
+
+    def noise_state(self) -> dict[str, Any]:
+        """Rank 0's gradient statistics for the generation; a job that measured nothing yet
+        takes its initial batch now (a custom policy's batch at its first size)."""
+        self.meter.folding()
+        if self.noise.steps == 0:
+            self.noise.init_batch = initial_batch(self.policy, self.world_size)
+        return self.noise.shared_state()
 
     # ----- suspension to zero workers (see `checkpointing`) -----
 
@@ -345,7 +360,10 @@ class ElasticSession:
         assert self.window is not None
         try:
             scale = self.local_samples * self.world_size / self.window_size
+            self.meter.arming(self.local_samples, scale)
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
+            if self.meter.stepped(self.window_size) and self.rank == 0:
+                self.committer.noise = self.noise.estimate()
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
         except RuntimeError as error:
