@@ -612,15 +612,15 @@ class Engine:
                             wake = at
                         break
             if elastic and run.last_resize_time is not None:
-                job = run.job
-                if run.workers < job.max_workers:
+                job, workers = run.job, len(run.replicas)
+                if workers < job.max_workers:
                     at = run.last_resize_time + policy.cooldown_s
-                    if at > now:
-                        wake = min(wake, at)
-                if run.workers > job.min_workers and run.start_time is not None:
+                    if now < at < wake:
+                        wake = at
+                if workers > job.min_workers and run.start_time is not None:
                     at = run.start_time + policy.min_run_s
-                    if at > now:
-                        wake = min(wake, at)
+                    if now < at < wake:
+                        wake = at
         if self.profiled and self.config.report_throughput:
             wake = min(wake, self._next_epoch(now))
         if policy.starvation_limit_s is not None:
