@@ -1,5 +1,8 @@
 """The gradient noise estimator: |E[g]|^2 and the gradient variance from two batch sizes.
 
+Framework-free (the PyTorch and the PaddlePaddle adapters feed it the numbers their
+allreduce measured), so that a Paddle job never imports torch.
+
 Pollux (and AdaptDL, its runtime) weighs a job's throughput by its statistical efficiency,
 which needs two numbers the job measures while it trains: ``grad_sqr`` = |G|^2, the squared
 norm of the true gradient G, and the trace sigma^2 of the covariance of one sample's
@@ -41,6 +44,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from trainer_runtime.protocol import pb
 
 DEFAULT_SMOOTHING = 0.999  # about the last thousand steps at the initial batch
 
@@ -131,3 +136,15 @@ class NoiseEstimator:
         self.biased_var = float(state["biased_var"])
         self.weight = float(state["weight"])
         self.steps = int(state["steps"])
+
+
+def noise_message(noise: NoiseEstimate | None) -> pb.GradientNoise | None:
+    """The estimate as the coordinator protocol carries it (`CommitRequest.noise`)."""
+    if noise is None:
+        return None
+    return pb.GradientNoise(
+        init_batch=noise.init_batch,
+        grad_sqr=noise.grad_sqr,
+        grad_var=noise.grad_var,
+        steps=noise.steps,
+    )

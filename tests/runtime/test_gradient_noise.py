@@ -33,10 +33,10 @@ from trainer_runtime.client import CoordinatorClient
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import CoordinatorState, NoiseRecord
 from trainer_runtime.coordinator.storing import MemoryStore
+from trainer_runtime.noise import NoiseEstimator, NoiseSample
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import DatasetPlan, Walk
 from trainer_runtime.torch.measuring import NoiseMeter
-from trainer_runtime.torch.noise import NoiseEstimator, NoiseSample
 
 from .harness import TOKEN, Cluster, waiting_for
 
@@ -151,7 +151,7 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
     meter = NoiseMeter(estimator)
     hooked = DistributedDataParallel(model)
     meter.attaching(hooked, world)
-    meter.arming(sizes[rank], scale)
+    meter.arming(sizes[rank], scale, step=0)  # step 0: a measured one
     loss_of(hooked).backward()
     measured = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     meter.stepped(sum(sizes))

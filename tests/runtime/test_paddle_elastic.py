@@ -8,6 +8,8 @@ Aspects:
 - with a fixed global batch, the final parameters of every survivor equal those of a
   fixed-size, one-process Paddle run over the same sample sequence, through a join and a
   SIGKILL (Momentum state included: it is handed to the newcomer);
+- that job reports its gradient statistics (initial batch, positive variance) in its
+  progress, the allreduce that carries them leaving the parameters exact;
 - bad input: an unreachable coordinator is a clear error within the timeout; a policy
   that cannot drive the optimizer names the fix.
 """
@@ -15,6 +17,7 @@ Aspects:
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -144,6 +147,10 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
     cluster.killing("w1")
     for name in ("w0", "w2"):
         assert cluster.waiting_exit(name, 90) == 0, cluster.log(name)[-3000:]
+    # the allreduce that carried the gradient statistics left the trained parameters exact
+    noise = client.progress().noise
+    assert noise.init_batch == batch and noise.steps >= 1, noise
+    assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
     expected = reference_parameters(samples, epochs, batch)
     for name in ("w0", "w2"):
         final = np.load(out / f"{name}.npz")

@@ -141,6 +141,18 @@ class ScaleBatch:
         self._since_resize = int(state["since_resize"])
 
 
+def initial_batch(policy: BatchPolicy, world_size: int) -> int:
+    """The global batch a job's learning rate was set for, which the gradient statistics
+    are reported against (Pollux's ``init_batch``): `KeepGlobalBatch`'s batch, `ScaleBatch`'s
+    batch at `base_workers`; for another policy, its batch at `world_size` (the size the job
+    started with)."""
+    if isinstance(policy, KeepGlobalBatch):
+        return policy.samples
+    if isinstance(policy, ScaleBatch):
+        return policy.per_worker * policy.base_workers
+    return max(1, policy.global_batch(max(1, world_size)))
+
+
 def compensating_momentum(optimizer: Any, factor: float) -> None:
     """Rescale momentum velocities so that `lr * velocity` is unchanged by a rate change."""
     import paddle

@@ -19,6 +19,7 @@ import threading
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.noise import NoiseEstimate, noise_message
 from trainer_runtime.sharding import StepWindow
 
 LOG = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ class Committer:
         self.idle.set()
         self.hurry = threading.Event()
         self.failure: BaseException | None = None
+        # the job's gradient statistics now, set by the training thread (one assignment)
+        # and sent with the next batch of windows
+        self.noise: NoiseEstimate | None = None
         self.thread = threading.Thread(target=self.sending, name="edl-commit", daemon=True)
         self.thread.start()
 
@@ -55,7 +59,13 @@ class Committer:
             generation = batch[-1][0]
             windows = [w for g, w, _ in batch if g == generation]
             try:
-                self.agent.client.commit(self.agent.worker_id, generation, windows, batch[-1][2])
+                self.agent.client.commit(
+                    self.agent.worker_id,
+                    generation,
+                    windows,
+                    batch[-1][2],
+                    noise=noise_message(self.noise),
+                )
             except Fenced:
                 LOG.info(
                     "commits of generation %d fenced; the next reconcile carries them", generation

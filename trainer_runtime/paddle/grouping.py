@@ -48,6 +48,7 @@ from paddle.base import core
 from paddle.distributed import collective
 
 from trainer_runtime.agent import Assignment
+from trainer_runtime.noise import NoiseSample
 
 # Far above the ids Paddle hands out itself (0 for the default group, then 1, 2, ...).
 GROUP_ID_BASE = 1_000_000
@@ -308,7 +309,27 @@ def buckets(tensors: Sequence[paddle.Tensor]) -> Iterator[list[paddle.Tensor]]:
         yield bucket
 
 
-def averaging_gradients(group: Group, parameters: Sequence[paddle.Tensor], stopping: bool) -> bool:
+@dataclass(slots=True)
+class NoiseProbe:
+    """Asks `averaging_gradients` to measure the gradient noise on the way (see
+    `trainer_runtime/noise.py`): this rank's samples and loss scale in, the step's
+    `NoiseSample` out (None when nothing could be measured)."""
+
+    local_samples: int
+    loss_scale: float
+    batch: int  # the step's samples, over all ranks
+    sample: NoiseSample | None = None
+
+
+MEASURED_DTYPES = (paddle.float32, paddle.float64)
+
+
+def averaging_gradients(
+    group: Group,
+    parameters: Sequence[paddle.Tensor],
+    stopping: bool,
+    probe: NoiseProbe | None = None,
+) -> bool:
     """Replace every gradient by its mean over the group, and tell whether any rank asked
     to stop at this step boundary (`stopping`).
 
@@ -316,7 +337,9 @@ def averaging_gradients(group: Group, parameters: Sequence[paddle.Tensor], stopp
     rank of a generation leaves at the same step boundary: the members learn of a new
     generation at different moments, and a rank that left alone would leave its peers
     waiting in the next collective. A parameter without a gradient this step contributes
-    zeros, so every rank runs the same collectives.
+    zeros, so every rank runs the same collectives. With a `probe` (every rank of the
+    group alike), the last bucket carries three more elements (this rank's |g_i|^2, 1/b_i
+    and 1), and each bucket's squared norm is taken before and after its allreduce.
     """
     grads: list[paddle.Tensor] = []
     asked = False
@@ -327,21 +350,53 @@ def averaging_gradients(group: Group, parameters: Sequence[paddle.Tensor], stopp
             grads.append(parameter.grad)
         scale = 1.0 / group.world_size
         cut = list(buckets(grads))
+        measuring = (
+            probe is not None and bool(cut) and all(b[0].dtype in MEASURED_DTYPES for b in cut)
+        )
+        local_sqr: list[paddle.Tensor] = []
+        global_sqr: list[paddle.Tensor] = []
+        extra = 4 if measuring else 1
         for position, bucket in enumerate(cut):
-            pieces = [g.reshape([-1]) for g in bucket]
+            flat = paddle.concat([g.reshape([-1]) for g in bucket])
             last = position == len(cut) - 1
+            if measuring:
+                local_sqr.append(paddle.dot(flat, flat))
             if last:
-                pieces.append(paddle.full([1], float(stopping), dtype=bucket[0].dtype))
-            flat = paddle.concat(pieces)
+                tail = [paddle.full([1], float(stopping), dtype=flat.dtype)]
+                if measuring:
+                    assert probe is not None
+                    tail.append(carried_scalars(probe, local_sqr, flat.dtype))
+                flat = paddle.concat([flat, *tail])
             group.all_reduce(flat)
             if last:
-                asked = bool(flat[-1:].numpy()[0] > 0)
-                flat = flat[:-1]
+                carried = flat[-extra:].numpy()
+                asked = bool(carried[0] > 0)
+                flat = flat[:-extra]
             flat.scale_(scale)
+            if measuring:
+                global_sqr.append(paddle.dot(flat, flat))
             parts = paddle.split(flat, [int(g.numel()) for g in bucket])
             for grad, part in zip(bucket, parts, strict=True):
                 grad.set_value(part.reshape(grad.shape))
+        if measuring and probe is not None:
+            probe.sample = NoiseSample(
+                local_sqr=float(carried[1]),
+                inverse_batch=float(carried[2]),
+                ranks=round(float(carried[3])),
+                global_sqr=float(paddle.add_n(global_sqr).numpy()),
+                batch=probe.batch,
+            )
     return asked
+
+
+def carried_scalars(probe: NoiseProbe, local_sqr: list[paddle.Tensor], dtype: Any) -> paddle.Tensor:
+    """This rank's |g_i|^2 (the loss scale divided out), 1/b_i and 1; zeros for a rank
+    whose slice is a stand-in sample."""
+    if probe.loss_scale <= 0 or probe.local_samples <= 0:
+        return paddle.zeros([3], dtype=dtype)
+    local = paddle.add_n(local_sqr).reshape([1]) / (probe.loss_scale * probe.loss_scale)
+    rest = paddle.to_tensor([1.0 / probe.local_samples, 1.0], dtype=dtype)
+    return paddle.concat([local.astype(dtype), rest])
 
 
 def broadcasting_object(group: Group, value: Any) -> Any:

@@ -40,10 +40,12 @@ from paddle.io.dataloader.collate import default_collate_fn
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch
+from trainer_runtime.noise import NoiseEstimator
+from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch, initial_batch
 from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
+    NoiseProbe,
     StoreHost,
     averaging_gradients,
     broadcasting_state,
@@ -79,6 +81,7 @@ class ElasticSession:
         self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
         self.committer = Committer(self.agent)
+        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.group: Group | None = None
         self.retired: list[Group] = []
         self.assignment: Assignment | None = None  # the generation formed or being formed
@@ -212,6 +215,7 @@ class ElasticSession:
         if sent is None:
             raise Fenced(f"rank 0 abandoned generation {group.generation}")
         self.policy.adopting(sent["policy"])
+        self.noise.adopting(sent["noise"])
         self.step_count = int(sent["step"])
         self.walk = Walk(
             DatasetPlan(*sent["plan"]),
@@ -237,7 +241,15 @@ class ElasticSession:
             "todo": [(r.start, r.stop) for r in view.todo],
             "plan": (view.samples, view.shard_size, view.epochs, view.seed),
             "policy": self.policy.shared_state(),
+            "noise": self.noise_state(group.world_size),
         }
+
+    def noise_state(self, world_size: int) -> dict[str, Any]:
+        """Rank 0's gradient statistics for the generation; a job that measured nothing yet
+        takes its initial batch now (a custom policy's batch at its first size)."""
+        if self.noise.steps == 0:
+            self.noise.init_batch = initial_batch(self.policy, world_size)
+        return self.noise.shared_state()
 
     # ----- steps -----
 
@@ -285,7 +297,12 @@ class ElasticSession:
         (loss if scale == 1.0 else loss * scale).backward()
         try:
             # every rank leaves at the boundary where any of them saw a change
-            asked = averaging_gradients(self.group, self.parameters, self.agent.changed())
+            probe = (
+                NoiseProbe(self.local_samples, scale, self.window_size)
+                if self.world_size >= 2
+                else None
+            )
+            asked = averaging_gradients(self.group, self.parameters, self.agent.changed(), probe)
         except (RuntimeError, OSError, ValueError) as error:  # a peer died or went silent
             LOG.info("step %d failed (%s): re-forming", self.window.step, error)
             self.optimizer.clear_grad()
@@ -298,6 +315,8 @@ class ElasticSession:
         self.applied.append(self.window)
         self.leaving_generation = asked
         now = time.monotonic()
+        if probe is not None and probe.sample is not None and self.noise.observing(probe.sample):
+            self.committer.noise = self.noise.estimate() if self.group.rank == 0 else None
         if self.group.rank == 0:
             self.committer.enqueue(self.group.generation, self.window, now - self.last_step_at)
         self.last_step_at = now

@@ -25,9 +25,8 @@ from collections import deque
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
-from trainer_runtime.protocol import pb
+from trainer_runtime.noise import NoiseEstimate, noise_message
 from trainer_runtime.sharding import StepWindow
-from trainer_runtime.torch.noise import NoiseEstimate
 
 LOG = logging.getLogger(__name__)
 # Each `Commit` costs the coordinator about the same whatever its size (it checks the windows
@@ -105,14 +104,3 @@ class Committer:
     def closing(self) -> None:
         self.closed = True
         self.hurry.set()
-
-
-def noise_message(noise: NoiseEstimate | None) -> pb.GradientNoise | None:
-    if noise is None:
-        return None
-    return pb.GradientNoise(
-        init_batch=noise.init_batch,
-        grad_sqr=noise.grad_sqr,
-        grad_var=noise.grad_var,
-        steps=noise.steps,
-    )

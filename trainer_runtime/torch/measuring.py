@@ -11,7 +11,8 @@ and, on the way:
 - after it, adds the averaged bucket's squared norm.
 After backward, `stepped` turns those into one `NoiseSample` for the estimator; the numbers
 stay tensors until `folding` reads them, at most every `FOLD_EVERY_S` (one device sync
-then, not one per step).
+then, not one per step). One step in `MEASURE_EVERY` is measured; the others pass through
+a plain allreduce.
 
 The session scales each rank's loss by ``b_i * n / B`` (so that DDP's average is the mean
 over the step's samples); the meter divides that factor out to get g_i. A rank whose slice
@@ -33,11 +34,15 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import GradBucket
 
-from trainer_runtime.torch.noise import NoiseEstimator, NoiseSample
+from trainer_runtime.noise import NoiseEstimator, NoiseSample
 
 FOLD_EVERY_S = 0.5
 PENDING_MAX = 256  # steps kept as tensors before a fold, whatever the time
 EXTRA = 3  # scalars carried by the last bucket: sum |g_i|^2, sum 1/b_i, ranks measured
+# One step in MEASURE_EVERY is measured (chosen by the step's number, so every rank of a
+# group measures the same steps): a measured step costs a few small tensor operations on
+# the training thread, which on a tiny model is a tenth of its step (benchmarks/step_overhead).
+MEASURE_EVERY = 4
 MEASURED_DTYPES = (torch.float32, torch.float64)
 
 
@@ -53,6 +58,7 @@ class NoiseMeter:
         self.local_parts: list[torch.Tensor] = []
         self.global_parts: list[torch.Tensor] = []
         self.carried: torch.Tensor | None = None
+        self.constants: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self.pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self.folded_at = time.monotonic()
 
@@ -62,16 +68,23 @@ class NoiseMeter:
         self.pending.clear()  # tensors of the old group's steps were folded or are moot
         ddp.register_comm_hook(None, self.hook)
 
-    def arming(self, local_samples: int, scale: float) -> None:
-        """Called before each backward: this rank's samples and loss scale this step."""
-        self.local_samples, self.scale = local_samples, scale
-        self.measuring = self.world_size >= 2
-        self.local_parts, self.global_parts, self.carried = [], [], None
+    def arming(self, local_samples: int, scale: float, step: int) -> None:
+        """Called before each backward: this rank's samples and loss scale at `step` (the
+        step's number, the same on every rank)."""
+        self.measuring = self.world_size >= 2 and step % MEASURE_EVERY == 0
+        if self.measuring:
+            self.local_samples, self.scale = local_samples, scale
+            self.local_parts, self.global_parts, self.carried = [], [], None
 
     def hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
         """DDP's communication hook (its allreduce, measured on the way)."""
         buffer = bucket.buffer()
-        measured = self.measuring and buffer.dtype in MEASURED_DTYPES
+        if not self.measuring:
+            plain: torch.futures.Future[Any] = dist.all_reduce(
+                buffer.div_(self.world_size), async_op=True
+            ).get_future()
+            return plain.then(first_value)
+        measured = buffer.dtype in MEASURED_DTYPES
         if measured:
             self.local_parts.append(torch.dot(buffer, buffer))
         buffer.div_(self.world_size)
@@ -86,11 +99,15 @@ class NoiseMeter:
         """This rank's three scalars: |g_i|^2, 1/b_i, 1 (zeros for a stand-in rank)."""
         if self.scale <= 0 or self.local_samples <= 0:
             return torch.zeros(EXTRA, dtype=buffer.dtype, device=buffer.device)
-        local = torch.stack(self.local_parts).sum() / (self.scale * self.scale)
-        rest = torch.tensor(
-            [1.0 / self.local_samples, 1.0], dtype=buffer.dtype, device=buffer.device
-        )
-        return torch.cat([local.reshape(1).to(buffer.dtype), rest])
+        local = sum(self.local_parts[1:], self.local_parts[0]) * (1.0 / (self.scale * self.scale))
+        key = (self.local_samples, buffer.dtype, buffer.device)
+        rest = self.constants.get(key)
+        if rest is None:  # the same few local batch sizes come back: made once each
+            rest = torch.tensor(
+                [1.0 / self.local_samples, 1.0], dtype=buffer.dtype, device=buffer.device
+            )
+            self.constants[key] = rest
+        return torch.cat([local.reshape(1), rest])
 
     def receiving(self, future: "torch.futures.Future[Any]") -> torch.Tensor:
         reduced: torch.Tensor = future.value()[0]
@@ -107,8 +124,11 @@ class NoiseMeter:
     def stepped(self, batch: int) -> bool:
         """After backward: keep this step's numbers (tensors) for the next fold; whether
         it folded (the estimate changed)."""
+        if not self.measuring:
+            return False
         if self.carried is not None and self.global_parts:
-            self.pending.append((self.carried, torch.stack(self.global_parts).sum(), batch))
+            total = sum(self.global_parts[1:], self.global_parts[0])
+            self.pending.append((self.carried, total, batch))
         self.local_parts, self.global_parts, self.carried = [], [], None
         if self.pending and (
             len(self.pending) >= PENDING_MAX or time.monotonic() - self.folded_at > FOLD_EVERY_S

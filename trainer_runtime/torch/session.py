@@ -42,13 +42,13 @@ from torch.utils.data import TensorDataset, default_collate
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, initial_batch
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
 from trainer_runtime.torch.measuring import NoiseMeter
-from trainer_runtime.torch.noise import NoiseEstimator
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
@@ -360,7 +360,7 @@ class ElasticSession:
         assert self.window is not None
         try:
             scale = self.local_samples * self.world_size / self.window_size
-            self.meter.arming(self.local_samples, scale)
+            self.meter.arming(self.local_samples, scale, self.window.step)
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
             if self.meter.stepped(self.window_size) and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
