@@ -414,6 +414,7 @@ class Engine:
             replicas=replicas,
             start_time=run.start_time,
             last_resize_time=run.last_resize_time,
+            resizes=run.resizes + run.preemptions,
             attained_gpu_seconds=run.attained_at(now),
             throughput=samples,
             efficiency=efficiency,

@@ -241,6 +241,9 @@ class TrainingJobStatus(ApiModel):
     """The runtime's progress report (epoch, step, ...), kept as reported."""
     restarts: int = Field(default=0, ge=0)
     """Worker failures so far, compared with failurePolicy.maxRestarts."""
+    resizes: int = Field(default=0, ge=0)
+    """How often the planner changed the job's size since submission (one per lastResize);
+    the planner charges a move of a job moved often more."""
 
     def condition(self, type_: str) -> Condition | None:
         """The condition of the given type, if the controller has set one."""

@@ -271,7 +271,7 @@ def observe(
         ordered = sorted(replicas.get(key, ()), key=lambda cr: (cr[0], cr[1].name))
         mine = tuple(r for _, r in ordered if r.node in known)
         last = tj.status.last_resize.time.timestamp() if tj.status.last_resize else None
-        job = job_from_training_job(tj, priority, mine, last)
+        job = replace(job_from_training_job(tj, priority, mine, last), resizes=tj.status.resizes)
         efficiency = efficiency_of(tj)
         jobs.append(job if efficiency is None else replace(job, efficiency=efficiency))
         parsed[key] = tj

@@ -158,6 +158,7 @@ def compute_status(
             "to": decision.workers.target,
             "reason": decision.reason.value,
         }
+        status["resizes"] = int(status.get("resizes", 0)) + 1
     status["restarts"] = cycle.restarts
     if view.priority is not None:
         status["priority"] = view.priority

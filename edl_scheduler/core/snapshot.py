@@ -193,6 +193,9 @@ class Job:
     ``suspended`` is the user's ``spec.suspend``: such a job gets no replicas.
     ``start_time`` is when its current run began (None while pending), ``last_resize_time``
     when its size last changed; both drive the cool-down and minimum-run rules.
+    ``resizes`` counts how often the job's allocation changed since submission (resizes,
+    preemptions and restarts alike): rebalancing charges a move by it, as Pollux charges its
+    restarts, so a job moved often needs a larger gain to be moved again. It is never negative.
     ``efficiency``, where the runtime reports it, turns the measured throughput into goodput
     (progress per second) for the planner's model (``throughput.job_model``).
     """
@@ -209,9 +212,17 @@ class Job:
     suspended: bool = False
     start_time: float | None = None
     last_resize_time: float | None = None
+    resizes: int = 0
     attained_gpu_seconds: float = 0.0
     throughput: tuple[ThroughputSample, ...] = ()
     efficiency: Efficiency | None = None
+
+    def __post_init__(self) -> None:
+        if self.resizes < 0:
+            raise ValueError(
+                f"job {self.name}: resizes is {self.resizes}: it counts the job's resizes "
+                "since submission and must be >= 0"
+            )
 
     def role_spec(self, role: Role) -> RoleSpec | None:
         return self.worker if role is Role.WORKER else self.pserver

@@ -469,6 +469,8 @@ class LocalCluster:
                     ),
                     constraints=NO_CONSTRAINTS,
                     efficiency=planned_efficiency(row.job.status),
+                    # Resizes and preemptions recorded (a start is from 0 workers).
+                    resizes=sum(1 for r in self.store.resizes(row.key) if r.from_replicas > 0),
                 )
             )
         keys = {j.name for j in jobs}
