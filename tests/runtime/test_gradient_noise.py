@@ -4,9 +4,9 @@ Aspects:
 - the estimator, fed synthetic gradients of a known mean and per-sample variance (even and
   uneven local batches), converges to |G|^2 and sigma^2 / init_batch within a tolerance;
   one rank, non-finite numbers and a one-sample step are skipped; its state round-trips;
-- the DDP hook on a real two-process gloo group: the gradients DDP applies are those of
-  plain DDP, and the carried scalars are exactly each rank's |g_i|^2, 1/b_i and |g|^2
-  computed by hand;
+- the meter on a real two-process gloo group: a measured step's gradients, which it
+  averages itself, and an unmeasured step's (DDP's) are those of plain DDP, and the carried
+  scalars are exactly each rank's |g_i|^2, 1/b_i and |g|^2 computed by hand;
 - the coordinator keeps the latest valid statistics (an invalid report is dropped with a
   warning, the commit still lands), saves and restores them, and GetProgress returns them;
 - a two-worker gloo job under the test harness reports them: its progress carries the
@@ -132,8 +132,9 @@ class RecordingEstimator(NoiseEstimator):
 
 
 def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
-    """A rank of a two-process group: a linear model trained one step with the meter's
-    hook and one step with plain DDP, from the same parameters, on uneven local batches."""
+    """A rank of a two-process group: a linear model's gradients of one measured step
+    (averaged by the meter) and of one plain DDP step, from the same parameters, on uneven
+    local batches; then a step the meter leaves to DDP (not measured, averaged the same)."""
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = nn.Linear(6, 3).double()
@@ -149,13 +150,19 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
 
     estimator = RecordingEstimator(10)
     meter = NoiseMeter(estimator)
-    hooked = DistributedDataParallel(model)
-    meter.attaching(hooked, world)
-    meter.arming(sizes[rank], scale, step=0)  # step 0: a measured one
-    loss_of(hooked).backward()
+    measuring = DistributedDataParallel(model)
+    meter.attaching(measuring, world)
+    meter.arming(step=0)  # step 0: a measured one
+    loss_of(measuring).backward()
+    meter.averaging(sizes[rank], scale, sum(sizes))
     measured = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    meter.stepped(sum(sizes))
     meter.folding()
+    for p in model.parameters():
+        p.grad = None
+    meter.arming(step=1)  # not measured: DDP averages, the meter adds nothing
+    loss_of(measuring).backward()
+    assert not meter.averaging(sizes[rank], scale, sum(sizes))
+    unmeasured = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     (sample,) = estimator.samples
     local = torch.autograd.grad(nn.functional.mse_loss(model(x), y), list(model.parameters()))
     for p in model.parameters():
@@ -166,8 +173,10 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
     result = {
         "same_gradients": all(
             torch.allclose(a, b, rtol=0, atol=1e-12)
-            for a, b in zip(measured, reference, strict=True)
+            for grads in (measured, unmeasured)
+            for a, b in zip(grads, reference, strict=True)
         ),
+        "samples_seen": len(estimator.samples),
         "local_sqr": sum(float((g * g).sum()) for g in local),
         "global_sqr_by_hand": sum(float((g * g).sum()) for g in reference),
         "carried": [sample.local_sqr, sample.inverse_batch, sample.ranks],
@@ -178,7 +187,7 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
-def test_the_hook_keeps_ddp_gradients_and_measures_exactly(tmp_path: Path) -> None:
+def test_the_meter_keeps_ddp_gradients_and_measures_exactly(tmp_path: Path) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     mp.start_processes(
         hooked_rank,
@@ -192,6 +201,7 @@ def test_the_hook_keeps_ddp_gradients_and_measures_exactly(tmp_path: Path) -> No
         assert result["same_gradients"]
         assert result["global_sqr"] == pytest.approx(result["global_sqr_by_hand"], rel=1e-9)
         assert result["batch"] == 10
+        assert result["samples_seen"] == 1  # the unmeasured step fed nothing
         local_sum, inverse_sum, counted = result["carried"]
         assert local_sum == pytest.approx(ranks[0]["local_sqr"] + ranks[1]["local_sqr"], rel=1e-9)
         assert inverse_sum == pytest.approx(1 / 3 + 1 / 7, rel=1e-12)
@@ -262,7 +272,7 @@ def test_two_gloo_workers_report_their_gradient_statistics(cluster: Cluster) -> 
     samples, batch = 960, 12
     cluster.starting_coordinator(
         "--samples", str(samples), "--shard-size", "10", "--epochs", "1",
-        "--join-window-s", "0.3", "--lease-timeout-s", "15",
+        "--join-window-s", "60", "--lease-timeout-s", "15",
     )  # fmt: skip
     out = cluster.root / "out"
     args = [
@@ -270,6 +280,7 @@ def test_two_gloo_workers_report_their_gradient_statistics(cluster: Cluster) -> 
         "--step-sleep-s", "0.02", "--out", str(out),
     ]  # fmt: skip
     client = cluster.client()
+    client.set_target(2)  # one generation of both (one worker alone measures nothing)
     try:
         for name in ("w0", "w1"):
             cluster.starting_worker(name, args)

@@ -357,16 +357,18 @@ def averaging_gradients(
         global_sqr: list[paddle.Tensor] = []
         extra = 4 if measuring else 1
         for position, bucket in enumerate(cut):
-            flat = paddle.concat([g.reshape([-1]) for g in bucket])
+            pieces = [g.reshape([-1]) for g in bucket]
             last = position == len(cut) - 1
             if measuring:
-                local_sqr.append(paddle.dot(flat, flat))
+                body = paddle.concat(pieces)
+                local_sqr.append(paddle.dot(body, body))
+                pieces = [body]
             if last:
-                tail = [paddle.full([1], float(stopping), dtype=flat.dtype)]
+                pieces.append(paddle.full([1], float(stopping), dtype=bucket[0].dtype))
                 if measuring:
                     assert probe is not None
-                    tail.append(carried_scalars(probe, local_sqr, flat.dtype))
-                flat = paddle.concat([flat, *tail])
+                    pieces.append(carried_scalars(probe, local_sqr, bucket[0].dtype))
+            flat = pieces[0] if len(pieces) == 1 and measuring else paddle.concat(pieces)
             group.all_reduce(flat)
             if last:
                 carried = flat[-extra:].numpy()
@@ -383,7 +385,7 @@ def averaging_gradients(
                 local_sqr=float(carried[1]),
                 inverse_batch=float(carried[2]),
                 ranks=round(float(carried[3])),
-                global_sqr=float(paddle.add_n(global_sqr).numpy()),
+                global_sqr=float(paddle.add_n(global_sqr).numpy().sum()),
                 batch=probe.batch,
             )
     return asked

@@ -1,137 +1,112 @@
-"""Reading each rank's local gradient inside DistributedDataParallel's allreduce.
+"""Reading each rank's local gradient before it is averaged, one step in `MEASURE_EVERY`.
 
-DDP averages the gradient bucket by bucket while backward runs; its communication hook
-sees each bucket's local gradient just before the allreduce. `NoiseMeter.hook` replaces
-DDP's allreduce with the same allreduce (a sum of the buffer divided by the world size)
-and, on the way:
-- before it, adds the bucket's local squared norm (one `dot` over the buffer);
-- on the last bucket of the step, appends three scalars to the buffer it sends (this rank's
-  |g_i|^2, 1/b_i and 1, summed by the same allreduce: no extra collective, one copy of
-  that bucket);
-- after it, adds the averaged bucket's squared norm.
-After backward, `stepped` turns those into one `NoiseSample` for the estimator; the numbers
-stay tensors until `folding` reads them, at most every `FOLD_EVERY_S` (one device sync
-then, not one per step). One step in `MEASURE_EVERY` is measured; the others pass through
-a plain allreduce.
+Most steps are plain DistributedDataParallel steps: its own C++ allreduce, overlapped with
+backward, nothing added. On a measured step (chosen by the step's number, so every rank of
+a group measures the same steps) `arming` turns DDP's gradient sync off for that forward
+and backward (what `DistributedDataParallel.no_sync` does), and `averaging` then does the
+averaging itself, in one allreduce:
+- the local gradients are copied into one flat buffer with three more elements (this
+  rank's |g_i|^2, 1/b_i and 1), whose sum over the ranks is what the estimator needs, so
+  the statistics ride in the gradient's own allreduce (no extra collective);
+- the buffer is summed over the group and divided by the world size (DDP's average), its
+  squared norm taken, and copied back into the gradients.
+The per-step numbers stay tensors until `folding` reads them, at most every
+`FOLD_EVERY_S` (one device sync then, not one per step).
 
-The session scales each rank's loss by ``b_i * n / B`` (so that DDP's average is the mean
+The session scales each rank's loss by ``b_i * n / B`` (so that the average is the mean
 over the step's samples); the meter divides that factor out to get g_i. A rank whose slice
-is a stand-in sample (loss weighted 0) sends zeros and is not counted. Buckets in a reduced
-precision (float16, bfloat16) are averaged as DDP would and not measured: three scalars in
-half precision would lose the estimate.
+is a stand-in sample (loss weighted 0) sends zeros and is not counted. A model with
+gradients in a reduced precision (float16, bfloat16) or of mixed dtypes is never measured:
+three scalars in half precision would lose the estimate.
 
-What must stay true: the gradients DDP applies are exactly those of its own allreduce hook
-(sum, divided by the world size); a failed step leaves nothing behind (`arming` starts every
-step afresh); the meter never blocks the training thread on the device except in `folding`.
+What must stay true: every step's gradients are averaged exactly once, by DDP or by
+`averaging` (a measured step's are the sum over the ranks divided by the world size, as
+DDP's); every rank of a generation measures the same steps (its collectives must match);
+the meter never blocks the training thread on the device except in `folding`.
 """
 
-# No `from __future__ import annotations` here: DDP checks that a hook's `bucket` parameter
-# is annotated with the GradBucket class itself, not a string.
+from __future__ import annotations
+
 import time
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import GradBucket
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer_runtime.noise import NoiseEstimator, NoiseSample
 
 FOLD_EVERY_S = 0.5
 PENDING_MAX = 256  # steps kept as tensors before a fold, whatever the time
-EXTRA = 3  # scalars carried by the last bucket: sum |g_i|^2, sum 1/b_i, ranks measured
-# One step in MEASURE_EVERY is measured (chosen by the step's number, so every rank of a
-# group measures the same steps): a measured step costs a few small tensor operations on
-# the training thread, which on a tiny model is a tenth of its step (benchmarks/step_overhead).
-MEASURE_EVERY = 4
+EAGER_STEPS = 4  # measured steps folded one by one at the start (a job's first estimate)
+EXTRA = 3  # scalars carried with the gradients: sum |g_i|^2, sum 1/b_i, ranks measured
+# A measured step copies the gradients in and out of one buffer and gives up DDP's overlap
+# of communication with backward: one step in eight keeps that under about 1% of the step
+# time on a small model (benchmarks/step_overhead.py), and still measures a thousand steps
+# in an epoch of eight thousand.
+MEASURE_EVERY = 8
 MEASURED_DTYPES = (torch.float32, torch.float64)
 
 
 class NoiseMeter:
-    """A DDP communication hook that measures gradient noise (see the module docstring)."""
+    """Measures gradient noise on some steps of a DDP group (see the module docstring)."""
 
     def __init__(self, estimator: NoiseEstimator) -> None:
         self.estimator = estimator
+        self.ddp: DistributedDataParallel | None = None
+        self.parameters: list[torch.nn.Parameter] = []
         self.world_size = 1
-        self.scale = 1.0  # this rank's loss scale this step (0: a stand-in sample)
-        self.local_samples = 0
+        self.able = False
         self.measuring = False
-        self.local_parts: list[torch.Tensor] = []
-        self.global_parts: list[torch.Tensor] = []
-        self.carried: torch.Tensor | None = None
-        self.constants: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
         self.pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self.folded_at = time.monotonic()
 
-    def attaching(self, ddp: torch.nn.parallel.DistributedDataParallel, world_size: int) -> None:
-        """Become `ddp`'s allreduce (a new DDP object each generation)."""
-        self.world_size = world_size
+    def attaching(self, ddp: DistributedDataParallel, world_size: int) -> None:
+        """Measure the steps of `ddp` (a new DDP object each generation)."""
+        self.ddp, self.world_size = ddp, world_size
+        self.parameters = [p for p in ddp.module.parameters() if p.requires_grad]
+        dtypes = {p.dtype for p in self.parameters}
+        self.able = world_size >= 2 and len(dtypes) == 1 and dtypes <= set(MEASURED_DTYPES)
+        self.measuring = False
         self.pending.clear()  # tensors of the old group's steps were folded or are moot
-        ddp.register_comm_hook(None, self.hook)
 
-    def arming(self, local_samples: int, scale: float, step: int) -> None:
-        """Called before each backward: this rank's samples and loss scale at `step` (the
-        step's number, the same on every rank)."""
-        self.measuring = self.world_size >= 2 and step % MEASURE_EVERY == 0
-        if self.measuring:
-            self.local_samples, self.scale = local_samples, scale
-            self.local_parts, self.global_parts, self.carried = [], [], None
+    def arming(self, step: int) -> None:
+        """Before the step's forward: whether DDP averages this step's gradients itself."""
+        measuring = self.able and step % MEASURE_EVERY == 0
+        if measuring != self.measuring and self.ddp is not None:
+            self.ddp.require_backward_grad_sync = not measuring
+        self.measuring = measuring
 
-    def hook(self, state: Any, bucket: GradBucket) -> torch.futures.Future[torch.Tensor]:
-        """DDP's communication hook (its allreduce, measured on the way)."""
-        buffer = bucket.buffer()
-        if not self.measuring:
-            plain: torch.futures.Future[Any] = dist.all_reduce(
-                buffer.div_(self.world_size), async_op=True
-            ).get_future()
-            return plain.then(first_value)
-        measured = buffer.dtype in MEASURED_DTYPES
-        if measured:
-            self.local_parts.append(torch.dot(buffer, buffer))
-        buffer.div_(self.world_size)
-        if measured and bucket.is_last():
-            sent = torch.cat([buffer, self.carrying(buffer)])
-            last: torch.futures.Future[Any] = dist.all_reduce(sent, async_op=True).get_future()
-            return last.then(self.receiving_last)
-        future: torch.futures.Future[Any] = dist.all_reduce(buffer, async_op=True).get_future()
-        return future.then(self.receiving if measured else first_value)
-
-    def carrying(self, buffer: torch.Tensor) -> torch.Tensor:
-        """This rank's three scalars: |g_i|^2, 1/b_i, 1 (zeros for a stand-in rank)."""
-        if self.scale <= 0 or self.local_samples <= 0:
-            return torch.zeros(EXTRA, dtype=buffer.dtype, device=buffer.device)
-        local = sum(self.local_parts[1:], self.local_parts[0]) * (1.0 / (self.scale * self.scale))
-        key = (self.local_samples, buffer.dtype, buffer.device)
-        rest = self.constants.get(key)
-        if rest is None:  # the same few local batch sizes come back: made once each
-            rest = torch.tensor(
-                [1.0 / self.local_samples, 1.0], dtype=buffer.dtype, device=buffer.device
-            )
-            self.constants[key] = rest
-        return torch.cat([local.reshape(1), rest])
-
-    def receiving(self, future: "torch.futures.Future[Any]") -> torch.Tensor:
-        reduced: torch.Tensor = future.value()[0]
-        self.global_parts.append(torch.dot(reduced, reduced))
-        return reduced
-
-    def receiving_last(self, future: "torch.futures.Future[Any]") -> torch.Tensor:
-        sent: torch.Tensor = future.value()[0]
-        self.carried = sent[-EXTRA:]
-        reduced = sent[:-EXTRA]
-        self.global_parts.append(torch.dot(reduced, reduced))
-        return reduced
-
-    def stepped(self, batch: int) -> bool:
-        """After backward: keep this step's numbers (tensors) for the next fold; whether
-        it folded (the estimate changed)."""
+    def averaging(self, local_samples: int, scale: float, batch: int) -> bool:
+        """After the backward of a measured step: average the gradients over the group in
+        one allreduce that carries the statistics; whether the estimate changed (a fold).
+        Nothing to do on another step (DDP averaged it)."""
         if not self.measuring:
             return False
-        if self.carried is not None and self.global_parts:
-            total = sum(self.global_parts[1:], self.global_parts[0])
-            self.pending.append((self.carried, total, batch))
-        self.local_parts, self.global_parts, self.carried = [], [], None
-        if self.pending and (
-            len(self.pending) >= PENDING_MAX or time.monotonic() - self.folded_at > FOLD_EVERY_S
+        grads = []
+        for parameter in self.parameters:
+            if parameter.grad is None:  # every rank sends the same layout
+                parameter.grad = torch.zeros_like(parameter)
+            grads.append(parameter.grad)
+        reference = grads[0]
+        tail = torch.zeros(EXTRA, dtype=reference.dtype, device=reference.device)
+        flat = torch.cat([*(g.reshape(-1) for g in grads), tail])
+        body = flat[:-EXTRA]
+        if scale > 0 and local_samples > 0:
+            flat[-EXTRA] = torch.dot(body, body) / (scale * scale)
+            flat[-2] = 1.0 / local_samples
+            flat[-1] = 1.0
+        dist.all_reduce(flat)
+        body.div_(self.world_size)
+        self.pending.append((flat[-EXTRA:].clone(), torch.dot(body, body), batch))
+        offset = 0
+        for grad in grads:
+            count = grad.numel()
+            grad.copy_(body[offset : offset + count].view_as(grad))
+            offset += count
+        if (
+            self.estimator.steps < EAGER_STEPS  # the first estimates go out at once
+            or len(self.pending) >= PENDING_MAX
+            or time.monotonic() - self.folded_at > FOLD_EVERY_S
         ):
             self.folding()
             return True
@@ -151,9 +126,3 @@ class NoiseMeter:
             self.estimator.observing(
                 NoiseSample(local_sqr, inverse_batch, round(ranks), global_sqr, batch)
             )
-
-
-def first_value(future: "torch.futures.Future[Any]") -> torch.Tensor:
-    """An allreduce future's one tensor, as DDP's own hook returns it."""
-    value: torch.Tensor = future.value()[0]
-    return value

@@ -347,6 +347,7 @@ class ElasticSession:
                 first = window.ranges[0].start
                 mine = [SampleRange(first, first + 1)]
             self.stepped = False
+            self.meter.arming(window.step)  # before the forward: who averages this step
             yield self.fetching(mine)
 
     def step(self, loss: torch.Tensor) -> None:
@@ -360,9 +361,8 @@ class ElasticSession:
         assert self.window is not None
         try:
             scale = self.local_samples * self.world_size / self.window_size
-            self.meter.arming(self.local_samples, scale, self.window.step)
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
-            if self.meter.stepped(self.window_size) and self.rank == 0:
+            if self.meter.averaging(self.local_samples, scale, self.window_size) and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
