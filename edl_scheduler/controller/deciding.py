@@ -29,8 +29,10 @@ The rules, per job, in order:
    (after the Secret and Service exist: ``actuating`` holds them back otherwise): a replica
    started before its coordinator listens retries its registration until it does, and
    waiting for the coordinator's first answer before creating them added a cycle, the pod
-   creation and a process start to every admission. A replica that fails while its
-   job's coordinator has not answered is not charged (rule 4): it could not have run.
+   creation and a process start to every admission. Only while the coordinator's pod is
+   younger than ``COORDINATOR_START_S``: past it, new replicas wait for its first answer.
+   A replica that fails while its job's coordinator has not answered is not charged
+   (rule 4): it could not have run.
 7. The status: phase along ``JobPhase``'s diagram, size, allocation, conditions, reason,
    progress and throughput; written only when it changed.
 """
@@ -192,6 +194,13 @@ def _output_size(out: Decisions) -> tuple[int, ...]:
         len(c.completed_s),
     )
 
+
+#: How long after its coordinator's pod was created a job's new replicas may start before it
+#: answers. Within it they are created with it and retry their registration until it
+#: listens (a whole admission saved); past it, new replicas wait for its first answer, so a
+#: coordinator that never comes up costs one batch of uncharged failures (each replica
+#: gives up after its EDL_TIMEOUT_S, 30 s by default), not a replacement loop.
+COORDINATOR_START_S = 15.0
 
 _ACTIVE = frozenset(p.value for p in JobPhase if p.active)
 _FINAL = frozenset(p.value for p in JobPhase if p.final)
@@ -518,7 +527,9 @@ def _act(
     alive = _coordinator_alive(view, cycle.removed)
     placed = [] if cycle.deferred else adds  # where the plan puts new replicas now
     adds = []
-    if placed and not _reserve(tj, placed, nodes):
+    if placed and alive and not view.coordinator_ready and not _starting(view, cycle.now):
+        _wait(cycle, placed, "its coordinator to answer")
+    elif placed and not _reserve(tj, placed, nodes):
         _wait(cycle, placed, "leaving replicas to go")
     else:
         adds = placed
@@ -570,6 +581,13 @@ def _act(
         # generation as soon as that many have joined, not after its join window.
         cycle.out.intents.append(SetTarget(tj.key, decision.workers.target))
     decision_events(cycle, decision)
+
+
+def _starting(view: JobView, now: float) -> bool:
+    """Whether the job's coordinator pod is young enough that replicas may start beside it
+    before it answers (``COORDINATOR_START_S``)."""
+    created = timestamp_of(meta_of(view.coordinator or {}).get("creationTimestamp"))
+    return created is not None and now - created < COORDINATOR_START_S
 
 
 def _wait(cycle: JobCycle, placed: list[tuple[Role, str]], what: str) -> None:

@@ -46,7 +46,7 @@ from edl_scheduler.controller.intents import (
     SetTarget,
 )
 from edl_scheduler.controller.observing import observe
-from edl_scheduler.controller.podstate import group_pods, step_toward
+from edl_scheduler.controller.podstate import group_pods, iso_time, step_toward
 from edl_scheduler.core import (
     Action,
     JobDecision,
@@ -112,6 +112,13 @@ def coordinator(job: str = "j", port: int = 21000, phase: str = "Running") -> di
         f"{job}-coordinator", job, "coordinator", phase=phase,
         meta={"annotations": {"edl.dev/coordinator-port": str(port)}},
     )  # fmt: skip
+
+
+def young_coordinator(phase: str = "Running") -> dict[str, Any]:
+    """A coordinator whose pod was created 5 s before ``NOW``."""
+    found = coordinator(phase=phase)
+    found["metadata"]["creationTimestamp"] = iso_time(NOW - 5)
+    return found
 
 
 def names() -> Any:
@@ -186,8 +193,8 @@ def test_workers_start_with_their_coordinator_and_wait_only_for_room() -> None:
     body = job_body()
     start = Plan(NOW, (decision(Action.START, 0, 2, add=("n0", "n1")),))
     cases = [
-        ([coordinator(phase="Pending")], False),  # not running yet
-        ([coordinator()], False),  # running, not answering yet
+        ([young_coordinator(phase="Pending")], False),  # not running yet
+        ([young_coordinator()], False),  # running, not answering yet
         ([coordinator(phase="Failed")], True),  # ended: replaced, its answer is void
         ([], True),  # none yet
     ]
@@ -197,6 +204,14 @@ def test_workers_start_with_their_coordinator_and_wait_only_for_room() -> None:
         # Behind the Secret and Service only when this cycle ensures them.
         assert [c.job for c in of(CreatePod, out.intents)] == ["ns/j" if replaced else ""] * 2
         assert of(SetTarget, out.intents) == []  # not asked before it answers
+    # A coordinator that has not answered long after its pod was created: new workers wait
+    # for its answer (else each batch would fail, uncharged, and be replaced, forever).
+    old = decide({"ns/j": view(body, [coordinator()])}, start, CONFIG, NOW, names())
+    assert of(CreatePod, old.intents) == [] and of(CreateCoordinator, old.intents) == []
+    message = of(PatchStatus, old.intents)[0].status["message"]
+    assert message.endswith("waiting for its coordinator to answer")
+    answered = view(body, [coordinator()], coordinator_ready=True)
+    assert len(of(CreatePod, decide({"ns/j": answered}, start, CONFIG, NOW, names()).intents)) == 2
     # The room still held by leaving replicas: the coordinator, no workers yet.
     full = NodeStates(
         frozenset({"n0", "n1"}), frozenset(), {"n0": Resources(), "n1": Resources(gpu=1)}
