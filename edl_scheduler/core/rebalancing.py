@@ -22,6 +22,11 @@ step does the same, greedily, one worker at a time, within the planner's rules:
   of the two jobs not yet resized in this step, what its pause costs in the objective
   (``resize_pause_s / speedup``: the progress lost while it pauses, as a lower speed-up over
   the horizon). Only moves of positive value are made, best first.
+- Re-allocation charge (as Pollux): a job's speed-up at a changed allocation counts only by
+  ``stability.restart_factor``, ``(age - resizes x pause) / (age + pause)``, so a job moved
+  often, or one that started moments ago, is moved only for a large gain; without it, every
+  arrival and epoch change after a cool-down produced moves that paid one pause, and some
+  jobs were resized hundreds of times.
 - Stability (invariant 7, ``stability``): a donor must be allowed a voluntary shrink (its
   minimum run and cool-down are over); a recipient must be past its cool-down, and its whole
   growth must pay its pause (``worth_the_pause``), the rule growth obeys.
@@ -47,7 +52,12 @@ from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
-from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, worth_the_pause
+from edl_scheduler.core.stability import (
+    cooling_until,
+    may_shrink_voluntarily,
+    restart_factor,
+    worth_the_pause,
+)
 from edl_scheduler.core.throughput import ThroughputModel, job_model
 
 _W = Role.WORKER
@@ -68,6 +78,7 @@ class _Member:
 
     __slots__ = (
         "donor",
+        "factor",
         "js",
         "limit",
         "model",
@@ -84,6 +95,8 @@ class _Member:
         self.model: ThroughputModel = job_model(js.job)
         self.nodes0 = max(1, js.node_count(session.cluster))
         self.workers0 = js.size()
+        #: Share of a changed allocation's speed-up that counts (``restart_factor``).
+        self.factor = restart_factor(session, js)
         self.limit = explored_limit(js)
         self.donor = donor
         self.recipient = recipient
@@ -97,7 +110,10 @@ class _Member:
 
     def utility(self, nodes: int, workers: int) -> float:
         """What the job's speed-up is worth in the objective: ``-1 / speedup``."""
+        nodes = max(1, nodes)
         up = self.speedup(nodes, workers)
+        if workers != self.workers0 or nodes != self.nodes0:
+            up *= self.factor  # a changed allocation: charged as Pollux charges restarts
         return -1.0 / up if up > 0 else float("-inf")
 
 
@@ -300,7 +316,7 @@ class Rebalancer:
         """The recipient's whole growth in this step pays for its pause (``stability``)."""
         before = r.model.throughput(r.nodes0, r.workers0)
         after = r.model.throughput(max(1, r.js.node_count(self.s.cluster)), r.js.size())
-        gain = after / before - 1.0 if before > 0 else float("inf")
+        gain = r.factor * after / before - 1.0 if before > 0 else float("inf")
         return worth_the_pause(self.s, gain)
 
     def _record(self, d: _Member, r: _Member) -> None:

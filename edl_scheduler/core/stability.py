@@ -45,6 +45,23 @@ def resize_gain(js: JobState, nodes: tuple[int, int], workers: tuple[int, int]) 
     return after / before - 1.0 if before > 0 else float("inf")
 
 
+def restart_factor(session: Session, js: JobState) -> float:
+    """Pollux's re-allocation charge: what share of a changed allocation's speed-up counts,
+    ``(age - resizes * pause) / (age + pause)`` (0 at least), with ``age`` the time since the
+    job's run began (since submission while it waits) and ``pause`` the policy's resize
+    pause. A job moved often, or a young one, must gain much more to be moved again; one
+    that ran long and was rarely moved pays little. 1 where resizes cost nothing. Rebalancing
+    charges its moves by it; growth into idle GPUs, which takes nothing from another job, is
+    not charged (charging it too left the Pollux-workload means where they were)."""
+    delay = session.policy.resize_pause_s
+    if delay <= 0:
+        return 1.0
+    job = js.job
+    since = job.start_time if job.start_time is not None else job.submit_time
+    age = max(0.0, session.now - since)
+    return max(0.0, age - job.resizes * delay) / (age + delay)
+
+
 def worth_the_pause(session: Session, gain: float) -> bool:
     """A resize pays when the progress it adds over the horizon exceeds the pause."""
     policy = session.policy

@@ -34,7 +34,7 @@ from edl_scheduler.core import (
     preset,
 )
 from edl_scheduler.core.policy import with_overrides
-from tests.core.builders import job, node, nodes, snapshot
+from tests.core.builders import JobBuilder, job, node, nodes, snapshot
 
 EDL = preset("edl")
 
@@ -613,3 +613,37 @@ def test_a_running_job_suspended_by_its_user_gives_up_every_replica_for_others()
     assert paused.workers.target == 0 and len(paused.workers.remove) == 4
     assert p.decision("next").action is Action.START
     assert plan(apply_plan(snap, p), EDL, 1000.0).is_empty
+
+
+def _with_resizes(snap: Snapshot, name: str, resizes: int) -> Snapshot:
+    jobs = tuple(replace(j, resizes=resizes) if j.name == name else j for j in snap.jobs)
+    return replace(snap, jobs=jobs)
+
+
+def test_a_job_resized_often_is_not_moved_for_a_gain_a_fresh_one_gets() -> None:
+    """Rebalancing charges a move as Pollux charges restarts: the speed-up at a changed
+    allocation counts by (age - resizes x pause) / (age + pause). Two jobs of one near-linear
+    curve at 5 and 3 workers: the fresh pair moves one worker (fairness), but not when either
+    side has been resized 50 times in its 1,000 s (half of its speed-up would count), nor when
+    a younger job has been resized as often as an older one that still moves."""
+
+    def same(name: str) -> JobBuilder:
+        return job(name).min(1).max(8).measured(1, 1, 100.0).measured(1, 4, 380.0)
+
+    snap = snapshot(nodes(1), [same("a").running(("n0", 5)), same("b").running(("n0", 3))])
+    assert sizes(run(snap)) == {"a": 4, "b": 4}
+    assert run(_with_resizes(snap, "b", 50)).is_empty  # the recipient was moved often
+    assert run(_with_resizes(snap, "a", 50)).is_empty  # the donor was moved often
+    assert sizes(run(_with_resizes(snap, "b", 2))) == {"a": 4, "b": 4}  # a few: still pays
+    # Age counts: five resizes in 1,000 s still pay for the move, five in 700 s do not.
+    old = snapshot(nodes(1), [same("a").running(("n0", 5)), same("b").running(("n0", 3))])
+    young = snapshot(
+        nodes(1), [same("a").running(("n0", 5)), same("b").started(300.0).running(("n0", 3))]
+    )
+    assert sizes(run(_with_resizes(old, "b", 5))) == {"a": 4, "b": 4}
+    assert run(_with_resizes(young, "b", 5)).is_empty
+
+
+def test_a_negative_resize_count_is_refused_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match="resizes is -1"):
+        replace(job("a").build(), resizes=-1)
