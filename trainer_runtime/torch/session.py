@@ -12,6 +12,11 @@ reconciles the ledger and broadcasts rank 0's state, then goes on. A rank whose 
 step is empty (more ranks than samples in the step) gets one stand-in sample whose loss is
 weighted 0, so that every rank takes part in every allreduce.
 
+One step in `measuring.MEASURE_EVERY` also measures the job's gradient noise (the local
+gradients are averaged by the session's meter instead of DDP, in one allreduce that carries
+the statistics); rank 0 sends the estimate with its commits, for the planner's goodput
+model (see `trainer_runtime/noise.py`).
+
 Exactly-once: a generation walks the todo list in order (every rank cuts the same windows);
 rank 0 commits each applied step's window in the background; a step whose collective fails
 is not applied, the group re-forms, and the new rank 0 reconciles the coordinator's ledger
