@@ -68,10 +68,15 @@ def test_high_priority_job_preempts_gracefully_and_low_grows_back(
     cluster.create_job(pooled(training_job("low", NS, max_replicas=4, priority=10), "pre"))
 
     def filled() -> bool:
+        # Running, and its coordinator answering (its progress in the status): workers are
+        # created beside a coordinator still starting, and a victim not yet Running when the
+        # high job comes is deleted at once instead of drained.
         settle(cluster, NS)
-        return len(live_workers(cluster, NS, "low")) == 4
+        workers = live_workers(cluster, NS, "low")
+        running = len(workers) == 4 and all(p.status.phase == "Running" for p in workers)
+        return running and "progress" in cluster.job(NS, "low").get("status", {})
 
-    eventually(filled, 30, "the low-priority job to fill the pool")
+    eventually(filled, 30, "the low-priority job to fill the pool, its coordinator answering")
     cluster.create_job(
         pooled(training_job("high", NS, min_replicas=2, max_replicas=2, priority=100), "pre")
     )
