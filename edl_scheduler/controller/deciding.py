@@ -451,6 +451,7 @@ def _suspend(cycle: JobCycle) -> None:
             "to": 0,
             "reason": "UserSuspended",
         }
+        cycle.status["resizes"] = int(cycle.status.get("resizes", 0)) + 1
 
 
 def _replace_finished(cycle: JobCycle) -> None:

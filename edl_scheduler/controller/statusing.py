@@ -158,7 +158,8 @@ def compute_status(
             "to": decision.workers.target,
             "reason": decision.reason.value,
         }
-        status["resizes"] = int(status.get("resizes", 0)) + 1
+        if decision.workers.current > 0:  # a start from 0 is not a resize (as simulated)
+            status["resizes"] = int(status.get("resizes", 0)) + 1
     status["restarts"] = cycle.restarts
     if view.priority is not None:
         status["priority"] = view.priority

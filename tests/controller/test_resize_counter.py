@@ -2,8 +2,9 @@
 
 Aspects:
 - each decision that changes the size, where ``lastResize`` is written, adds one to the
-  count the status held (a status without one starts at 0); a cycle that changes nothing
-  keeps it;
+  count the status held (a status without one starts at 0), as does a suspension by
+  ``spec.suspend``; a start from 0 workers is not a resize (as the simulator counts); a
+  cycle that changes nothing keeps it;
 - observing puts the count on the snapshot's job (``Job.resizes``), 0 where the status has
   none; a negative count is refused by the status schema, naming the field.
 """
@@ -39,6 +40,16 @@ def test_each_resize_adds_one_to_the_status_count() -> None:
     assert status["resizes"] == 5 and status["lastResize"]["to"] == 1
     fresh = job_body(max_r=3, phase="Running", startTime="2027-01-01T00:00:02Z")
     assert written(fresh, shrink, pods)["resizes"] == 1
+
+
+def test_a_start_from_zero_is_not_counted_and_a_suspension_is() -> None:
+    start = decision(Action.START, 0, 2, add=("n0", "n1"))
+    status = written(job_body(resizes=3), start, [])  # its coordinator created with it
+    assert status["resizes"] == 3 and status["lastResize"]["from"] == 0
+    body = job_body(phase="Running", startTime="2027-01-01T00:00:02Z", resizes=3)
+    body["spec"]["suspend"] = True
+    suspended = written(body, decision(Action.KEEP, 1, 1), [pod("a"), coordinator()])
+    assert suspended["resizes"] == 4 and suspended["lastResize"]["reason"] == "UserSuspended"
 
 
 def test_a_cycle_that_changes_nothing_keeps_the_count() -> None:
