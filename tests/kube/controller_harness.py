@@ -50,12 +50,26 @@ def eventually(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 def ensure_namespace(api: KubeAPI, name: str) -> None:
+    """The namespace, once pods can be created in it: the API server refuses a pod (500, "No
+    API token found for service account") until the controller manager has given the
+    namespace's default ServiceAccount its token, a moment after the namespace exists."""
     core = kubernetes.client.CoreV1Api(api.api_client)
     try:
         core.create_namespace({"metadata": {"name": name}})
     except ApiException as error:
         if error.status != 409:
             raise
+
+    def token_given() -> bool:
+        try:
+            account = core.read_namespaced_service_account("default", name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            return False
+        return bool(account.secrets)
+
+    eventually(token_given, 30, f"the default ServiceAccount of {name} to get its token")
 
 
 def apply_crd(api: KubeAPI) -> None:

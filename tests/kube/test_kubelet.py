@@ -32,6 +32,7 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
+from .controller_harness import ensure_namespace
 from .kubelet import MiniKubelet
 from .nodes import create_node
 from .testenv import KubeAPI
@@ -56,7 +57,7 @@ def core(kube_api: KubeAPI, kubelet: MiniKubelet) -> kubernetes.client.CoreV1Api
     """A namespace and a node served by the session's kubelet; the node starts with the
     not-ready taint that admission adds, as a freshly registered node has."""
     api = kubernetes.client.CoreV1Api(kube_api.api_client)
-    api.create_namespace({"metadata": {"name": NAMESPACE}})
+    ensure_namespace(kube_api, NAMESPACE)
     create_node(
         kube_api.api_client,
         NODE,

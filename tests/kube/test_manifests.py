@@ -49,7 +49,7 @@ from edl_scheduler.controller.app import main as controller_main
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.core.building import policy_from_config
 
-from .controller_harness import running_controller, training_job
+from .controller_harness import ensure_namespace, running_controller, training_job
 from .kubelet import running_kubelet
 from .nodes import create_node
 from .testenv import REPO, KubeAPI, running_control_plane
@@ -429,7 +429,7 @@ def test_controller_runs_a_job_as_the_account(
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     as_account = dataclasses.replace(cluster, kubeconfig=tmp_path / "kubeconfig")
     core = kubernetes.client.CoreV1Api(cluster.api_client)
-    core.create_namespace({"metadata": {"name": "rbac-job"}})
+    ensure_namespace(cluster, "rbac-job")
     create_node(cluster.api_client, "rbac-node", gpus=2)
     objects = kubernetes.client.CustomObjectsApi(cluster.api_client)
     job = training_job("tiny", "rbac-job", min_replicas=1, max_replicas=2, samples=200)

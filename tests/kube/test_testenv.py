@@ -23,6 +23,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
+from .controller_harness import ensure_namespace
 from .nodes import GPU, create_node
 from .testenv import REPO, KubeAPI, ensure_binaries, running_control_plane
 
@@ -41,15 +42,6 @@ def eventually(check: Callable[[], bool], timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.1)
-
-
-def ensure_namespace(api: KubeAPI, name: str) -> None:
-    core = kubernetes.client.CoreV1Api(api.api_client)
-    try:
-        core.create_namespace({"metadata": {"name": name}})
-    except ApiException as error:
-        if error.status != 409:
-            raise
 
 
 @pytest.fixture(scope="module")
