@@ -21,9 +21,8 @@ What must stay true: time never goes back; a job runs at its trace duration when
 its requested size without pauses; the same workload, config and policy give the same
 result (no clock, no unseeded randomness, no dependence on dict or set order).
 
-Progress is kept lazily: a job's remaining work and attained GPU-time are brought up to date
-only when its size changes or the snapshot needs them, so an instant costs time in the number
-of jobs it touches, not in the number running.
+Progress is kept lazily (``runs``): an instant costs time in the number of jobs it touches,
+not in the number running.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from edl_scheduler.core import (
     Action,
@@ -56,6 +55,7 @@ from edl_scheduler.core import (
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.pruning import visible
+from simulations.runs import Run
 from simulations.workload import ClusterSpec, SimJob
 
 _INF = math.inf
@@ -121,95 +121,6 @@ class SimResult:
     plan_wall_s: float
 
 
-@dataclass(slots=True, eq=False)
-class _Run:
-    """The engine's mutable state of one submitted job."""
-
-    job: SimJob
-    index: int
-    total: float
-    done: float = 0.0
-    replicas: list[Replica] = field(default_factory=list)
-    placement: tuple[int, ...] = ()
-    rate: float = 0.0
-    last: float = 0.0
-    paused_until: float = 0.0
-    attained: float = 0.0
-    start_time: float | None = None
-    first_start: float | None = None
-    last_resize_time: float | None = None
-    resizes: int = 0
-    preemptions: int = 0
-    version: int = 0
-    serial: int = 0
-    samples: dict[tuple[int, int], ThroughputSample] = field(default_factory=dict)
-    cached: Job | None = None
-    #: Under LAS queues (the incremental path): ``cached`` stays right while the job's
-    #: attained GPU-time is in ``[queue_low, queue_high)``, the thresholds around the
-    #: attained GPU-time it was built with (so its queue is the same); empty until built.
-    queue_low: float = _INF
-    queue_high: float = -_INF
-    #: ``ordering.sort_key`` of ``cached``, where the policy's key does not depend on
-    #: ``now`` (pruning reads it at every plan).
-    rank_key: tuple[float | str, ...] = ()
-    #: What this job adds to the engine's useful-GPU tally now (0 while paused).
-    useful: float = 0.0
-
-    @property
-    def workers(self) -> int:
-        return len(self.replicas)
-
-    def attained_at(self, now: float) -> float:
-        return self.attained + self.workers * (now - self.last)
-
-    def advance(self, now: float) -> None:
-        if self.workers:
-            self.attained += self.workers * (now - self.last)
-            begin = max(self.last, self.paused_until)
-            if now > begin:
-                self._train(now - begin)
-        self.last = now
-
-    def _train(self, seconds: float) -> None:
-        profile = self.job.profile
-        if profile is None:
-            self.done = min(self.total, self.done + self.rate * seconds)
-            return
-        while seconds > 0 and self.done < self.total:
-            rate = profile.rate(self.placement, self.done)
-            if rate <= 0:
-                return
-            edge = min(profile.horizon(self.done), self.total)
-            need = (edge - self.done) / rate
-            if need >= seconds:
-                self.done += rate * seconds
-                return
-            self.done, seconds = edge, seconds - need
-
-    def finish_time(self) -> float:
-        if not self.workers or self.rate <= 0:
-            return _INF
-        at = max(self.last, self.paused_until)
-        profile = self.job.profile
-        if profile is None:
-            return at + (self.total - self.done) / self.rate
-        done = self.done
-        while done < self.total:
-            rate = profile.rate(self.placement, done)
-            if rate <= 0:
-                return _INF
-            edge = min(profile.horizon(done), self.total)
-            at += (edge - done) / rate
-            done = edge
-        return at
-
-    def useful_now(self) -> float:
-        profile = self.job.profile
-        if profile is None:
-            return self.job.useful_gpus(self.workers)
-        return profile.useful(self.placement, self.done)
-
-
 # Event kinds, in the order they are handled at one instant.
 _COMPLETE, _PAUSE_END = 0, 1
 
@@ -237,8 +148,8 @@ class Engine:
             Node(f"node-{i}", Resources(gpu=cluster.gpus_per_node)) for i in range(cluster.nodes)
         )
         self.node_of = {n.name: i for i, n in enumerate(self.nodes)}
-        self.active: dict[str, _Run] = {}
-        self.running: dict[str, _Run] = {}
+        self.active: dict[str, Run] = {}
+        self.running: dict[str, Run] = {}
         self.records: list[JobRecord] = []
         self.events: list[tuple[float, int, int, int, str]] = []
         self.seq = 0
@@ -257,7 +168,7 @@ class Engine:
         self.queue_only = config.incremental and policy.ordering is Ordering.LAS_QUEUES
         self.memo = PlanMemo() if config.incremental else None
         #: The policy's rank key where it does not depend on ``now``: kept per snapshot Job
-        #: (``_Run.rank_key``) for pruning, on the incremental path.
+        #: (``Run.rank_key``) for pruning, on the incremental path.
         self.fixed_key = (
             sort_key(policy, 0.0) if config.incremental and not key_varies(policy) else None
         )
@@ -266,17 +177,17 @@ class Engine:
 
     # -- events -----------------------------------------------------------------------------
 
-    def _push(self, at: float, kind: int, run: _Run) -> None:
+    def _push(self, at: float, kind: int, run: Run) -> None:
         self.seq += 1
         heapq.heappush(self.events, (at, kind, self.seq, run.version, run.job.name))
 
-    def _schedule_completion(self, run: _Run) -> None:
+    def _schedule_completion(self, run: Run) -> None:
         run.version += 1
         at = run.finish_time()
         if at < _INF:
             self._push(at, _COMPLETE, run)
 
-    def _set_useful(self, run: _Run, value: float) -> None:
+    def _set_useful(self, run: Run, value: float) -> None:
         self.useful += value - run.useful
         run.useful = value
 
@@ -316,7 +227,7 @@ class Engine:
             # 3. arrivals
             while next_arrival < n and jobs[next_arrival].submit_time <= now:
                 job = jobs[next_arrival]
-                self.active[job.name] = _Run(job, next_arrival, job.work, last=now)
+                self.active[job.name] = Run(job, next_arrival, job.work, last=now)
                 arrived.append(job.name)
                 next_arrival += 1
                 dirty = True
@@ -352,7 +263,7 @@ class Engine:
             self.plan_wall,
         )
 
-    def _complete(self, run: _Run, now: float) -> None:
+    def _complete(self, run: Run, now: float) -> None:
         run.advance(now)
         self.allocated -= run.workers
         self._set_useful(run, 0.0)
@@ -360,7 +271,7 @@ class Engine:
         del self.active[run.job.name]
         self.records.append(self._record(run, now))
 
-    def _record(self, run: _Run, end: float | None) -> JobRecord:
+    def _record(self, run: Run, end: float | None) -> JobRecord:
         job = run.job
         return JobRecord(
             job.name,
@@ -378,7 +289,7 @@ class Engine:
 
     # -- planning ---------------------------------------------------------------------------
 
-    def _snapshot_job(self, run: _Run, now: float) -> Job:
+    def _snapshot_job(self, run: Run, now: float) -> Job:
         """The job as the planner sees it now. The Job is cached until ``_apply`` changes the
         job (the only place its replicas, samples and times change); where the ranking reads
         attained GPU-time, a running job's Job is rebuilt at every plan, reusing the cached
@@ -429,7 +340,7 @@ class Engine:
             run.queue_high = min((t for t in thresholds if t > got), default=_INF)
         return built
 
-    def _efficiency(self, run: _Run) -> Efficiency | None:
+    def _efficiency(self, run: Run) -> Efficiency | None:
         """A profiled job's statistical efficiency now, once it has measured anything."""
         profile = run.job.profile
         if profile is None or not run.samples:
@@ -537,7 +448,7 @@ class Engine:
                     wake = min(wake, at)
         return wake
 
-    def _apply(self, run: _Run, decision: JobDecision, now: float) -> None:
+    def _apply(self, run: Run, decision: JobDecision, now: float) -> None:
         action, change = decision.action, decision.workers
         run.advance(now)
         self.allocated -= run.workers
