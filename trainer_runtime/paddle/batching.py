@@ -1,156 +1,59 @@
-"""What happens to the batch size and the learning rate of a Paddle job when it is resized.
+"""The batch policies of a Paddle job: `trainer_runtime.batching`'s, acting on a Paddle
+optimizer.
 
-The same two policies as the PyTorch adapter (`trainer_runtime.torch.batching`), with the
-same meaning and the same shared state, acting on a Paddle optimizer:
-- `KeepGlobalBatch(B)`: every step consumes B samples whatever the world size; each rank
-  takes its slice of the step's window.
-- `ScaleBatch(per_worker, base_lr, ...)`: the global batch is `per_worker * world_size`;
-  the learning rate follows the linear or square-root rule, reached linearly over
-  `warmup_steps` steps after each resize; with momentum compensation the `velocity`
-  accumulators of `paddle.optimizer.Momentum` are rescaled by `old_lr / new_lr` whenever
-  the rate changes (Paddle's update is `p -= lr * v`, so `lr * v` stays unchanged).
+The rules (batch size, learning-rate rule and warm-up, shared state) are framework-free and
+live in `trainer_runtime.batching`, the same as the PyTorch adapter's; here is only how a
+Paddle optimizer's rate is read (`get_lr`) and set (`set_lr`), and how its momentum is
+compensated: the `velocity` accumulators of `paddle.optimizer.Momentum` are rescaled by
+`old_lr / new_lr` (Paddle's update is `p -= lr * v`, so `lr * v` stays unchanged).
 
-What must stay true: the batch size is a pure function of the world size; a policy
-touches only the optimizer's learning rate and velocity; every rank of a generation holds
-the same policy state (rank 0 sends `shared_state()` with the model).
+What must stay true: a policy touches only the optimizer's learning rate and velocity; a
+`ScaleBatch` refuses an optimizer whose rate a Paddle `LRScheduler` owns.
 """
 
 from __future__ import annotations
 
-import enum
-import math
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from trainer_runtime import batching
+from trainer_runtime.batching import KeepGlobalBatch, LrRule, initial_batch
+
+__all__ = [
+    "VELOCITY",
+    "BatchPolicy",
+    "KeepGlobalBatch",
+    "LrRule",
+    "ScaleBatch",
+    "compensating_momentum",
+    "initial_batch",
+]
 
 VELOCITY = "velocity"
 
-
-class BatchPolicy(Protocol):
-    def global_batch(self, world_size: int) -> int: ...
-
-    def adjusting(self, optimizer: Any, world_size: int) -> None:
-        """Called before every optimizer step."""
-
-    def shared_state(self) -> dict[str, Any]:
-        """What rank 0 sends to every member when a generation forms."""
-
-    def adopting(self, state: dict[str, Any]) -> None:
-        """Take rank 0's `shared_state()`."""
-
-
-class LrRule(enum.Enum):
-    """How the learning rate follows the global batch (no transitions: chosen per job)."""
-
-    LINEAR = "linear"
-    SQRT = "sqrt"
+#: A batch policy for a Paddle optimizer (`KeepGlobalBatch`, `ScaleBatch` or a job's own).
+BatchPolicy: TypeAlias = batching.BatchPolicy[Any]
 
 
 @dataclass(slots=True)
-class KeepGlobalBatch:
-    """Every step consumes `samples` samples, split among the ranks."""
+class ScaleBatch(batching.ScaleBatch[Any]):
+    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
+    (`trainer_runtime.batching.ScaleBatch`). The optimizer's learning rate must be a float
+    (a Paddle `LRScheduler` owns the rate itself: use `KeepGlobalBatch`)."""
 
-    samples: int
-
-    def __post_init__(self) -> None:
-        if self.samples <= 0:
-            raise ValueError("KeepGlobalBatch.samples: the global batch holds at least 1 sample")
-
-    def global_batch(self, world_size: int) -> int:
-        return self.samples
-
-    def adjusting(self, optimizer: Any, world_size: int) -> None:
-        return None
-
-    def shared_state(self) -> dict[str, Any]:
-        return {}
-
-    def adopting(self, state: dict[str, Any]) -> None:
-        return None
-
-
-@dataclass(slots=True)
-class ScaleBatch:
-    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`.
-
-    The job's first size takes its rate at once; every later resize ramps from the rate in
-    force to the new target over `warmup_steps` steps. The optimizer's learning rate must
-    be a float (a Paddle `LRScheduler` owns the rate itself: use `KeepGlobalBatch`).
-    """
-
-    per_worker: int
-    base_lr: float
-    base_workers: int = 1
-    warmup_steps: int = 0
-    momentum_compensation: bool = True
-    rule: LrRule = LrRule.LINEAR
-    _world_size: int = field(default=0, init=False)
-    _from_lr: float = field(default=0.0, init=False)
-    _since_resize: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.per_worker <= 0:
-            raise ValueError("ScaleBatch.per_worker must be positive")
-        if self.base_workers <= 0:
-            raise ValueError("ScaleBatch.base_workers must be positive")
-        if self.warmup_steps < 0:
-            raise ValueError("ScaleBatch.warmup_steps cannot be negative")
-
-    def global_batch(self, world_size: int) -> int:
-        return self.per_worker * world_size
-
-    def target_lr(self, world_size: int) -> float:
-        ratio = world_size / self.base_workers
-        return self.base_lr * (math.sqrt(ratio) if self.rule is LrRule.SQRT else ratio)
-
-    def current_lr(self) -> float:
-        target = self.target_lr(self._world_size)
-        if self.warmup_steps <= 0 or self._since_resize >= self.warmup_steps:
-            return target
-        fraction = (self._since_resize + 1) / self.warmup_steps
-        return self._from_lr + fraction * (target - self._from_lr)
-
-    def adjusting(self, optimizer: Any, world_size: int) -> None:
+    def read_lr(self, optimizer: Any) -> float:
         if not isinstance(optimizer._learning_rate, float | int):
             raise TypeError(
                 "ScaleBatch sets the learning rate itself: give the optimizer a float "
                 "learning_rate, not an LRScheduler"
             )
-        old_lr = float(optimizer.get_lr())
-        if world_size != self._world_size:
-            self._from_lr = old_lr if self._world_size else self.target_lr(world_size)
-            self._world_size = world_size
-            self._since_resize = 0
-        new_lr = self.current_lr()
-        self._since_resize += 1
-        if new_lr == old_lr:
-            return
-        optimizer.set_lr(new_lr)
-        if self.momentum_compensation and new_lr > 0:
-            compensating_momentum(optimizer, old_lr / new_lr)
+        return float(optimizer.get_lr())
 
-    def shared_state(self) -> dict[str, Any]:
-        return {
-            "world_size": self._world_size,
-            "from_lr": self._from_lr,
-            "since_resize": self._since_resize,
-        }
+    def set_lr(self, optimizer: Any, lr: float) -> None:
+        optimizer.set_lr(lr)
 
-    def adopting(self, state: dict[str, Any]) -> None:
-        self._world_size = int(state["world_size"])
-        self._from_lr = float(state["from_lr"])
-        self._since_resize = int(state["since_resize"])
-
-
-def initial_batch(policy: BatchPolicy, world_size: int) -> int:
-    """The global batch a job's learning rate was set for, which the gradient statistics
-    are reported against (Pollux's ``init_batch``): `KeepGlobalBatch`'s batch, `ScaleBatch`'s
-    batch at `base_workers`; for another policy, its batch at `world_size` (the size the job
-    started with)."""
-    if isinstance(policy, KeepGlobalBatch):
-        return policy.samples
-    if isinstance(policy, ScaleBatch):
-        return policy.per_worker * policy.base_workers
-    return max(1, policy.global_batch(max(1, world_size)))
+    def rescale_momentum(self, optimizer: Any, factor: float) -> None:
+        compensating_momentum(optimizer, factor)
 
 
 def compensating_momentum(optimizer: Any, factor: float) -> None:

@@ -1,150 +1,51 @@
-"""What happens to the batch size and the learning rate when a job is resized.
+"""The batch policies of a PyTorch job: `trainer_runtime.batching`'s, acting on a
+`torch.optim.Optimizer`.
 
-A job chooses one policy:
-- `KeepGlobalBatch(B)`: every step consumes B samples, whatever the world size; each rank
-  takes its slice of the step's window, so the sample sequence and, within float tolerance,
-  the trained parameters are those of a fixed-size run.
-- `ScaleBatch(per_worker, base_lr, ...)`: the global batch is `per_worker * world_size`;
-  the learning rate follows the linear scaling rule (`base_lr * world / base_workers`) or
-  the square-root rule (`base_lr * sqrt(world / base_workers)`, `rule=LrRule.SQRT`),
-  reached linearly over `warmup_steps` steps after each resize, and momentum buffers are
-  rescaled by `old_lr / new_lr` whenever the rate changes (momentum compensation, as in
-  "Dynamic Mini-batch SGD for Elastic Distributed Training"), so that a resize does not
-  kick the effective update.
-
-What must stay true: the batch size is a pure function of the world size; a policy touches
-only `lr` and `momentum_buffer` of the optimizer; every rank of a generation holds the same
-policy state (rank 0 sends `shared_state()` with the model, every rank `adopting` it), so a
-newcomer ramps the rate exactly as the survivors do.
+The rules (batch size, learning-rate rule and warm-up, shared state) are framework-free and
+live in `trainer_runtime.batching`; here is only how a torch optimizer's rate is read
+(its first parameter group's `lr`) and set (every group's), and how its momentum is
+compensated: SGD's `momentum_buffer`s are rescaled by `old_lr / new_lr`, so `lr * buffer`
+is unchanged by a rate change. What must stay true: a policy touches only `lr` and
+`momentum_buffer` of the optimizer.
 """
 
 from __future__ import annotations
 
-import enum
-import math
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TypeAlias
 
 import torch
 
+from trainer_runtime import batching
+from trainer_runtime.batching import KeepGlobalBatch, LrRule, initial_batch
 
-class BatchPolicy(Protocol):
-    def global_batch(self, world_size: int) -> int: ...
+__all__ = [
+    "BatchPolicy",
+    "KeepGlobalBatch",
+    "LrRule",
+    "ScaleBatch",
+    "compensating_momentum",
+    "initial_batch",
+]
 
-    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
-        """Called before every optimizer step."""
-
-    def shared_state(self) -> dict[str, Any]:
-        """What rank 0 sends to every member when a generation forms."""
-
-    def adopting(self, state: dict[str, Any]) -> None:
-        """Take rank 0's `shared_state()`."""
-
-
-class LrRule(enum.Enum):
-    """How the learning rate follows the global batch (no transitions: chosen per job)."""
-
-    LINEAR = "linear"
-    SQRT = "sqrt"
+#: A batch policy for a torch optimizer (`KeepGlobalBatch`, `ScaleBatch` or a job's own).
+BatchPolicy: TypeAlias = batching.BatchPolicy[torch.optim.Optimizer]
 
 
 @dataclass(slots=True)
-class KeepGlobalBatch:
-    """Every step consumes `samples` samples, split among the ranks."""
+class ScaleBatch(batching.ScaleBatch[torch.optim.Optimizer]):
+    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
+    (`trainer_runtime.batching.ScaleBatch`), set on every parameter group."""
 
-    samples: int
+    def read_lr(self, optimizer: torch.optim.Optimizer) -> float:
+        return float(optimizer.param_groups[0]["lr"])
 
-    def __post_init__(self) -> None:
-        if self.samples <= 0:
-            raise ValueError("the global batch holds at least one sample")
-
-    def global_batch(self, world_size: int) -> int:
-        return self.samples
-
-    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
-        return None
-
-    def shared_state(self) -> dict[str, Any]:
-        return {}
-
-    def adopting(self, state: dict[str, Any]) -> None:
-        return None
-
-
-@dataclass(slots=True)
-class ScaleBatch:
-    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`.
-
-    The job's first size takes its rate at once; every later resize ramps from the rate in
-    force to the new target over `warmup_steps` steps.
-    """
-
-    per_worker: int
-    base_lr: float
-    base_workers: int = 1
-    warmup_steps: int = 0
-    momentum_compensation: bool = True
-    rule: LrRule = LrRule.LINEAR
-    _world_size: int = field(default=0, init=False)
-    _from_lr: float = field(default=0.0, init=False)
-    _since_resize: int = field(default=0, init=False)
-
-    def __post_init__(self) -> None:
-        if self.per_worker <= 0 or self.base_workers <= 0:
-            raise ValueError("batch sizes and worker counts are positive")
-
-    def global_batch(self, world_size: int) -> int:
-        return self.per_worker * world_size
-
-    def target_lr(self, world_size: int) -> float:
-        ratio = world_size / self.base_workers
-        return self.base_lr * (math.sqrt(ratio) if self.rule is LrRule.SQRT else ratio)
-
-    def current_lr(self) -> float:
-        target = self.target_lr(self._world_size)
-        if self.warmup_steps <= 0 or self._since_resize >= self.warmup_steps:
-            return target
-        fraction = (self._since_resize + 1) / self.warmup_steps
-        return self._from_lr + fraction * (target - self._from_lr)
-
-    def adjusting(self, optimizer: torch.optim.Optimizer, world_size: int) -> None:
-        old_lr = float(optimizer.param_groups[0]["lr"])
-        if world_size != self._world_size:
-            self._from_lr = old_lr if self._world_size else self.target_lr(world_size)
-            self._world_size = world_size
-            self._since_resize = 0
-        new_lr = self.current_lr()
-        self._since_resize += 1
-        if new_lr == old_lr:
-            return
+    def set_lr(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:
-            group["lr"] = new_lr
-        if self.momentum_compensation and new_lr > 0:
-            compensating_momentum(optimizer, old_lr / new_lr)
+            group["lr"] = lr
 
-    def shared_state(self) -> dict[str, Any]:
-        return {
-            "world_size": self._world_size,
-            "from_lr": self._from_lr,
-            "since_resize": self._since_resize,
-        }
-
-    def adopting(self, state: dict[str, Any]) -> None:
-        self._world_size = int(state["world_size"])
-        self._from_lr = float(state["from_lr"])
-        self._since_resize = int(state["since_resize"])
-
-
-def initial_batch(policy: BatchPolicy, world_size: int) -> int:
-    """The global batch a job's learning rate was set for, which the gradient statistics
-    are reported against (Pollux's ``init_batch``): `KeepGlobalBatch`'s batch, `ScaleBatch`'s
-    batch at `base_workers`; for another policy, its batch at `world_size` (the size the job
-    started with)."""
-    if isinstance(policy, KeepGlobalBatch):
-        return policy.samples
-    if isinstance(policy, ScaleBatch):
-        return policy.per_worker * policy.base_workers
-    return max(1, policy.global_batch(max(1, world_size)))
+    def rescale_momentum(self, optimizer: torch.optim.Optimizer, factor: float) -> None:
+        compensating_momentum(optimizer, factor)
 
 
 def compensating_momentum(optimizer: torch.optim.Optimizer, factor: float) -> None:
