@@ -48,7 +48,7 @@ from edl_scheduler.controller.coordinating import (
     Progress,
 )
 from edl_scheduler.controller.deciding import NodeStates, QuietJobs, decide
-from edl_scheduler.controller.intents import JobView
+from edl_scheduler.controller.intents import Emit, JobView, PatchStatus
 from edl_scheduler.controller.kubeapi import Kube, KubeError
 from edl_scheduler.controller.leading import LeaderElector
 from edl_scheduler.controller.metrics import Metrics
@@ -243,6 +243,10 @@ class PlanningLoop:
         self.store.save(result.reservations)  # before the drains that free their room
         self.actuator.run(decisions.intents)  # 4
         phases.done("act")
+        if any(not isinstance(i, PatchStatus | Emit) for i in decisions.intents):
+            self.metrics.quiet_cycles.set(0)
+        else:
+            self.metrics.quiet_cycles.inc()
         for key in self.actuator.targets_set:
             if key in self._answered:
                 self._told[key] = self._answered[key]

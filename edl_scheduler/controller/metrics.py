@@ -65,6 +65,13 @@ class Metrics:
             registry=r,
         )
         self.leader = Gauge("edl_controller_leader", "1 on the replica that acts", registry=r)
+        self.quiet_cycles = Gauge(
+            "edl_planner_quiet_cycles",
+            "Consecutive planning cycles, up to the last, that wanted no move (no pod created "
+            "or deleted, no replica marked draining, no drain, no target, no coordinator, "
+            "Secret or Service): the cluster matched the plan for that long",
+            registry=r,
+        )
         self.last_cycle = time.monotonic()
 
     def set_jobs(self, phases: Iterable[str]) -> None:

@@ -13,6 +13,7 @@ Aspects:
 - a coordinator that has not answered yet is probed apart from the progress rounds: a round
   held up by a slow coordinator does not hold its probe back;
 - each step of a cycle is timed in ``edl_planner_cycle_phase_seconds``.
+- ``edl_planner_quiet_cycles`` counts the cycles since the last one that wanted a move.
 """
 
 from __future__ import annotations
@@ -290,3 +291,35 @@ def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
         running(planning, scenario)
     finally:
         release.set()
+
+
+def test_quiet_cycles_count_the_cycles_since_the_last_move(
+    loop: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``edl_planner_quiet_cycles``: status writes and Events are not moves; a pod deleted
+    (or created, drained, ...) is, and starts the count again."""
+    from edl_scheduler.controller.intents import Decisions, DeletePod, PatchStatus
+
+    planning, _ = loop
+    planning.elector.is_leader = lambda: True
+    planning._holds_loaded = True
+    planning.store.save = lambda _reservations: None
+    planning.actuator.run = lambda _intents: None
+    wanted: list[Any] = []
+    monkeypatch.setattr(looping, "decide", lambda *_a, **_k: Decisions(intents=list(wanted)))
+
+    def quiet() -> float:
+        value = planning.metrics.registry.get_sample_value("edl_planner_quiet_cycles")
+        assert value is not None
+        return value
+
+    planning.cycle(World((), (), (), {}))
+    wanted.append(PatchStatus("ns", "j", {"phase": "Running"}))
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 2
+    wanted.append(DeletePod("ns", "j-worker-1"))
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 0
+    wanted.clear()
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 1
