@@ -54,7 +54,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
-from simulations.pruning import visible
+from simulations.pruning import settled, visible
 from simulations.runs import Run
 from simulations.workload import ClusterSpec, SimJob
 
@@ -75,8 +75,10 @@ class SimConfig:
     start_delay_s: float = 0.0
     #: Give the planner the throughput each job measured at the sizes it has run.
     report_throughput: bool = True
-    #: Leave out of the snapshot waiting jobs that the policy provably cannot start now
-    #: (see ``pruning``); results are identical, only faster.
+    #: Leave out of the snapshot waiting jobs that the policy provably cannot start now,
+    #: and leave out a plan that provably changes nothing (``pruning.settled``: a policy
+    #: that only starts rigid jobs, and no job below its size can start); results are
+    #: identical, only faster.
     prune: bool = True
     #: Carry the planner's per-job derivations from plan to plan (``PlanMemo``) and, under
     #: LAS queues, keep a running job's snapshot Job until its queue changes; results are
@@ -174,6 +176,9 @@ class Engine:
         )
         #: Whether any job's speed comes from a measured profile (its rate changes by epoch).
         self.profiled = any(j.profile is not None for j in self.jobs)
+        #: Whether plans that provably change nothing are left out (``pruning.settled``); not
+        #: where jobs measure a speed that changes by epoch: each plan shows it to the planner.
+        self.settles = config.prune and not (self.profiled and config.report_throughput)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -376,17 +381,20 @@ class Engine:
                 else self._snapshot_job(r, now)
                 for r in self.active.values()
             ]
+        free = self.cluster.gpus - self.allocated
+        # The engine's replicas are all live workers: a Job's count is its own.
+        live = [len(j.replicas) for j in jobs]
+        keys = None if self.fixed_key is None else [r.rank_key for r in self.active.values()]
+        if (
+            self.settles
+            and not self._holding(now)
+            and settled(jobs, self.policy, now, free, live=live, keys=keys)
+        ):
+            self.skipped += 1
+            self.reservations = ()  # what the plan would return: no hold is left
+            return
         if self.config.prune:
-            free = self.cluster.gpus - self.allocated
-            if self.fixed_key is not None:
-                # The engine's replicas are all live workers: a Job's count is its own.
-                live = [len(j.replicas) for j in jobs]
-                keys = [r.rank_key for r in self.active.values()]
-                jobs = visible(
-                    jobs, self.policy, now, free, self.reservations, live=live, keys=keys
-                )
-            else:
-                jobs = visible(jobs, self.policy, now, free, self.reservations)
+            jobs = visible(jobs, self.policy, now, free, self.reservations, live=live, keys=keys)
             if arrived is not None and len(jobs) < len(self.active):
                 shown = {j.name for j in jobs}
                 if not any(name in shown for name in arrived):
@@ -401,6 +409,15 @@ class Engine:
         changes = result.changes
         for decision in changes:
             self._apply(self.active[decision.job], decision, now)
+
+    def _holding(self, now: float) -> bool:
+        """Whether a reservation still holds room for a job below its size (a plan would
+        carry it; one for a job that runs, has left or expired, a plan drops)."""
+        for r in self.reservations:
+            run = self.active.get(r.job)
+            if run is not None and r.expires_at > now and run.workers < run.job.min_workers:
+                return True
+        return False
 
     def _remeasure(self, now: float) -> None:
         """A runtime keeps measuring at its job's current size (the coordinator's smoothed

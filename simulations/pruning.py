@@ -37,7 +37,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from edl_scheduler.core import Admission, Job, Ordering, Policy, Preemption, Reservation, Role
+from edl_scheduler.core import (
+    Admission,
+    Growth,
+    Job,
+    Ordering,
+    Policy,
+    Preemption,
+    Reservation,
+    Role,
+)
 from edl_scheduler.core.ordering import sort_key
 
 
@@ -111,3 +120,67 @@ def visible(
         for job, n in zip(jobs, live, strict=True)
         if n or job.name in held or _minimum(job, policy) * job.worker.resources.gpu <= pool
     ]
+
+
+def settled(
+    jobs: Sequence[Job],
+    policy: Policy,
+    now: float,
+    free_gpus: int,
+    *,
+    live: Sequence[int] | None = None,
+    keys: Sequence[tuple[float | str, ...]] | None = None,
+) -> bool:
+    """Whether a plan over ``jobs`` provably changes nothing: the policy only starts jobs
+    (rigid sizes, no growth, no shrinking, no priorities) and no job below its size can be
+    the first to start. Then ``plan()`` returns every job as it is (the caller checks that no
+    reservation is still held: a hold changes where a job may go).
+
+    Why that is exact: admission visits the jobs below their size in rank order; before the
+    first of them starts, nothing has changed, so each one tried meets the free GPUs and the
+    suspendable jobs ranked below it as they are now, and admission skips it without a trace
+    when its gang exceeds their sum (``Admitter.run``'s quick reject). If every such job is
+    skipped, none starts, nothing is suspended, and with no growth there is no second round.
+    ``live`` and ``keys`` as for ``visible``. False wherever a premise fails."""
+    if (
+        (policy.elastic and policy.growth is not Growth.NONE)
+        or policy.use_priority
+        or policy.preemption not in (Preemption.NONE, Preemption.SUSPEND)
+    ):
+        return False
+    if live is None:
+        live = [_live_workers(j) if j.replicas else 0 for j in jobs]
+    if keys is None:
+        key = sort_key(policy, now)
+        keys = [key(j) for j in jobs]
+    suspends = policy.preemption is Preemption.SUSPEND
+    # (rank key, 1, GPUs it lacks) for a job below its size; (rank key, 0, GPUs suspending
+    # it frees) for a running job. Keys end in the job's name, so for one job below its
+    # size that runs, its lack sorts first in the sweep below: its own workers are not in
+    # its pool, as in the admitter's.
+    entries: list[tuple[tuple[float | str, ...], int, int]] = []
+    short = False
+    for j, n, k in zip(jobs, live, keys, strict=True):
+        size = _minimum(j, policy)
+        if n > size or j.suspended:
+            return False  # above its size, or leaving by its spec: it may change
+        gpu = j.worker.resources.gpu
+        if n < size:
+            if j.pserver is not None:
+                return False
+            entries.append((k, 1, (size - n) * gpu))
+            short = True
+        if n and suspends and j.preemptible:
+            entries.append((k, 0, n * gpu))
+    if not short:
+        return True
+    # From the lowest rank up: ``pool`` is what suspending every running job ranked below
+    # the one at hand frees.
+    entries.sort(reverse=True)
+    free, pool = max(0, free_gpus), 0
+    for _, lacks, gpus in entries:
+        if not lacks:
+            pool += gpus
+        elif gpus <= free + pool:
+            return False
+    return True

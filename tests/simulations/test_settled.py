@@ -1,0 +1,151 @@
+"""Plans the engine leaves out because they provably change nothing (``pruning.settled``).
+
+Aspects:
+- a waiting job that can start by suspending a running job ranked below it is seen (the
+  plan there starts it), also when a job ranked above it would suspend that job first;
+- a job's own workers are not in its pool, and running jobs ranked above it are not either;
+- the rule answers False where a premise fails: growth or shrinking (elastic ``edl``),
+  priorities, a job leaving by its spec;
+- on every snapshot a simulation of ``60_job.csv`` on 8 GPUs plans on (every rigid preset,
+  Tiresias with low queue thresholds and with a starvation limit, ticks and event-driven),
+  a snapshot the rule calls settled gets a plan that changes nothing, and the rule calls
+  many of them settled;
+- the engine that leaves those plans out gives the records and timeline of the engine that
+  makes them, under every preset (the elastic ones never leave one out).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from edl_scheduler.core import PRESETS, Policy, Snapshot, plan, preset
+from edl_scheduler.core.policy import with_overrides
+from simulations import engine as engine_module
+from simulations.engine import Engine, SimConfig, simulate
+from simulations.fidelity import EVENT_DRIVEN
+from simulations.pruning import settled
+from simulations.traces import load_tiresias
+from simulations.workload import ClusterSpec, Elasticity, SimJob, with_elasticity
+from tests.core.builders import job, node, snapshot
+
+DATA = Path(__file__).parent / "data" / "60_job.csv"
+CLUSTER = ClusterSpec(2, 4)
+TIRESIAS = preset("tiresias")
+LOW = with_overrides(TIRESIAS, queue_thresholds_gpu_s=(200.0, 1500.0))
+STARVING = with_overrides(LOW, starvation_limit_s=600.0)
+POLICIES: dict[str, Policy] = {**PRESETS, "low-thresholds": LOW, "starving": STARVING}
+CONFIGS = {"ticks": SimConfig(tick_s=300.0), "events": EVENT_DRIVEN}
+
+
+def _jobs(policy: Policy) -> list[SimJob]:
+    jobs = load_tiresias(DATA, CLUSTER).jobs
+    if policy.elastic:
+        return with_elasticity(jobs, Elasticity.ELASTIC, CLUSTER.gpus)
+    return list(jobs)
+
+
+def _free(snap: Snapshot) -> int:
+    total = sum(n.allocatable.gpu for n in snap.nodes)
+    return total - sum(len(j.replicas) for j in snap.jobs)
+
+
+def test_a_job_that_can_suspend_a_lower_ranked_one_is_not_settled() -> None:
+    # v (4 GPUs, queue 2) runs; w (1 GPU, queue 0) ranks above it and may suspend it.
+    snap = snapshot(
+        [node("n0").gpus(4)],
+        [
+            job("v").min(4).max(4).attained(9000).running(("n0", 4)),
+            job("x").min(2).max(2).attained(8000).submitted(10),
+            job("w").min(1).max(1).submitted(20),
+        ],
+    )
+    assert not settled(snap.jobs, TIRESIAS, 100.0, 0)
+    assert plan(snap, TIRESIAS, 100.0).changes
+
+
+def test_jobs_ranked_above_or_the_job_itself_free_nothing_for_it() -> None:
+    # r runs in queue 0 and ranks above "big", which needs 2 GPUs with 1 free: settled.
+    above = snapshot(
+        [node("n0").gpus(4)],
+        [job("r").min(3).max(3).running(("n0", 3)), job("big").min(2).max(2).submitted(10)],
+    )
+    assert settled(above.jobs, TIRESIAS, 100.0, 1)
+    assert not plan(above, TIRESIAS, 100.0).changes
+    # The same with "big" ranked above r (r demoted to queue 1): it may suspend r.
+    demoted = snapshot(
+        [node("n0").gpus(4)],
+        [
+            job("r").min(3).max(3).attained(4000).running(("n0", 3)),
+            job("big").min(2).max(2).submitted(10),
+        ],
+    )
+    assert not settled(demoted.jobs, TIRESIAS, 100.0, 1)
+    assert plan(demoted, TIRESIAS, 100.0).changes
+    # A job below its size does not count its own workers: 2 of 4 run, 1 GPU is free.
+    short = snapshot([node("n0").gpus(3)], [job("s").min(4).max(4).requested(4).running(("n0", 2))])
+    assert settled(short.jobs, TIRESIAS, 100.0, 1)
+    assert not plan(short, TIRESIAS, 100.0).changes
+
+
+def test_where_a_premise_fails_nothing_is_settled() -> None:
+    rigid = job("r").min(2).max(2).running(("n0", 2))
+    backfill = preset("fifo-backfill")
+    assert settled((rigid.build(),), backfill, 0.0, 2)  # nothing waits: settled
+    # Growth (or shrinking) may move a running job although nothing waits.
+    elastic = (job("r").min(1).max(4).requested(2).running(("n0", 2)).build(),)
+    assert not settled(elastic, preset("edl"), 0.0, 2)
+    assert not settled(elastic, preset("edl-fulfillment"), 0.0, 2)
+    # Priorities, and a running job whose spec suspends it.
+    assert not settled((rigid.build(),), with_overrides(backfill, use_priority=True), 0.0, 2)
+    assert not settled((rigid.suspended().build(),), backfill, 0.0, 2)
+
+
+def _recorded(
+    policy: Policy, config: SimConfig, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[Snapshot, float]]:
+    """Every snapshot a simulation plans on when no plan is left out (``prune`` off)."""
+    seen: list[tuple[Snapshot, float]] = []
+    real = engine_module.plan
+
+    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
+        seen.append((snap, now))
+        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(engine_module, "plan", recording)
+    simulate(_jobs(policy), CLUSTER, policy, replace(config, prune=False))
+    monkeypatch.undo()
+    return seen
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", ["fifo-gang", "fifo-backfill", "tiresias", "low-thresholds"])
+def test_a_settled_snapshot_gets_a_plan_that_changes_nothing(
+    name: str, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = POLICIES[name]
+    sequence = _recorded(policy, CONFIGS[config], monkeypatch)
+    calls = 0
+    for snap, now in sequence:
+        if settled(snap.jobs, policy, now, _free(snap)):
+            calls += 1
+            assert not plan(snap, policy, now).changes, (name, now)
+    assert calls > 5  # the rule does fire on this trace
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_leaving_out_settled_plans_changes_no_result(name: str, config: str) -> None:
+    policy, cfg = POLICIES[name], CONFIGS[config]
+    jobs = _jobs(policy)
+    engine = Engine(jobs, CLUSTER, policy, cfg)
+    fast = engine.run()
+    reference = simulate(jobs, CLUSTER, policy, replace(cfg, prune=False))
+    assert fast.jobs == reference.jobs
+    assert fast.timeline == reference.timeline
+    assert fast.plans + engine.skipped == reference.plans
+    assert any(r.end is not None for r in fast.jobs)
+    if not policy.elastic:
+        assert fast.plans < reference.plans  # plans were left out
