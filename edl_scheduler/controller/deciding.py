@@ -4,8 +4,9 @@ Pure, like the planner: it reads what observing saw, the plan, the coordinators'
 the clock, and returns intents (create this pod, drain that worker, write this status, post
 this Event) for ``actuating`` to carry out. Nothing here talks to Kubernetes, so every rule
 below is tested without an API server. The intents and a job's working state are in
-``intents``, the readers of pod JSON in ``podstate``, rule 7 and the plan's Events in
-``statusing``.
+``intents``, the readers of pod JSON in ``podstate``, rules 2 to 5 and the suspension of
+rule 6 (what happens to pods that leave, as against what the plan asks) in ``leaving``,
+rule 7 and the plan's Events in ``statusing``.
 
 The rules, per job, in order:
 1. A job whose spec is invalid (or names an unknown PriorityClass) stays Pending with the
@@ -61,14 +62,20 @@ from edl_scheduler.controller.intents import (
     PatchStatus,
     SetTarget,
 )
+from edl_scheduler.controller.leaving import (
+    clear_away,
+    delete_overdue_drains,
+    finish,
+    leave_lost_nodes,
+    replace_finished,
+    suspend,
+)
 from edl_scheduler.controller.podstate import (
     coordinator_port_of,
     draining_since,
     iso_time,
     meta_of,
     phase_of,
-    refused_at_admission,
-    step_toward,
     terminating,
     timestamp_of,
 )
@@ -85,53 +92,6 @@ from edl_scheduler.controller.statusing import compute_status, decision_events, 
 from edl_scheduler.core import JobDecision, Plan, Resources, Role
 
 log = logging.getLogger("edl.controller.deciding")
-
-
-def _clearing_away(cycle: JobCycle, succeeded: bool) -> None:
-    """A succeeded job's pods go once they have exited, the others at the job's drain
-    deadline after its completion time: a worker told that the job finished may still be
-    writing its output, and SIGTERM would cut that off. The coordinator goes last, when no
-    replica runs any more (the workers' goodbyes go to it). A failed job is cleared at once:
-    its workers have nothing to finish."""
-    view = cycle.view
-    ended = timestamp_of(cycle.status.get("completionTime")) or cycle.now
-    overdue = not succeeded or cycle.now >= ended + cycle.tj.spec.timeouts.drain_seconds
-    running = False
-    for pod in view.replicas:
-        if terminating(pod):
-            continue
-        if overdue or phase_of(pod) in ("Succeeded", "Failed"):
-            cycle.delete(pod)
-        else:
-            running = True
-    coordinator = view.coordinator
-    if coordinator is not None and not terminating(coordinator) and not running:
-        cycle.delete(coordinator)
-
-
-def _finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) -> None:
-    view = cycle.view
-    current = JobPhase(cycle.status.get("phase", JobPhase.PENDING))
-    cycle.status["phase"] = step_toward(current, phase).value
-    if JobPhase(cycle.status["phase"]).final:
-        cycle.status["completionTime"] = iso_time(cycle.now)
-        cycle.status["replicas"] = 0
-        cycle.status["allocation"] = {}
-        submitted = timestamp_of(cycle.status.get("submitTime")) or timestamp_of(
-            meta_of(view.body).get("creationTimestamp")
-        )
-        if submitted is not None:
-            cycle.out.counts.completed_s.append(max(0.0, cycle.now - submitted))
-        cycle.emit(
-            EventType.NORMAL if phase is JobPhase.SUCCEEDED else EventType.WARNING,
-            reason,
-            message,
-        )
-    cycle.status["message"] = message
-    if view.progress is not None:
-        # The last answer, which says finished; the status otherwise keeps the poll before it.
-        cycle.status["progress"] = view.progress.as_status()
-    _clearing_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
 
 
 def decide(
@@ -246,7 +206,7 @@ class QuietJobs:
             return None
         phase = str((view.body.get("status") or {}).get("phase", JobPhase.PENDING.value))
         if phase in _FINAL and any(not terminating(p) for p in pods):
-            return None  # its pods leave by a deadline (`_clearing_away`)
+            return None  # its pods leave by a deadline (`leaving.clear_away`)
         if phase in _ACTIVE and self.due(tj.key):
             return None
         known = nodes.known if nodes is not None else None
@@ -344,13 +304,13 @@ def _decide_job(
     cycle = JobCycle(view, tj, now, out, status, int(old_status.get("restarts", 0)))
     phase = JobPhase(old_status.get("phase", JobPhase.PENDING.value))
     if phase.final:  # 2
-        _clearing_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
+        clear_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
         return
     status.setdefault(
         "submitTime", iso_time(timestamp_of(meta_of(view.body).get("creationTimestamp")) or now)
     )
     if view.progress is not None and view.progress.finished:  # 3
-        _finish(
+        finish(
             cycle,
             JobPhase.SUCCEEDED,
             EventReason.SUCCEEDED,
@@ -358,10 +318,10 @@ def _decide_job(
         )
         write_status(cycle, old_status)
         return
-    _replace_finished(cycle)  # 4
+    replace_finished(cycle)  # 4
     if cycle.restarts > tj.spec.failure_policy.max_restarts:
         status["restarts"] = cycle.restarts
-        _finish(
+        finish(
             cycle,
             JobPhase.FAILED,
             EventReason.FAILED,
@@ -370,17 +330,10 @@ def _decide_job(
         )
         write_status(cycle, old_status)
         return
-    _leave_lost_nodes(cycle, nodes)  # 5
-    for pod in view.replicas:
-        since = draining_since(pod)
-        if (
-            since is not None
-            and not terminating(pod)
-            and now >= since + tj.spec.timeouts.drain_seconds
-        ):
-            cycle.delete(pod)
+    leave_lost_nodes(cycle, nodes.known, nodes.unschedulable)  # 5
+    delete_overdue_drains(cycle)
     if tj.spec.suspend:  # 6
-        _suspend(cycle)
+        suspend(cycle)
     elif decision is not None:
         _act(cycle, decision, config, namer, used_ports, nodes)
     compute_status(cycle, decision, attained_due)  # 7
@@ -399,101 +352,6 @@ class NodeStates:
     #: free (held by a reservation for the job it was taken for); new pods wait until it
     #: really is, so a node is never over-committed. None: not checked.
     free: dict[str, Resources] | None = None
-
-
-def _leave_lost_nodes(cycle: JobCycle, nodes: NodeStates) -> None:
-    """Replicas on a deleted node are deleted; those on a cordoned or failing node leave
-    gracefully. Either way the planner no longer counts them and places replacements on
-    other nodes."""
-    for pod in cycle.view.replicas:
-        name = str(meta_of(pod)["name"])
-        node = str(pod.get("spec", {}).get("nodeName", ""))
-        if name in cycle.removed or terminating(pod) or phase_of(pod) in ("Succeeded", "Failed"):
-            continue
-        if nodes.known is not None and node not in nodes.known:
-            cycle.delete(pod)
-        elif node in nodes.unschedulable and draining_since(pod) is None:
-            if phase_of(pod) != "Running":
-                cycle.delete(pod)
-                continue
-            ns = cycle.tj.metadata.namespace
-            cycle.out.intents.append(MarkDraining(ns, name, cycle.now))
-            cycle.out.intents.append(Drain(cycle.tj.key, name))
-            cycle.emit(
-                EventType.NORMAL,
-                EventReason.SCALED_DOWN,
-                f"{name} leaves node {node}, which takes no new work; it is replaced elsewhere",
-            )
-
-
-def _suspend(cycle: JobCycle) -> None:
-    """``spec.suspend``: every replica leaves (running ones drain, the others are deleted);
-    the coordinator and its saved state stay, so the job resumes where it stopped."""
-    victims: list[str] = []
-    for pod in cycle.view.replicas:
-        name = str(meta_of(pod)["name"])
-        if name in cycle.removed or terminating(pod) or draining_since(pod) is not None:
-            continue
-        if phase_of(pod) in ("Succeeded", "Failed"):
-            continue
-        victims.append(name)
-        if phase_of(pod) == "Running":
-            cycle.out.intents.append(MarkDraining(cycle.tj.metadata.namespace, name, cycle.now))
-            cycle.out.intents.append(Drain(cycle.tj.key, name))
-        else:
-            cycle.delete(pod)
-    if victims:
-        cycle.emit(EventType.NORMAL, EventReason.SUSPENDED,
-                   f"suspended by its spec; victims: {', '.join(victims)}")  # fmt: skip
-        cycle.status["lastResize"] = {
-            "time": iso_time(cycle.now),
-            "from": len(victims),
-            "to": 0,
-            "reason": "UserSuspended",
-        }
-        cycle.status["resizes"] = int(cycle.status.get("resizes", 0)) + 1
-
-
-def _replace_finished(cycle: JobCycle) -> None:
-    for pod in cycle.view.replicas:
-        if terminating(pod) or phase_of(pod) not in ("Succeeded", "Failed"):
-            continue
-        name = str(meta_of(pod)["name"])
-        leaving = draining_since(pod) is not None
-        if phase_of(pod) == "Succeeded" and not leaving:
-            # A worker exits 0 unasked when its coordinator has committed the last epoch:
-            # replacing it would only start a worker with nothing to do.
-            cycle.deferred = True
-        if phase_of(pod) == "Failed" and not leaving:
-            if refused_at_admission(pod):
-                cycle.emit(
-                    EventType.WARNING,
-                    EventReason.REFUSED_AT_ADMISSION,
-                    f"{name} was refused by node {pod.get('spec', {}).get('nodeName')} "
-                    f"({pod.get('status', {}).get('reason')}): planning again",
-                )
-            elif not cycle.view.coordinator_ready:
-                log.info(
-                    "%s: %s failed before its coordinator answered: replaced, not charged",
-                    cycle.tj.key,
-                    name,
-                )
-            else:
-                cycle.restarts += 1
-                cycle.emit(
-                    EventType.WARNING,
-                    EventReason.REPLICA_FAILED,
-                    f"{name} failed ({cycle.restarts} of "
-                    f"{cycle.tj.spec.failure_policy.max_restarts} restarts used)",
-                )
-        cycle.delete(pod)
-    coordinator = cycle.view.coordinator
-    if (
-        coordinator is not None
-        and not terminating(coordinator)
-        and phase_of(coordinator) in ("Succeeded", "Failed")
-    ):
-        cycle.delete(coordinator)  # replaced below, from its saved state
 
 
 def _coordinator_alive(view: JobView, removed: set[str]) -> bool:

@@ -1,0 +1,201 @@
+"""What happens to a job's pods when they leave, as against what the plan asks for.
+
+``deciding`` applies the plan's moves; this module holds the rules for pods that go for
+other reasons: a job that finished (its pods cleared, the coordinator last), replica pods
+that exited (removed, and charged against ``failurePolicy.maxRestarts`` when the job is to
+blame), replicas on deleted or cordoned nodes, drains past their deadline, and a job that
+its spec suspends. They are rules 2 to 5 of ``deciding``'s docstring, and the suspension of
+rule 6.
+
+Pure, like ``deciding``: each function reads one job's ``JobCycle`` and adds intents, status
+fields and counts to it. What must stay true: a pod is deleted at most once per cycle
+(``cycle.removed``), a running replica leaves gracefully (drained through its coordinator)
+wherever the rule allows it, and only a replica failure the job caused costs it a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from edl_scheduler.api import JobPhase
+from edl_scheduler.controller.intents import (
+    Drain,
+    EventReason,
+    EventType,
+    JobCycle,
+    MarkDraining,
+)
+from edl_scheduler.controller.podstate import (
+    draining_since,
+    iso_time,
+    meta_of,
+    phase_of,
+    refused_at_admission,
+    step_toward,
+    terminating,
+    timestamp_of,
+)
+
+log = logging.getLogger("edl.controller.deciding")
+
+
+def clear_away(cycle: JobCycle, succeeded: bool) -> None:
+    """A succeeded job's pods go once they have exited, the others at the job's drain
+    deadline after its completion time: a worker told that the job finished may still be
+    writing its output, and SIGTERM would cut that off. The coordinator goes last, when no
+    replica runs any more (the workers' goodbyes go to it). A failed job is cleared at once:
+    its workers have nothing to finish."""
+    view = cycle.view
+    ended = timestamp_of(cycle.status.get("completionTime")) or cycle.now
+    overdue = not succeeded or cycle.now >= ended + cycle.tj.spec.timeouts.drain_seconds
+    running = False
+    for pod in view.replicas:
+        if terminating(pod):
+            continue
+        if overdue or phase_of(pod) in ("Succeeded", "Failed"):
+            cycle.delete(pod)
+        else:
+            running = True
+    coordinator = view.coordinator
+    if coordinator is not None and not terminating(coordinator) and not running:
+        cycle.delete(coordinator)
+
+
+def finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) -> None:
+    """The job ends in ``phase`` (along ``JobPhase``'s diagram): its completion time, its
+    time from submission counted, one Event, and its pods cleared (``clear_away``)."""
+    view = cycle.view
+    current = JobPhase(cycle.status.get("phase", JobPhase.PENDING))
+    cycle.status["phase"] = step_toward(current, phase).value
+    if JobPhase(cycle.status["phase"]).final:
+        cycle.status["completionTime"] = iso_time(cycle.now)
+        cycle.status["replicas"] = 0
+        cycle.status["allocation"] = {}
+        submitted = timestamp_of(cycle.status.get("submitTime")) or timestamp_of(
+            meta_of(view.body).get("creationTimestamp")
+        )
+        if submitted is not None:
+            cycle.out.counts.completed_s.append(max(0.0, cycle.now - submitted))
+        cycle.emit(
+            EventType.NORMAL if phase is JobPhase.SUCCEEDED else EventType.WARNING,
+            reason,
+            message,
+        )
+    cycle.status["message"] = message
+    if view.progress is not None:
+        # The last answer, which says finished; the status otherwise keeps the poll before it.
+        cycle.status["progress"] = view.progress.as_status()
+    clear_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
+
+
+def replace_finished(cycle: JobCycle) -> None:
+    """Exited replica pods are removed (the planner places their replacements); a failure
+    the job caused counts in ``cycle.restarts``. An exited coordinator is removed too and
+    replaced from its saved state."""
+    for pod in cycle.view.replicas:
+        if terminating(pod) or phase_of(pod) not in ("Succeeded", "Failed"):
+            continue
+        name = str(meta_of(pod)["name"])
+        leaving = draining_since(pod) is not None
+        if phase_of(pod) == "Succeeded" and not leaving:
+            # A worker exits 0 unasked when its coordinator has committed the last epoch:
+            # replacing it would only start a worker with nothing to do.
+            cycle.deferred = True
+        if phase_of(pod) == "Failed" and not leaving:
+            if refused_at_admission(pod):
+                cycle.emit(
+                    EventType.WARNING,
+                    EventReason.REFUSED_AT_ADMISSION,
+                    f"{name} was refused by node {pod.get('spec', {}).get('nodeName')} "
+                    f"({pod.get('status', {}).get('reason')}): planning again",
+                )
+            elif not cycle.view.coordinator_ready:
+                log.info(
+                    "%s: %s failed before its coordinator answered: replaced, not charged",
+                    cycle.tj.key,
+                    name,
+                )
+            else:
+                cycle.restarts += 1
+                cycle.emit(
+                    EventType.WARNING,
+                    EventReason.REPLICA_FAILED,
+                    f"{name} failed ({cycle.restarts} of "
+                    f"{cycle.tj.spec.failure_policy.max_restarts} restarts used)",
+                )
+        cycle.delete(pod)
+    coordinator = cycle.view.coordinator
+    if (
+        coordinator is not None
+        and not terminating(coordinator)
+        and phase_of(coordinator) in ("Succeeded", "Failed")
+    ):
+        cycle.delete(coordinator)  # replaced below, from its saved state
+
+
+def leave_lost_nodes(
+    cycle: JobCycle, known: frozenset[str] | None, unschedulable: frozenset[str]
+) -> None:
+    """Replicas on a deleted node (one not in ``known``; None: unknown, nothing is moved) are
+    deleted; those on an ``unschedulable`` (cordoned or failing) node leave gracefully.
+    Either way the planner no longer counts them and places replacements on other nodes."""
+    for pod in cycle.view.replicas:
+        name = str(meta_of(pod)["name"])
+        node = str(pod.get("spec", {}).get("nodeName", ""))
+        if name in cycle.removed or terminating(pod) or phase_of(pod) in ("Succeeded", "Failed"):
+            continue
+        if known is not None and node not in known:
+            cycle.delete(pod)
+        elif node in unschedulable and draining_since(pod) is None:
+            if phase_of(pod) != "Running":
+                cycle.delete(pod)
+                continue
+            ns = cycle.tj.metadata.namespace
+            cycle.out.intents.append(MarkDraining(ns, name, cycle.now))
+            cycle.out.intents.append(Drain(cycle.tj.key, name))
+            cycle.emit(
+                EventType.NORMAL,
+                EventReason.SCALED_DOWN,
+                f"{name} leaves node {node}, which takes no new work; it is replaced elsewhere",
+            )
+
+
+def suspend(cycle: JobCycle) -> None:
+    """``spec.suspend``: every replica leaves (running ones drain, the others are deleted);
+    the coordinator and its saved state stay, so the job resumes where it stopped."""
+    victims: list[str] = []
+    for pod in cycle.view.replicas:
+        name = str(meta_of(pod)["name"])
+        if name in cycle.removed or terminating(pod) or draining_since(pod) is not None:
+            continue
+        if phase_of(pod) in ("Succeeded", "Failed"):
+            continue
+        victims.append(name)
+        if phase_of(pod) == "Running":
+            cycle.out.intents.append(MarkDraining(cycle.tj.metadata.namespace, name, cycle.now))
+            cycle.out.intents.append(Drain(cycle.tj.key, name))
+        else:
+            cycle.delete(pod)
+    if victims:
+        cycle.emit(EventType.NORMAL, EventReason.SUSPENDED,
+                   f"suspended by its spec; victims: {', '.join(victims)}")  # fmt: skip
+        cycle.status["lastResize"] = {
+            "time": iso_time(cycle.now),
+            "from": len(victims),
+            "to": 0,
+            "reason": "UserSuspended",
+        }
+        cycle.status["resizes"] = int(cycle.status.get("resizes", 0)) + 1
+
+
+def delete_overdue_drains(cycle: JobCycle) -> None:
+    """A draining replica still there at its drain deadline is deleted (and handled as a
+    failure by the coordinator: its leases go back)."""
+    for pod in cycle.view.replicas:
+        since = draining_since(pod)
+        if (
+            since is not None
+            and not terminating(pod)
+            and cycle.now >= since + cycle.tj.spec.timeouts.drain_seconds
+        ):
+            cycle.delete(pod)
