@@ -37,11 +37,13 @@ import paddle
 from paddle.io import TensorDataset
 from paddle.io.dataloader.collate import default_collate_fn
 
+from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
+from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
-from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch, initial_batch
+from trainer_runtime.paddle.batching import BatchPolicy
 from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
@@ -52,12 +54,10 @@ from trainer_runtime.paddle.grouping import (
     forming,
     trainable,
 )
-from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, splitting_among
+from trainer_runtime.sharding import SampleRange, StepWindow, Walk
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
-NEWS_GRACE_S = 3.0
-NEWS_POLL_S = 0.05
 
 
 class ElasticSession:
@@ -150,7 +150,11 @@ class ElasticSession:
         member, by error, by gloo's timeout, or by the roll call's single verdict).
         """
         for _ in range(MAX_FAILED_FORMATIONS):
-            if self.assignment is None or self.leaving_generation or self.hearing_news():
+            if (
+                self.assignment is None
+                or self.leaving_generation
+                or generations.hearing_news(self.agent, self.contract.timeout_s)
+            ):
                 assignment = self.agent.awaiting_assignment()
                 if assignment.outcome is Outcome.DRAINED:
                     LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
@@ -180,17 +184,6 @@ class ElasticSession:
                 )
         raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
 
-    def hearing_news(self) -> bool:
-        """Whether a newer generation opened, waiting up to NEWS_GRACE_S for the news: a
-        step that failed because a peer died fails before the coordinator's notice of the
-        departure arrives, and forming the old generation again would wait for the dead."""
-        deadline = time.monotonic() + min(NEWS_GRACE_S, self.contract.timeout_s / 4)
-        while not self.agent.changed():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(NEWS_POLL_S)
-        return True
-
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:
             # Never destroyed: freeing a Paddle group while newer ones form breaks their
@@ -214,15 +207,8 @@ class ElasticSession:
             raise failure
         if sent is None:
             raise Fenced(f"rank 0 abandoned generation {group.generation}")
-        self.policy.adopting(sent["policy"])
-        self.noise.adopting(sent["noise"])
-        self.step_count = int(sent["step"])
-        self.walk = Walk(
-            DatasetPlan(*sent["plan"]),
-            epoch=int(sent["epoch"]),
-            step=self.step_count,
-            todo=[SampleRange(a, b) for a, b in sent["todo"]],
-        )
+        self.walk = generations.adopting(sent, self.policy, self.noise)
+        self.step_count = self.walk.step
         self.applied.clear()
         self.leaving_generation = False
         self.group = group
@@ -235,21 +221,12 @@ class ElasticSession:
         view = self.agent.client.reconcile(
             self.agent.worker_id, group.generation, self.step_count, list(self.applied)
         )
-        return {
-            "step": self.step_count,
-            "epoch": view.epoch,
-            "todo": [(r.start, r.stop) for r in view.todo],
-            "plan": (view.samples, view.shard_size, view.epochs, view.seed),
-            "policy": self.policy.shared_state(),
-            "noise": self.noise_state(group.world_size),
-        }
-
-    def noise_state(self, world_size: int) -> dict[str, Any]:
-        """Rank 0's gradient statistics for the generation; a job that measured nothing yet
-        takes its initial batch now (a custom policy's batch at its first size)."""
-        if self.noise.steps == 0:
-            self.noise.init_batch = initial_batch(self.policy, world_size)
-        return self.noise.shared_state()
+        return generations.handover(
+            self.step_count,
+            view,
+            self.policy.shared_state(),
+            generations.noise_state(self.noise, self.policy, group.world_size),
+        )
 
     # ----- steps -----
 
@@ -275,16 +252,13 @@ class ElasticSession:
                 if self.finishing():
                     return
                 continue
-            mine = splitting_among(window.ranges, self.world_size)[self.rank]
-            self.window, self.window_size = window, sum(len(r) for r in window.ranges)
-            self.local_samples = sum(len(r) for r in mine)
-            if self.local_samples == 0:
-                # more ranks than samples in this step: a stand-in sample whose loss weighs
-                # nothing, so that this rank still takes part in the step's allreduce
-                first = window.ranges[0].start
-                mine = [SampleRange(first, first + 1)]
+            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
+            # rank still takes part in the step's allreduce
+            mine = generations.slicing(window, self.world_size, self.rank)
+            self.window, self.window_size = window, mine.window_size
+            self.local_samples = mine.samples
             self.stepped = False
-            yield self.fetching(mine)
+            yield self.fetching(mine.ranges)
 
     def step(self, loss: paddle.Tensor) -> None:
         """Backpropagate this rank's loss (a mean over its batch), average the gradients

@@ -44,12 +44,14 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
+from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
+from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
-from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
-from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, initial_batch
+from trainer_runtime.sharding import SampleRange, StepWindow, Walk
+from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
@@ -57,8 +59,6 @@ from trainer_runtime.torch.measuring import NoiseMeter
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
-NEWS_GRACE_S = 3.0
-NEWS_POLL_S = 0.05
 # Applied windows each worker keeps for the reconcile of the next generation: the steps its
 # state holds that the coordinator may not have committed yet (rank 0 commits within about
 # `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
@@ -169,7 +169,9 @@ class ElasticSession:
         a generation only when membership changes, so waiting for a newer one would wait
         for nothing. At most MAX_FAILED_FORMATIONS attempts in a row."""
         for _ in range(MAX_FAILED_FORMATIONS):
-            if self.assignment is None or self.hearing_news():
+            if self.assignment is None or generations.hearing_news(
+                self.agent, self.contract.timeout_s
+            ):
                 assignment = self.agent.awaiting_assignment()
                 if assignment.outcome is Outcome.DRAINED:
                     LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
@@ -197,18 +199,6 @@ class ElasticSession:
                 )
         raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
 
-    def hearing_news(self) -> bool:
-        """Whether a newer generation opened (or a drain or the end came), waiting up to
-        NEWS_GRACE_S for the news: a step that failed because a peer died fails before the
-        coordinator's notice of the departure arrives, and forming the same generation again
-        would wait for the dead."""
-        deadline = time.monotonic() + min(NEWS_GRACE_S, self.contract.timeout_s / 4)
-        while not self.agent.changed():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(NEWS_POLL_S)
-        return True
-
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.ddp = None
         forming(
@@ -224,25 +214,13 @@ class ElasticSession:
             view = self.agent.client.reconcile(
                 self.agent.worker_id, self.generation, self.step_count, list(self.applied)
             )
-            extra = {
-                "step": self.step_count,
-                "epoch": view.epoch,
-                "todo": [(r.start, r.stop) for r in view.todo],
-                "plan": (view.samples, view.shard_size, view.epochs, view.seed),
-                "policy": self.policy.shared_state(),
-                "noise": self.noise_state(),
-            }
+            extra = generations.handover(
+                self.step_count, view, self.policy.shared_state(), self.noise_state()
+            )
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
-        self.policy.adopting(sent["policy"])
-        self.noise.adopting(sent["noise"])
-        self.step_count = int(sent["step"])
-        self.walk = Walk(
-            DatasetPlan(*sent["plan"]),
-            epoch=int(sent["epoch"]),
-            step=self.step_count,
-            todo=[SampleRange(a, b) for a, b in sent["todo"]],
-        )
+        self.walk = generations.adopting(sent, self.policy, self.noise)
+        self.step_count = self.walk.step
         self.applied.clear()
         with warnings.catch_warnings():  # buffers were just broadcast: no sync in forward
             warnings.simplefilter("ignore", FutureWarning)
@@ -255,9 +233,7 @@ class ElasticSession:
         """Rank 0's gradient statistics for the generation; a job that measured nothing yet
         takes its initial batch now (a custom policy's batch at its first size)."""
         self.meter.folding()
-        if self.noise.steps == 0:
-            self.noise.init_batch = initial_batch(self.policy, self.world_size)
-        return self.noise.shared_state()
+        return generations.noise_state(self.noise, self.policy, self.world_size)
 
     # ----- suspension to zero workers (see `checkpointing`) -----
 
@@ -343,17 +319,14 @@ class ElasticSession:
                 if self.finishing():
                     return
                 continue
-            mine = slice_of(window.ranges, self.world_size, self.rank)
-            self.window, self.window_size = window, counting(window.ranges)
-            self.local_samples = counting(mine)
-            if self.local_samples == 0:
-                # more ranks than samples in this step: a stand-in sample whose loss weighs
-                # nothing, so that this rank still runs DDP's forward and its allreduce
-                first = window.ranges[0].start
-                mine = [SampleRange(first, first + 1)]
+            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
+            # rank still runs DDP's forward and its allreduce
+            mine = generations.slicing(window, self.world_size, self.rank)
+            self.window, self.window_size = window, mine.window_size
+            self.local_samples = mine.samples
             self.stepped = False
             self.meter.arming(window.step)  # before the forward: who averages this step
-            yield self.fetching(mine)
+            yield self.fetching(mine.ranges)
 
     def step(self, loss: torch.Tensor) -> None:
         """Backpropagate this rank's loss (a mean over its batch) and apply the step."""

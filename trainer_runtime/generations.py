@@ -1,0 +1,106 @@
+"""What every data-parallel session does the same way, whatever its framework: wait for news
+of a generation, hand rank 0's ledger position to a new generation, and cut a rank's slice
+of a step.
+
+The PyTorch and Paddle sessions (`trainer_runtime.torch.session`,
+`trainer_runtime.paddle.session`) differ in how they form a group, average gradients and
+move tensors; what they send when a generation forms, and how a step's window is split
+among the ranks, must not differ, or one framework would train a sample twice where the
+other would not. So it is written here once, with no framework imported.
+
+What must stay true: every rank of a generation adopts the same state (the one rank 0
+sent), so all of them walk the same windows from the same step; a rank's slice is the one
+`sharding.slice_of` cuts, and a rank whose slice is empty still takes part in the step
+through one stand-in sample that weighs nothing; a wait for news is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from trainer_runtime.agent import WorkerAgent
+from trainer_runtime.batching import BatchPolicy, initial_batch
+from trainer_runtime.noise import NoiseEstimator
+from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
+
+#: How long a worker whose step or formation failed waits for the coordinator's news of a
+#: newer generation (at most a quarter of its timeout), and how often it looks.
+NEWS_GRACE_S = 3.0
+NEWS_POLL_S = 0.05
+
+
+def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
+    """Whether a newer generation opened (or a drain or the end came), waiting up to
+    NEWS_GRACE_S for the news: a step that failed because a peer died fails before the
+    coordinator's notice of the departure arrives, and forming the same generation again
+    would wait for the dead."""
+    deadline = time.monotonic() + min(NEWS_GRACE_S, timeout_s / 4)
+    while not agent.changed():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(NEWS_POLL_S)
+    return True
+
+
+def handover(
+    step: int, view: Any, policy_state: dict[str, Any], noise_state: dict[str, Any]
+) -> dict[str, Any]:
+    """What rank 0 sends with its model when a generation forms: the step its state has
+    reached, the coordinator's reconciled `view` of the ledger (epoch, the samples still to
+    do, the dataset plan), its batch policy's and its gradient statistics' state."""
+    return {
+        "step": step,
+        "epoch": view.epoch,
+        "todo": [(r.start, r.stop) for r in view.todo],
+        "plan": (view.samples, view.shard_size, view.epochs, view.seed),
+        "policy": policy_state,
+        "noise": noise_state,
+    }
+
+
+def adopting(sent: dict[str, Any], policy: BatchPolicy[Any], noise: NoiseEstimator) -> Walk:
+    """Take rank 0's `handover`: its policy and noise state, and the walk of the samples
+    left from its step on (the walk's `step` is the step every rank continues from)."""
+    policy.adopting(sent["policy"])
+    noise.adopting(sent["noise"])
+    step = int(sent["step"])
+    return Walk(
+        DatasetPlan(*sent["plan"]),
+        epoch=int(sent["epoch"]),
+        step=step,
+        todo=[SampleRange(a, b) for a, b in sent["todo"]],
+    )
+
+
+def noise_state(noise: NoiseEstimator, policy: BatchPolicy[Any], world_size: int) -> dict[str, Any]:
+    """Rank 0's gradient statistics for the generation; a job that measured nothing yet
+    takes its initial batch now (a custom policy's batch at its first size)."""
+    if noise.steps == 0:
+        noise.init_batch = initial_batch(policy, world_size)
+    return noise.shared_state()
+
+
+@dataclass(frozen=True, slots=True)
+class RankSlice:
+    """One rank's part of a step's window."""
+
+    #: What the rank fetches: its slice, or one stand-in sample when its slice is empty.
+    ranges: list[SampleRange]
+    #: How many of the window's samples are really its own (0: the stand-in weighs nothing).
+    samples: int
+    #: How many samples the whole window holds.
+    window_size: int
+
+
+def slicing(window: StepWindow, world_size: int, rank: int) -> RankSlice:
+    """Rank `rank`'s slice of `window` among `world_size` ranks. With more ranks than samples
+    in the step, an empty slice becomes one stand-in sample whose loss is weighted 0, so that
+    the rank still takes part in the step's allreduce."""
+    mine = slice_of(window.ranges, world_size, rank)
+    samples = counting(mine)
+    if samples == 0:
+        first = window.ranges[0].start
+        mine = [SampleRange(first, first + 1)]
+    return RankSlice(mine, samples, counting(window.ranges))
