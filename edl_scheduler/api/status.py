@@ -15,13 +15,13 @@ What must stay true:
 
 from __future__ import annotations
 
-import math
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
 from pydantic import AwareDatetime, BeforeValidator, Field
 
 from edl_scheduler.api.meta import ApiModel
+from edl_scheduler.gradients import FieldNames, statistics_problem
 
 __all__ = [
     "Condition",
@@ -187,15 +187,8 @@ class GradientStatistics(ApiModel):
 
     def problem(self) -> str | None:
         """Why the planner cannot use these values (naming the field), or None."""
-        if self.init_batch < 1:
-            return f"efficiency.initBatch is {self.init_batch}: it must be >= 1"
-        values = (self.grad_sqr, self.grad_var)
-        if not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
-            return (
-                f"efficiency.gradSqr ({self.grad_sqr}) and gradVar ({self.grad_var}) must be "
-                "finite, >= 0 and not both 0"
-            )
-        return None
+        names = FieldNames("efficiency.initBatch", "efficiency.gradSqr", "gradVar")
+        return statistics_problem(self.init_batch, self.grad_sqr, self.grad_var, names)
 
 
 class TrainingJobStatus(ApiModel):

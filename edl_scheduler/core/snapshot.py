@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
+from edl_scheduler.gradients import FieldNames, statistics_problem
 
 
 class Role(Enum):
@@ -156,13 +157,10 @@ class Efficiency:
     grad_var: float
 
     def __post_init__(self) -> None:
-        if self.init_batch < 1:
-            raise ValueError(f"efficiency.init_batch is {self.init_batch}: it must be >= 1")
-        if not (self.grad_sqr >= 0 and self.grad_var >= 0 and self.grad_sqr + self.grad_var > 0):
-            raise ValueError(
-                f"efficiency.grad_sqr ({self.grad_sqr}) and grad_var ({self.grad_var}) must "
-                "be >= 0 and not both 0: report the gradient statistics the job measured"
-            )
+        names = FieldNames("efficiency.init_batch", "efficiency.grad_sqr", "grad_var")
+        problem = statistics_problem(self.init_batch, self.grad_sqr, self.grad_var, names)
+        if problem is not None:
+            raise ValueError(f"{problem}: report the gradient statistics the job measured")
 
     def gain(self, batch: float) -> float:
         scale = batch / self.init_batch

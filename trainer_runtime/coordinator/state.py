@@ -18,10 +18,10 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from edl_scheduler.gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
@@ -79,15 +79,10 @@ class NoiseRecord:
     steps: int
 
     def problem(self) -> str | None:
-        """Why the record is unusable, or None."""
-        if self.init_batch < 1:
-            return f"init_batch is {self.init_batch}: it must be >= 1"
-        values = (self.grad_sqr, self.grad_var)
-        if not all(math.isfinite(v) and v >= 0 for v in values) or sum(values) <= 0:
-            return (
-                f"grad_sqr ({self.grad_sqr}) and grad_var ({self.grad_var}) must be finite, "
-                ">= 0 and not both 0"
-            )
+        """Why the record is unusable (the planner's rule, then at least one step), or None."""
+        problem = statistics_problem(self.init_batch, self.grad_sqr, self.grad_var)
+        if problem is not None:
+            return problem
         if self.steps < 1:
             return f"steps is {self.steps}: a reported estimate rests on at least one step"
         return None
