@@ -16,8 +16,9 @@ Each cycle, in this order:
 5. Write each job's status (phase, message, replicas, progress, throughput), its Events
    and its resize history to SQLite.
 
-Processes are started, reached and stopped through ``spawning.Spawner``; the status a cycle
-writes is computed by the pure functions of ``statusing``.
+Processes are started, reached and stopped through ``spawning.Spawner``; step 1 is
+``exiting.Exits``; the status a cycle writes is computed by the pure functions of
+``statusing``.
 
 What must stay true:
 - Requests (submit, scale, ...) and cycles take one lock, so a cycle acts on one state.
@@ -56,25 +57,24 @@ from edl_scheduler.core import (
 from edl_scheduler.core.building import job_from_training_job
 from edl_scheduler.core.snapshot import NO_CONSTRAINTS
 from edl_scheduler.local.config import LocalConfig, coordinator_name
+from edl_scheduler.local.exiting import Exits
 from edl_scheduler.local.launching import (
     LOCAL_NODE,
     LaunchError,
     check_launchable,
     free_port,
     slots_per_worker,
-    state_file,
 )
-from edl_scheduler.local.processes import AdoptionError, ProcessState, ProcessSupervisor
+from edl_scheduler.local.processes import AdoptionError, ProcessSupervisor
 from edl_scheduler.local.spawning import Spawner
 from edl_scheduler.local.statusing import (
     RESIZE_EVENTS,
     at,
-    final_status,
     observed_status,
     planned_efficiency,
     resized_status,
 )
-from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store, WorkerRow
+from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store
 
 LOG = logging.getLogger("edl.local")
 
@@ -114,8 +114,16 @@ class LocalCluster:
         self.last_plan: Plan | None = None
         self.spawner = Spawner(config, store, supervisor)
         self._progress: dict[str, Any] = {}
-        self._finished: set[str] = set()
-        """Jobs one of whose workers exited 0 undrained: the runtime says the job is done."""
+        self.exits = Exits(
+            config,
+            store,
+            supervisor,
+            self.spawner,
+            self._event,
+            self._finishing,
+            self._ensure_coordinator,
+            clock,
+        )
         self._last_cycle = clock()
         config.log_dir.mkdir(parents=True, exist_ok=True)
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -291,7 +299,7 @@ class LocalCluster:
             self._last_cycle = now
             rows = [r for r in self.store.jobs() if not r.job.status.phase.final]
             for row in rows:
-                self._observe(row, now)
+                self.exits.observe(row, now)
             rows = [r for r in self.store.jobs() if not r.job.status.phase.final]
             snapshot = self._snapshot(rows)
             result = plan(snapshot, self.config.policy, now)
@@ -323,123 +331,6 @@ class LocalCluster:
                 ]
             ),
         )
-
-    # 1. observe ----------------------------------------------------------------------------
-
-    def _observe(self, row: JobRow, now: float) -> None:
-        key = row.key
-        coordinator = self.spawner.state(coordinator_name(key))
-        workers = self.store.workers(key)
-        for worker in workers:
-            state = self.spawner.state(worker.name)
-            if state is None:
-                self.store.remove_worker(worker.name)
-                continue
-            status, log_tail = state
-            if status.running:
-                self.spawner.enforce_drain_deadline(row, worker, now)
-                continue
-            self.store.remove_worker(worker.name)
-            self.supervisor.forget(worker.name)
-            if worker.draining:
-                self._event(key, "Normal", "Drained", f"{worker.name} left the job")
-            elif status.state is ProcessState.SUCCEEDED:
-                self._finished.add(key)
-                self._event(key, "Normal", "WorkerFinished", f"{worker.name} exited 0")
-            elif status.state is ProcessState.EXITED:
-                # Adopted after a service restart: its exit code is unknown. The
-                # coordinator's saved ledger tells whether the job had finished.
-                if self._ledger_finished(row):
-                    self._finished.add(key)
-                    self._event(key, "Normal", "WorkerFinished", f"{worker.name} exited")
-                else:
-                    self._event(
-                        key,
-                        "Warning",
-                        "WorkerLost",
-                        f"{worker.name} exited while adopted (exit code unknown); it is "
-                        "replaced without charging the restart budget",
-                    )
-            elif self._finishing(row) or self._ledger_finished(row):
-                self._event(
-                    key,
-                    "Warning",
-                    "WorkerExitedAtFinish",
-                    f"{worker.name} exited with {status.exit_code} after the last epoch was "
-                    f"committed; not charged to the restart budget. {log_tail}".strip(),
-                )
-            else:
-                self._worker_failed(row, worker, status.exit_code, status.message, log_tail)
-        row = self.store.job(key) or row
-        if row.job.status.phase.final or coordinator is None:
-            return
-        status, log_tail = coordinator
-        if status.running:
-            return
-        if status.state is ProcessState.SUCCEEDED or (
-            status.state is ProcessState.EXITED and self._ledger_finished(row)
-        ):
-            self._finished.add(key)
-            if not self.store.workers(key):
-                self.supervisor.forget(coordinator_name(key))
-                self._finish(row, JobPhase.SUCCEEDED, "the last epoch is committed", now)
-            return
-        self.supervisor.forget(coordinator_name(key))
-        self.store.set_coordinator(key, None, None)
-        code = "unknown" if status.exit_code is None else str(status.exit_code)
-        self._event(
-            key,
-            "Warning",
-            "CoordinatorExited",
-            f"coordinator exited ({code}); it restarts from its state file. {log_tail}".strip(),
-        )
-        self._ensure_coordinator(row)
-
-    def _ledger_finished(self, row: JobRow) -> bool:
-        """Whether the coordinator's saved state has committed the last epoch."""
-        from trainer_runtime.coordinator.state import CoordinatorState
-
-        try:
-            text = state_file(self.config.state_dir, row.job).read_text(encoding="utf-8")
-            return bool(CoordinatorState.from_json(text, now=time.monotonic()).ledger.finished)
-        except (OSError, ValueError, KeyError):
-            return False
-
-    def _worker_failed(
-        self, row: JobRow, worker: WorkerRow, code: int | None, message: str, tail: str
-    ) -> None:
-        restarts = row.job.status.restarts + 1
-        budget = row.job.spec.failure_policy.max_restarts
-        why = f"exit code {code}" if code is not None else "exit code unknown"
-        if message:
-            why += f", {message}"
-        detail = f"{worker.name} failed ({why})" + (f": {tail}" if tail else "")
-        self._event(row.key, "Warning", "WorkerFailed", f"{detail} [{restarts}/{budget}]")
-        status = row.job.status.model_copy(update={"restarts": restarts})
-        job = row.job.model_copy(update={"status": status})
-        self.store.save_job(row.key, job)
-        if restarts > budget:
-            self._finish(
-                replace(row, job=job),
-                JobPhase.FAILED,
-                f"{restarts} worker failures exceed failurePolicy.maxRestarts ({budget}); "
-                f"last: {detail}",
-                self.clock(),
-            )
-
-    def _finish(self, row: JobRow, phase: JobPhase, message: str, now: float) -> None:
-        names = [w.name for w in self.store.workers(row.key)]
-        if phase is JobPhase.FAILED:
-            names.append(coordinator_name(row.key))
-        for worker in self.store.workers(row.key):
-            self.store.remove_worker(worker.name)
-        if names:
-            self.spawner.stop_in_background(names, f"edl-finish-{row.key}")
-        status = final_status(row.job.status, phase, message, now)
-        self.store.save_job(row.key, row.job.model_copy(update={"status": status}))
-        self.store.set_coordinator(row.key, None, None)
-        kind = "Normal" if phase is JobPhase.SUCCEEDED else "Warning"
-        self._event(row.key, kind, phase.value, message)
 
     # 2. snapshot ---------------------------------------------------------------------------
 
@@ -524,7 +415,7 @@ class LocalCluster:
 
     def _finishing(self, row: JobRow) -> bool:
         """The coordinator has committed the last epoch (or exited after it)."""
-        if row.key in self._finished:
+        if row.key in self.exits.finished:
             return True
         progress = self._progress.get(row.key)
         if progress is not None and progress.finished:
