@@ -54,7 +54,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
-from simulations.pruning import settled, visible
+from simulations.pruning import settled, shown
 from simulations.runs import Run
 from simulations.workload import ClusterSpec, SimJob
 
@@ -385,6 +385,12 @@ class Engine:
         # The engine's replicas are all live workers: a Job's count is its own.
         live = [len(j.replicas) for j in jobs]
         keys = None if self.fixed_key is None else [r.rank_key for r in self.active.values()]
+        if self.config.prune:
+            at = shown(jobs, self.policy, now, free, self.reservations, live=live, keys=keys)
+            if len(at) < len(jobs):
+                jobs, live = [jobs[i] for i in at], [live[i] for i in at]
+                keys = None if keys is None else [keys[i] for i in at]
+        # A waiting job left out cannot start (``shown``), so nothing can where none shown can.
         if (
             self.settles
             and not self._holding(now)
@@ -393,16 +399,16 @@ class Engine:
             self.skipped += 1
             self.reservations = ()  # what the plan would return: no hold is left
             return
-        if self.config.prune:
-            jobs = visible(jobs, self.policy, now, free, self.reservations, live=live, keys=keys)
-            if arrived is not None and len(jobs) < len(self.active):
-                shown = {j.name for j in jobs}
-                if not any(name in shown for name in arrived):
-                    self.skipped += 1
-                    return
+        if self.config.prune and arrived is not None and len(jobs) < len(self.active):
+            names = {j.name for j in jobs}
+            if not any(name in names for name in arrived):
+                self.skipped += 1
+                return
         snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
-        result: Plan = plan(snapshot, self.policy, now, memo=self.memo)
+        result: Plan = plan(
+            snapshot, self.policy, now, memo=self.memo, changes_only=self.config.incremental
+        )
         self.plan_wall += time.perf_counter() - began
         self.plans += 1
         self.reservations = result.reservations

@@ -78,8 +78,25 @@ def visible(
     ``live`` and ``keys``, where a caller that keeps them passes them (the simulator), are
     each job's live workers and its rank key (``ordering.sort_key(policy, now)``), in the
     order of ``jobs``; else they are computed here."""
+    at = shown(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
+    return [jobs[i] for i in at]
+
+
+def shown(
+    jobs: Sequence[Job],
+    policy: Policy,
+    now: float,
+    free_gpus: int,
+    reservations: Sequence[Reservation] = (),
+    *,
+    live: Sequence[int] | None = None,
+    keys: Sequence[tuple[float | str, ...]] | None = None,
+) -> list[int]:
+    """Where in ``jobs`` the jobs ``visible`` returns are, in its order (a caller that keeps
+    something per job takes the same entries)."""
+    everything = list(range(len(jobs)))
     if policy.ordering is Ordering.LEAST_ATTAINED:
-        return list(jobs)
+        return everything
     shrink = policy.elastic and policy.preemption in (
         Preemption.SHRINK,
         Preemption.SHRINK_THEN_SUSPEND,
@@ -88,16 +105,16 @@ def visible(
     # This runs before every plan over every job: each job's live workers are counted once.
     if live is None:
         live = [_live_workers(j) if j.replicas else 0 for j in jobs]
-    running = [j for j, n in zip(jobs, live, strict=True) if n]
-    if any(not j.preemptible for j in running):
-        return list(jobs)
+    running = [i for i, n in enumerate(live) if n]
+    if any(not jobs[i].preemptible for i in running):
+        return everything
     held = {r.job for r in reservations}
-    waiting = [j for j, n in zip(jobs, live, strict=True) if not n]
+    waiting = [i for i, n in enumerate(live) if not n]
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
-            return list(jobs)
+            return everything
         first = waiting[: max(0, free_gpus) + 1]
-        return running + first + [j for j in waiting[len(first) :] if j.name in held]
+        return running + first + [i for i in waiting[len(first) :] if jobs[i].name in held]
     pool = max(0, free_gpus)
     if shrink:
         for j, n in zip(jobs, live, strict=True):
@@ -108,16 +125,16 @@ def visible(
             key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
             keys = [key(j) for j in jobs]
         # The best-ranked waiting job (keys end in the name: no two are equal).
-        top, at = min((k, i) for i, (n, k) in enumerate(zip(live, keys, strict=True)) if not n)
-        best = jobs[at]
+        top, best_at = min((keys[i], i) for i in waiting)
+        best = jobs[best_at]
         for j, n, k in zip(jobs, live, keys, strict=True):
             if not n:
                 continue
             if (j.priority < best.priority) if policy.use_priority else (k > top):
                 pool += n * j.worker.resources.gpu
     return [
-        job
-        for job, n in zip(jobs, live, strict=True)
+        i
+        for i, (job, n) in enumerate(zip(jobs, live, strict=True))
         if n or job.name in held or _minimum(job, policy) * job.worker.resources.gpu <= pool
     ]
 
@@ -159,25 +176,32 @@ def settled(
     # size that runs, its lack sorts first in the sweep below: its own workers are not in
     # its pool, as in the admitter's.
     entries: list[tuple[tuple[float | str, ...], int, int]] = []
-    short = False
+    top: tuple[tuple[float | str, ...], int, int] | None = None  # the best-ranked short job
+    elastic = policy.elastic
     for j, n, k in zip(jobs, live, keys, strict=True):
-        size = _minimum(j, policy)
+        size = j.worker.min_replicas if elastic else j.rigid_size
         if n > size or j.suspended:
             return False  # above its size, or leaving by its spec: it may change
         gpu = j.worker.resources.gpu
         if n < size:
             if j.pserver is not None:
                 return False
-            entries.append((k, 1, (size - n) * gpu))
-            short = True
+            entry = (k, 1, (size - n) * gpu)
+            entries.append(entry)
+            if top is None or entry < top:
+                top = entry
         if n and suspends and j.preemptible:
             entries.append((k, 0, n * gpu))
-    if not short:
+    if top is None:
         return True
+    free = max(0, free_gpus)
+    # Most plans that change something start the best-ranked short job: one sum says so.
+    if top[2] <= free + sum(g for k, lacks, g in entries if not lacks and k > top[0]):
+        return False
     # From the lowest rank up: ``pool`` is what suspending every running job ranked below
     # the one at hand frees.
     entries.sort(reverse=True)
-    free, pool = max(0, free_gpus), 0
+    pool = 0
     for _, lacks, gpus in entries:
         if not lacks:
             pool += gpus

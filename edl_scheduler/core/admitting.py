@@ -209,6 +209,7 @@ class Admitter:
         cluster = self.s.cluster
         preempts = self.shrink_ok or self.suspend_ok
         head_of_line = self.s.policy.admission is Admission.HEAD_OF_LINE
+        quiet = self.s.changes_only  # a job that stays waiting is not reported: no message
         # Every waiting job the snapshot shows is visited at every plan: the loop reads
         # what it needs once, in locals (same steps as before, without repeated lookups).
         for js in self.s.jobs if jobs is None else jobs:
@@ -232,7 +233,8 @@ class Admitter:
                 gpus = _gpus(js, needs)
             if blocked_by is not None:
                 js.reason = Reason.WAITING_IN_LINE
-                js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
+                if not quiet:
+                    js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
                 continue
             classes = js.classes
             if not (classes and gpus <= cluster.capacity_in(classes)):
@@ -250,10 +252,11 @@ class Admitter:
                 what, js.reason = "to restore its minimum", Reason.BELOW_MINIMUM
             else:
                 what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY
-            js.message = (
-                f"waiting: needs {gpus} GPUs {what} ({js.lo} workers), "
-                f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
-            )
+            if not quiet:
+                js.message = (
+                    f"waiting: needs {gpus} GPUs {what} ({js.lo} workers), "
+                    f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
+                )
             ahead += 1
             if head_of_line:
                 blocked_by = js

@@ -143,11 +143,13 @@ def _steady(
     return JobDecision(js.name, action, reason, message, workers, pservers, None)
 
 
-def _reservations(session: Session) -> tuple[Reservation, ...]:
+def _reservations(session: Session, jobs: list[JobState]) -> tuple[Reservation, ...]:
+    """``jobs``: in rank order, every job this cycle may have reserved for (all, or the
+    touched ones: only ``Admitter._started`` reserves, for a job it placed)."""
     out: list[Reservation] = []
     names = session.cluster.names
     expires = session.now + session.policy.reservation_timeout_s
-    for js in session.jobs:
+    for js in jobs:
         if not js.reserve:
             continue
         for role in Role:
@@ -170,11 +172,11 @@ def _reservations(session: Session) -> tuple[Reservation, ...]:
     return tuple(out)
 
 
-def _guard(session: Session) -> None:
+def _guard(session: Session, jobs: list[JobState]) -> None:
     c = session.cluster
     touched = {
         n
-        for js in session.jobs
+        for js in jobs
         if js.started or js.added[Role.WORKER] or js.added[Role.PSERVER]
         for role in Role
         for n in js.added[role]
@@ -201,21 +203,71 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def plan(snapshot: Snapshot, policy: Policy, now: float, *, memo: PlanMemo | None = None) -> Plan:
+def plan(
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    *,
+    memo: PlanMemo | None = None,
+    changes_only: bool = False,
+) -> Plan:
     """Decide every job's size and placement for this cycle. Deterministic and pure.
 
     ``memo``: a driver that plans again and again over mostly the same Job objects (the
     simulator) may pass the same ``PlanMemo`` to every call; the plan is the same, and
-    jobs seen before are not validated or derived again (``memo``)."""
+    jobs seen before are not validated or derived again (``memo``).
+
+    ``changes_only``: for a driver that acts only on changes (the simulator), the Plan's
+    ``decisions`` are only the decisions whose size changes, exactly ``changes`` of the
+    full plan (same objects' values, same order), with the full plan's reservations; the
+    rest (jobs kept, jobs still waiting and why) is neither written nor returned. The
+    controller and the local backend show every decision, and keep the default."""
     with _collector_paused():
-        return _plan(snapshot, policy, now, memo)
+        return _plan(snapshot, policy, now, memo, changes_only)
 
 
-def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None) -> Plan:
+def _decide(
+    js: JobState, session: Session, steady: dict[tuple[Role, int], RoleChange]
+) -> JobDecision:
+    """The decision of a job the cycle touched or explained."""
+    action = _action(js)
+    reason, message = _explain(js, action, session)
+    pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
+    return JobDecision(
+        job=js.name,
+        action=action,
+        reason=reason,
+        message=message,
+        workers=_role_change(js, Role.WORKER, session, steady),
+        pservers=pservers,
+        for_job=js.for_job,
+    )
+
+
+def _changes(session: Session, now: float) -> Plan:
+    """Step 5 when only changes are asked for: a job no statement touched kept its
+    replicas, so its decision changes nothing; the touched ones are decided as in the
+    full plan, in rank order."""
+    steady: dict[tuple[Role, int], RoleChange] = {}
+    touched = [session.touched[rank] for rank in sorted(session.touched)]
+    changes = []
+    for js in touched:
+        if not _untouched(js):
+            decision = _decide(js, session, steady)
+            if decision.changed:
+                changes.append(decision)
+    _guard(session, touched)  # 6
+    found = tuple(changes)
+    return Plan(now, found, _reservations(session, touched), known_changes=found)
+
+
+def _plan(
+    snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None, changes_only: bool
+) -> Plan:
     if memo is not None:
         memo.bind(snapshot.nodes, policy)
     validate(snapshot, memo)  # 1
-    session = Session(snapshot, policy, now, memo)  # 2
+    session = Session(snapshot, policy, now, memo, changes_only=changes_only)  # 2
     suspend_by_spec(session)
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
@@ -235,6 +287,8 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None)
         if admitter.run(waiting) == 0:
             break
         grower.run()
+    if changes_only:
+        return _changes(session, now)  # 5-6
     decisions = []  # 5
     steady: dict[tuple[Role, int], RoleChange] = {}
     kept = memo.steady if memo is not None else None
@@ -269,25 +323,14 @@ def _plan(snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None)
                 )
             )
             continue
-        action = _action(js)
-        reason, message = _explain(js, action, session)
-        pservers = _role_change(js, Role.PSERVER, session, steady) if js.job.pserver else None
-        decision = JobDecision(
-            job=js.name,
-            action=action,
-            reason=reason,
-            message=message,
-            workers=_role_change(js, Role.WORKER, session, steady),
-            pservers=pservers,
-            for_job=js.for_job,
-        )
+        decision = _decide(js, session, steady)
         decisions.append(decision)
         if decision.changed:  # (the two paths above keep every size: they change nothing)
             changes.append(decision)
-    _guard(session)  # 6
+    _guard(session, session.jobs)  # 6
     return Plan(
         now=now,
         decisions=tuple(decisions),
-        reservations=_reservations(session),
+        reservations=_reservations(session, session.jobs),
         known_changes=tuple(changes),
     )

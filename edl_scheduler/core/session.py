@@ -254,13 +254,19 @@ class JobState:
 
 
 class Statement:
-    """Moves tried by an action; ``discard`` undoes them all, ``commit`` keeps them."""
+    """Moves tried by an action; ``discard`` undoes them all, ``commit`` keeps them.
 
-    def __init__(self, cluster: Cluster) -> None:
+    Every job a move touches is noted in ``touched`` (rank -> job state), the session's: a
+    job never noted kept its replicas, so a plan that reports only changes looks at those
+    alone (noted and then undone is fine: the note only errs toward looking)."""
+
+    def __init__(self, cluster: Cluster, touched: dict[int, JobState] | None = None) -> None:
         self._cluster = cluster
         self._undo: list[Callable[[], None]] = []
+        self._touched: dict[int, JobState] = {} if touched is None else touched
 
     def add(self, js: JobState, role: Role, node: int) -> None:
+        self._touched[js.rank] = js
         res = js.resources(role)
         self._cluster.take(node, res)
         js.added[role].append(node)
@@ -284,6 +290,7 @@ class Statement:
         return None
 
     def remove(self, js: JobState, replica: Replica) -> None:
+        self._touched[js.rank] = js
         node = self._cluster.index[replica.node]
         res = js.resources(replica.role)
         self._cluster.give(node, res)
@@ -299,6 +306,7 @@ class Statement:
 
     def cancel(self, js: JobState, role: Role, node: int) -> None:
         """Withdraw one replica that this cycle added to ``js`` on ``node``."""
+        self._touched[js.rank] = js
         res = js.resources(role)
         added = js.added[role]
         at = len(added) - 1 - added[::-1].index(node)
@@ -315,6 +323,7 @@ class Statement:
 
     def restore(self, js: JobState, replica: Replica) -> None:
         """Take back a removal made earlier in this statement (the replica stays)."""
+        self._touched[js.rank] = js
         node = self._cluster.index[replica.node]
         res = js.resources(replica.role)
         js.removed[replica.role].remove(replica)
@@ -340,12 +349,23 @@ class Session:
     """Everything one cycle works on: the cluster, the ranked jobs, the policy and ``now``."""
 
     def __init__(
-        self, snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None = None
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        now: float,
+        memo: PlanMemo | None = None,
+        *,
+        changes_only: bool = False,
     ) -> None:
         """``memo``: what earlier cycles derived from the same jobs (``memo``), reused
-        for jobs it holds and refilled with this snapshot's jobs."""
+        for jobs it holds and refilled with this snapshot's jobs. ``changes_only``: the
+        plan reports only the jobs whose size changes, so the actions need not write the
+        message of a job that stays waiting (``planning.plan``)."""
         self.policy = policy
         self.now = now
+        self.changes_only = changes_only
+        #: Rank -> every job a statement of this cycle moved (``Statement``).
+        self.touched: dict[int, JobState] = {}
         index = {n.name: i for i, n in enumerate(snapshot.nodes)}
         used = [[0, 0, 0] for _ in snapshot.nodes]
         self.jobs: list[JobState] = []
@@ -507,7 +527,7 @@ class Session:
                 self.cluster.holds.setdefault(node, []).append(hold)
 
     def statement(self) -> Statement:
-        return Statement(self.cluster)
+        return Statement(self.cluster, self.touched)
 
     def allocated_gpus(self) -> int:
         return self.cluster.capacity_gpu - self.cluster.free_gpu

@@ -13,7 +13,11 @@ Aspects:
   decisions of jobs nobody touched) equals, after every plan, what the plan would derive
   from scratch, also when the snapshots come in an order where many jobs leave and arrive
   between two plans (the merge of a kept ranking with many new jobs), and the plans equal
-  the plans made without a memo.
+  the plans made without a memo;
+- a plan asked for its changes only (``changes_only``, the simulator's mode) carries exactly
+  the full plan's changes, in order, and its reservations, with and without a memo, on the
+  same sequences in recorded and shuffled order (every preset: rigid LAS with demotions,
+  elastic ``edl`` with growth and rebalancing, fulfillment growth, strict FIFO).
 """
 
 from __future__ import annotations
@@ -157,3 +161,27 @@ def test_kept_state_follows_snapshots_in_any_order(
         for made in (got, scratch):
             assert made.changes == tuple(d for d in made.decisions if d.changed)
         _kept_state_is_what_scratch_derives(memo, snap, policy)
+
+
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
+def test_a_plan_of_changes_only_carries_the_full_plans_changes(
+    policy_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sequence = _recorded(policy_name, monkeypatch)
+    policy = _policy(policy_name)
+    memo, fresh = PlanMemo(), PlanMemo()
+    shuffled = list(sequence)
+    random.Random(11).shuffle(shuffled)
+    moved = 0
+    for snap, now in [*sequence, *shuffled]:
+        full = plan(snap, policy, now)
+        for kept in (memo, None):
+            got = plan(snap, policy, now, memo=kept, changes_only=True)
+            assert got.decisions == full.changes, (policy_name, now)
+            assert got.changes == full.changes
+            assert got.reservations == full.reservations
+        moved += len(full.changes)
+        # A memo used for full plans and changes-only plans alike keeps serving both.
+        assert plan(snap, policy, now, memo=fresh) == full
+        assert plan(snap, policy, now, memo=fresh, changes_only=True).decisions == full.changes
+    assert moved > 10
