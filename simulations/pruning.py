@@ -132,10 +132,16 @@ def shown(
                 continue
             if (j.priority < best.priority) if policy.use_priority else (k > top):
                 pool += n * j.worker.resources.gpu
+    if policy.elastic:
+        return [
+            i
+            for i, (job, n) in enumerate(zip(jobs, live, strict=True))
+            if n or job.name in held or job.worker.min_replicas * job.worker.resources.gpu <= pool
+        ]
     return [
         i
         for i, (job, n) in enumerate(zip(jobs, live, strict=True))
-        if n or job.name in held or _minimum(job, policy) * job.worker.resources.gpu <= pool
+        if n or job.name in held or job.rigid_size * job.worker.resources.gpu <= pool
     ]
 
 

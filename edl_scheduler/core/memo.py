@@ -19,11 +19,15 @@ planner reads no clock and does no I/O whether one is given or not.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from edl_scheduler.core.layout import Layout, layout_of
 from edl_scheduler.core.plan import JobDecision
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.snapshot import Job, Node, Replica, Role
+
+if TYPE_CHECKING:  # the session module imports this one
+    from edl_scheduler.core.session import JobState
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +53,11 @@ class PlanMemo:
         "_nodes",
         "_policy",
         "jobs",
+        "moved",
         "node_names",
         "nodes_valid",
         "ranked",
+        "states",
         "steady",
         "used",
     )
@@ -76,6 +82,12 @@ class PlanMemo:
         #: and the policy alone (``planning._steady``), and frozen, so later cycles reuse
         #: the object. Entries of jobs that left are dropped with them.
         self.steady: dict[int, tuple[Job, JobDecision]] = {}
+        #: id(job) -> the session's working state of the job (``session.JobState``), kept
+        #: so that a cycle does not build one per job: a cycle sets back what the last one
+        #: set (its reason and flags for every job, its moves for ``moved``, the jobs the
+        #: last cycle's statements touched, by rank) before it acts.
+        self.states: dict[int, JobState] = {}
+        self.moved: dict[int, JobState] = {}
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -88,6 +100,8 @@ class PlanMemo:
             self.ranked = None
             self.used = []
             self.steady = {}
+            self.states = {}
+            self.moved = {}
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""

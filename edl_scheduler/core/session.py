@@ -387,27 +387,48 @@ class Session:
                 memo.jobs = {id(d.job): d for d in derived}
                 steady = memo.steady
                 memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
+                memo.states = {k: v for k, v in memo.states.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed
                 memo.used = [list(u) for u in used]
         self.cluster = Cluster(snapshot.nodes, used, memo.layout(snapshot.nodes) if memo else None)
         self._class_cache: dict[Constraints, frozenset[int]] = {}
         self._last_constraints: Constraints | None = None
         self._last_classes: frozenset[int] = frozenset()
+        states: dict[int, JobState] | None = None
+        if memo is not None:
+            states = memo.states
+            for js in memo.moved.values():  # what the last cycle's statements moved
+                js.added, js.removed = {_W: [], _P: []}, {_W: [], _P: []}
+                js.workers, js.pservers = len(js.live[_W]), len(js.live[_P])
+            memo.moved = self.touched
         for rank, (_, d) in enumerate(keyed):
+            if states is not None:
+                kept = states.get(id(d.job))
+                if kept is not None and kept.job is d.job:
+                    js = kept
+                    # Kept from the last cycle that saw this Job: what is the job's alone
+                    # stays; what a cycle sets is set back to a fresh JobState's values.
+                    js.rank = rank
+                    js.reason, js.message, js.for_job = None, "", None
+                    js.reserve = js.suspended = js.started = False
+                    js.hold_expires_at = None
+                    self.jobs.append(js)
+                    continue
             live = d.live
-            self.jobs.append(
-                JobState(
-                    d.job,
-                    rank,
-                    d.priority,
-                    d.lo,
-                    d.hi,
-                    self.eligible_classes(d.job.constraints),
-                    live,
-                    workers=len(live[_W]),
-                    pservers=len(live[_P]),
-                )
+            js = JobState(
+                d.job,
+                rank,
+                d.priority,
+                d.lo,
+                d.hi,
+                self.eligible_classes(d.job.constraints),
+                live,
+                workers=len(live[_W]),
+                pservers=len(live[_P]),
             )
+            if states is not None:
+                states[id(d.job)] = js
+            self.jobs.append(js)
         self.by_name = {js.job.name: js for js in self.jobs}
         self._load_holds(snapshot)
 
@@ -442,6 +463,7 @@ class Session:
                 else:
                     del known[id(d.job)]
                     memo.steady.pop(id(d.job), None)
+                    memo.states.pop(id(d.job), None)
                     _count(used, d, -1)
             ranked = stays
         if fresh:
