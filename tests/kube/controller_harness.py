@@ -1,5 +1,8 @@
 """Running the operator under test: ``python -m edl_scheduler.controller`` as a subprocess
-against the session's API server, plus builders for jobs and small waits.
+against the session's API server, plus what the controller test modules share: their
+``cluster`` and ``controller`` fixtures (``controller_fixtures``), the job builder
+(``training_job``: a scenario's differences as arguments), the status readers of ``Cluster``,
+the framework-free worker's ledger check and small waits.
 
 The controller runs as a real process (so that tests can SIGKILL it) with the test
 kubeconfig, a token key, coordinators reached at 127.0.0.1 on per-job ports (all pods of the
@@ -17,12 +20,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import kubernetes
+import pytest
 from kubernetes.client import ApiException
 
 from edl_scheduler.controller.intents import EventReason
@@ -34,6 +39,8 @@ from .pod_environment import ContainerEnvironment, container_argv
 from .testenv import REPO, KubeAPI
 
 GROUP, VERSION, PLURAL = "edl.dev", "v1alpha1", "trainingjobs"
+#: The node label that keeps each test's jobs on its own nodes (``training_job(pool=...)``).
+POOL = "edl.test/pool"
 CRD_FILE = REPO / "manifests" / "crd" / "trainingjobs.edl.dev.yaml"
 
 
@@ -255,7 +262,13 @@ def training_job(
     framework: str = "none",
     max_restarts: int = 3,
     extra_spec: dict[str, Any] | None = None,
+    pool: str | None = None,
+    drain_seconds: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """A TrainingJob manifest, each scenario's differences as arguments: ``pool`` keeps its
+    workers on the nodes labelled ``POOL: pool``, ``drain_seconds`` is its drain deadline,
+    ``env`` is set in its worker container."""
     spec: dict[str, Any] = {
         "minReplicas": min_replicas,
         "maxReplicas": max_replicas,
@@ -281,6 +294,13 @@ def training_job(
     if priority_class is not None:
         spec["priorityClassName"] = priority_class
     spec |= extra_spec or {}
+    if pool is not None:
+        spec["template"]["spec"]["nodeSelector"] = {POOL: pool}
+    if drain_seconds is not None:
+        spec["timeouts"] = {"drainSeconds": drain_seconds}
+    if env is not None:
+        container = spec["template"]["spec"]["containers"][0]
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     return {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": "TrainingJob",
@@ -291,6 +311,42 @@ def training_job(
         },
         "spec": spec,
     }
+
+
+def plain_worker(ledgers: Path, step_time_s: float = 0.05) -> list[str]:
+    """The framework-free worker, appending what it trained to ``<ledgers>/<pod>.ledger``."""
+    return [
+        "python", "-m", "trainer_runtime.plain_worker", "--step-time-s", str(step_time_s),
+        "--ledger-file", f"{ledgers}/$(EDL_WORKER_ID).ledger",
+    ]  # fmt: skip
+
+
+def trained(ledgers: Path) -> Counter[int]:
+    """How often each sample was trained (one epoch), from the workers' ledger files: the
+    commits the coordinator acknowledged, plus unacknowledged ones (a worker stopped between
+    its commit and the answer) that no one trained again."""
+    intents: dict[tuple[str, int], range] = {}
+    acked: set[tuple[str, int]] = set()
+    for path in ledgers.glob("*.ledger"):
+        for line in path.read_text().splitlines():
+            kind, lease, *rest = line.split()
+            if kind == "intent":
+                intents[(path.stem, int(lease))] = range(int(rest[1]), int(rest[2]))
+            elif kind == "done":
+                acked.add((path.stem, int(lease)))
+    counts: Counter[int] = Counter()
+    for key in acked:
+        counts.update(intents[key])
+    for key, samples in intents.items():
+        if key not in acked and all(counts[i] == 0 for i in samples):
+            counts.update(samples)
+    return counts
+
+
+def assert_exactly_once(ledgers: Path, samples: int) -> None:
+    counts = trained(ledgers)
+    assert set(counts) == set(range(samples)), f"{samples - len(counts)} samples never trained"
+    assert max(counts.values()) == 1, "some samples were trained twice"
 
 
 class Cluster:
@@ -313,6 +369,23 @@ class Cluster:
             GROUP, VERSION, ns, PLURAL, name
         )
         return found
+
+    def status(self, ns: str, name: str) -> dict[str, Any]:
+        found: dict[str, Any] = self.job(ns, name).get("status", {})
+        return found
+
+    def condition(self, ns: str, name: str, type_: str) -> dict[str, Any] | None:
+        """The job's status condition of ``type_``, if it has one."""
+        conditions = self.status(ns, name).get("conditions", [])
+        return next((c for c in conditions if c["type"] == type_), None)
+
+    def samples_done(self, ns: str, name: str) -> int:
+        return int(self.status(ns, name).get("progress", {}).get("samplesDone", 0))
+
+    def set_suspend(self, ns: str, name: str, value: bool) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, ns, PLURAL, name, {"spec": {"suspend": value}}
+        )
 
     def delete_job(self, ns: str, name: str) -> None:
         self.custom.delete_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
@@ -466,3 +539,43 @@ def cluster_in(api: KubeAPI, namespace: str) -> Cluster:
     apply_crd(api)
     ensure_namespace(api, namespace)
     return Cluster(api)
+
+
+def controller_fixtures(
+    namespace: str,
+    identity: str,
+    ports: str,
+    *,
+    with_kubelet: bool = True,
+    policy: str | None = None,
+    extra: tuple[str, ...] = (),
+    tail: int = 100,
+) -> tuple[Any, Any]:
+    """The module-scoped ``cluster`` and ``controller`` fixtures of a test module whose jobs
+    run in ``namespace`` under one controller (``identity``, coordinator ports ``ports``,
+    the policy file ``policy`` if given, ``extra`` arguments; the last ``tail`` lines of its
+    log printed when it stops). With ``with_kubelet`` the session's kubelet in miniature runs
+    the pods. Use: ``cluster, controller = controller_fixtures(NS, "e2e", "23000-23999")``."""
+
+    def cluster_fixture(kube_api: KubeAPI) -> Cluster:
+        return cluster_in(kube_api, namespace)
+
+    def cluster_with_kubelet(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
+        return cluster_in(kube_api, namespace)
+
+    def controller_fixture(
+        kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+    ) -> Iterator[ControllerProcess]:
+        workdir = tmp_path_factory.mktemp(f"ctrl-{identity}")
+        if policy is not None:
+            (workdir / "policy.yaml").write_text(policy)
+        with healthy_controller(
+            kube_api, workdir, identity, namespace, tail=tail, ports=ports, extra=extra
+        ) as proc:
+            yield proc
+
+    cluster = pytest.fixture(scope="module", name="cluster")(
+        cluster_with_kubelet if with_kubelet else cluster_fixture
+    )
+    controller = pytest.fixture(scope="module", name="controller")(controller_fixture)
+    return cluster, controller

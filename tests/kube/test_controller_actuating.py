@@ -28,6 +28,7 @@ import kubernetes
 import pytest
 
 from .controller_harness import (
+    POOL,
     RUNNING_PHASES,
     Cluster,
     ControllerProcess,
@@ -43,7 +44,6 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-act"
-POOL = "edl.test/pool"
 
 
 @pytest.fixture(scope="module")
@@ -66,9 +66,8 @@ def controller(
         yield proc
 
 
-def pooled(manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "act"}
-    return manifest
+def pooled(name: str, **kwargs: Any) -> dict[str, Any]:
+    return training_job(name, NS, pool="act", **kwargs)
 
 
 def workers_of(cluster: Cluster, job: str, count: int) -> list[Any]:
@@ -88,9 +87,7 @@ def answered(cluster: Cluster, job: str) -> bool:
 def test_job_gets_coordinator_and_placed_workers(
     cluster: Cluster, controller: ControllerProcess
 ) -> None:
-    cluster.create_job(
-        pooled(training_job("place", NS, min_replicas=2, max_replicas=3, priority_class="act-high"))
-    )
+    cluster.create_job(pooled("place", min_replicas=2, max_replicas=3, priority_class="act-high"))
     workers = eventually(lambda: workers_of(cluster, "place", 3), 30, "three workers")
     job = cluster.job(NS, "place")
     uid = job["metadata"]["uid"]
@@ -133,7 +130,7 @@ def test_job_gets_coordinator_and_placed_workers(
 def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
     cluster: Cluster, controller: ControllerProcess
 ) -> None:
-    cluster.create_job(pooled(training_job("fail", NS, max_restarts=1)))
+    cluster.create_job(pooled("fail", max_restarts=1))
     first = eventually(lambda: workers_of(cluster, "fail", 1), 30, "a worker")[0]
     # Workers are created with their coordinator; one failing before the coordinator has
     # answered is not charged, so the charged failures below come after its first answer.
@@ -167,9 +164,9 @@ def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
 def test_nonsense_jobs_get_a_reason_and_the_controller_keeps_running(
     cluster: Cluster, controller: ControllerProcess
 ) -> None:
-    bad = pooled(training_job("minmax", NS, min_replicas=3, max_replicas=2))
+    bad = pooled("minmax", min_replicas=3, max_replicas=2)
     cluster.create_job(bad)
-    huge = pooled(training_job("huge", NS, gpus=16))
+    huge = pooled("huge", gpus=16)
     cluster.create_job(huge)
 
     def invalid() -> bool:
@@ -195,7 +192,7 @@ def test_nonsense_jobs_get_a_reason_and_the_controller_keeps_running(
 def test_deleting_a_job_removes_what_it_owns(
     cluster: Cluster, controller: ControllerProcess
 ) -> None:
-    cluster.create_job(pooled(training_job("gone", NS)))
+    cluster.create_job(pooled("gone"))
     eventually(lambda: workers_of(cluster, "gone", 1), 30, "a worker")
     cluster.delete_job(NS, "gone")
 

@@ -19,17 +19,14 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from .controller_harness import (
+    POOL,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    controller_fixtures,
     eventually,
-    healthy_controller,
     live_workers,
     training_job,
 )
@@ -38,28 +35,11 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-e2e"
-POOL = "edl.test/pool"
+cluster, controller = controller_fixtures(NS, "e2e", "23000-23999")
 
 
 def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
-    manifest = training_job(name, NS, **kwargs)
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
-    manifest["spec"]["timeouts"] = {"drainSeconds": 10}
-    return manifest
-
-
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir = tmp_path_factory.mktemp("ctrl-e2e")
-    with healthy_controller(kube_api, workdir, "e2e", NS, ports="23000-23999") as proc:
-        yield proc
+    return training_job(name, NS, pool=pool, drain_seconds=10, **kwargs)
 
 
 def phase(cluster: Cluster, name: str) -> str:

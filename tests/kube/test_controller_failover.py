@@ -17,6 +17,7 @@ from typing import Any
 from kubernetes.client import ApiException
 
 from .controller_harness import (
+    POOL,
     Cluster,
     ControllerProcess,
     cluster_in,
@@ -30,16 +31,13 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-hold"
-POOL = "edl.test/pool"
 STORE = "edl-controller-reservations"
 
 
-def pooled(manifest: dict[str, Any]) -> dict[str, Any]:
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "hold"}
+def job(name: str, **kwargs: Any) -> dict[str, Any]:
     # No coordinator runs here: victims leave at the drain deadline, which keeps the window
     # between the shrink and the high job's start open across the restart.
-    manifest["spec"]["timeouts"] = {"drainSeconds": 20}
-    return manifest
+    return training_job(name, NS, pool="hold", drain_seconds=20, **kwargs)
 
 
 def stored(cluster: Cluster) -> list[dict[str, Any]] | None:
@@ -71,7 +69,7 @@ def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path
     with first as proc:
         try:
             eventually(proc.healthy, 30, "the first controller's /healthz")
-            cluster.create_job(pooled(training_job("low", NS, max_replicas=4, priority=10)))
+            cluster.create_job(job("low", max_replicas=4, priority=10))
 
             def filled() -> bool:
                 settle(cluster, NS)
@@ -82,9 +80,7 @@ def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path
             # the low job's workers Running first, so that the shrink drains them.
             seen = cycles(proc)
             eventually(lambda: cycles(proc) >= seen + 2, 30, "two cycles after the fill")
-            cluster.create_job(
-                pooled(training_job("high", NS, min_replicas=2, max_replicas=2, priority=100))
-            )
+            cluster.create_job(job("high", min_replicas=2, max_replicas=2, priority=100))
 
             def held() -> bool:
                 return any(

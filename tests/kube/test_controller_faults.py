@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
 from .controller_harness import (
+    POOL,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    controller_fixtures,
     eventually,
-    healthy_controller,
     live_workers,
     training_job,
 )
@@ -31,24 +28,10 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-faults"
-POOL = "edl.test/pool"
-
-
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir = tmp_path_factory.mktemp("ctrl-faults")
-    extra = ("--inject-api-faults", "0.2", "--watch-timeout", "2")
-    with healthy_controller(
-        kube_api, workdir, "faulty", NS, ports="24000-24999", extra=extra, tail=40
-    ) as proc:
-        yield proc
+cluster, controller = controller_fixtures(
+    NS, "faulty", "24000-24999", extra=("--inject-api-faults", "0.2", "--watch-timeout", "2"),
+    tail=40,
+)  # fmt: skip
 
 
 def test_converges_under_api_faults_and_dropped_watches(
@@ -59,9 +42,9 @@ def test_converges_under_api_faults_and_dropped_watches(
                     kubelet=True)  # fmt: skip
     names = [f"flaky-{i}" for i in range(3)]
     for i, name in enumerate(names):
-        manifest = training_job(name, NS, max_replicas=2, priority=10 * i, samples=2000)
-        manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "faults"}
-        cluster.create_job(manifest)
+        cluster.create_job(
+            training_job(name, NS, max_replicas=2, priority=10 * i, samples=2000, pool="faults")
+        )
     problems: list[str] = []
     done = threading.Event()
 

@@ -19,104 +19,33 @@ Aspects tested:
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from .controller_harness import (
+    POOL,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    assert_exactly_once,
+    controller_fixtures,
     eventually,
-    healthy_controller,
+    plain_worker,
     training_job,
 )
-from .kubelet import MiniKubelet
 from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-preempt"
-POOL = "edl.test/pool"
 POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
+cluster, controller = controller_fixtures(NS, "preempt", "26000-26099", policy=POLICY)
 
 
 def job(name: str, **kwargs: Any) -> dict[str, Any]:
-    manifest = training_job(name, NS, **kwargs)
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "whole"}
-    # Longer than any wait below: a victim gone within it left gracefully, through its
-    # coordinator's drain, not at the deadline.
-    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
-    return manifest
-
-
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir: Path = tmp_path_factory.mktemp("ctrl-preempt")
-    (workdir / "policy.yaml").write_text(POLICY)
-    with healthy_controller(kube_api, workdir, "preempt", NS, ports="26000-26099") as proc:
-        yield proc
-
-
-def status(cluster: Cluster, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = cluster.job(NS, name).get("status", {})
-    return found
-
-
-def condition(cluster: Cluster, name: str, type_: str) -> dict[str, Any] | None:
-    return next((c for c in status(cluster, name).get("conditions", []) if c["type"] == type_),
-                None)  # fmt: skip
-
-
-def done(cluster: Cluster, name: str) -> int:
-    return int(status(cluster, name).get("progress", {}).get("samplesDone", 0))
-
-
-def plain_worker(ledgers: Path, step_time_s: float = 0.05) -> list[str]:
-    """The framework-free worker, appending what it trained to ``<ledgers>/<pod>.ledger``."""
-    return [
-        "python", "-m", "trainer_runtime.plain_worker", "--step-time-s", str(step_time_s),
-        "--ledger-file", f"{ledgers}/$(EDL_WORKER_ID).ledger",
-    ]  # fmt: skip
-
-
-def trained(ledgers: Path) -> Counter[int]:
-    """How often each sample was trained (one epoch), from the workers' ledger files: the
-    commits the coordinator acknowledged, plus unacknowledged ones (a worker stopped between
-    its commit and the answer) that no one trained again."""
-    intents: dict[tuple[str, int], range] = {}
-    acked: set[tuple[str, int]] = set()
-    for path in ledgers.glob("*.ledger"):
-        for line in path.read_text().splitlines():
-            kind, lease, *rest = line.split()
-            if kind == "intent":
-                intents[(path.stem, int(lease))] = range(int(rest[1]), int(rest[2]))
-            elif kind == "done":
-                acked.add((path.stem, int(lease)))
-    counts: Counter[int] = Counter()
-    for key in acked:
-        counts.update(intents[key])
-    for key, samples in intents.items():
-        if key not in acked and all(counts[i] == 0 for i in samples):
-            counts.update(samples)
-    return counts
-
-
-def assert_exactly_once(ledgers: Path, samples: int) -> None:
-    counts = trained(ledgers)
-    assert set(counts) == set(range(samples)), f"{samples - len(counts)} samples never trained"
-    assert max(counts.values()) == 1, "some samples were trained twice"
+    # The drain deadline is longer than any wait below: a victim gone within it left
+    # gracefully, through its coordinator's drain, not at the deadline.
+    return training_job(
+        name, NS, pool="whole", drain_seconds=300, env={"EDL_TIMEOUT_S": "120"}, **kwargs
+    )
 
 
 def test_rigid_job_is_preempted_whole_and_resumes_where_it_stopped(
@@ -128,22 +57,22 @@ def test_rigid_job_is_preempted_whole_and_resumes_where_it_stopped(
     (tmp_path / "high").mkdir()
     cluster.create_job(job("low", min_replicas=2, max_replicas=2, priority=10, samples=samples,
                            command=plain_worker(tmp_path / "low")))  # fmt: skip
-    eventually(lambda: done(cluster, "low") >= 500, 90, "the low job training")
+    eventually(lambda: cluster.samples_done(NS, "low") >= 500, 90, "the low job training")
     coordinator = cluster.pods(NS, "low", "coordinator")[0].metadata.uid
     cluster.create_job(job("high", min_replicas=2, max_replicas=2, priority=100, samples=2000,
                            command=plain_worker(tmp_path / "high")))  # fmt: skip
 
     def suspended() -> bool:
-        return status(cluster, "low").get("phase") == "Suspended" and not cluster.pods(
+        return cluster.status(NS, "low").get("phase") == "Suspended" and not cluster.pods(
             NS, "low", "worker"
         )
 
     eventually(suspended, 60, "the low job Suspended with no worker pod left")
-    at_suspension = done(cluster, "low")
+    at_suspension = cluster.samples_done(NS, "low")
     assert 0 < at_suspension < samples, "the preemption was to land mid-run"
     preempted = [e for e in cluster.told(NS, "low", "Preempted") if e.reason == "Preempted"]
     assert f"{NS}/high" in preempted[0].message and "victims: low-worker-" in preempted[0].message
-    held = condition(cluster, "low", "Suspended")
+    held = cluster.condition(NS, "low", "Suspended")
     assert held is not None and held["status"] == "True" and held["reason"] == "Preempted"
     assert f"{NS}/high" in held["message"]
     counted = [line for line in controller.metrics().splitlines()
@@ -153,19 +82,19 @@ def test_rigid_job_is_preempted_whole_and_resumes_where_it_stopped(
     assert [p.metadata.uid for p in kept] == [coordinator], "the coordinator pod is kept"
     assert "nvidia.com/gpu" not in (kept[0].spec.containers[0].resources.requests or {})
 
-    eventually(lambda: status(cluster, "high").get("phase") == "Succeeded", 90, "high Succeeded")
+    eventually(lambda: cluster.status(NS, "high").get("phase") == "Succeeded", 90, "high Succeeded")
 
     def resumed() -> bool:
-        return status(cluster, "low").get("phase") in ("Running", "Resizing", "Succeeded")
+        return cluster.status(NS, "low").get("phase") in ("Running", "Resizing", "Succeeded")
 
     eventually(resumed, 60, "the low job admitted again")
     cluster.told(NS, "low", "Resumed")
     # Progress continues from the ledger the kept coordinator held: never back to 0.
-    assert done(cluster, "low") >= at_suspension
-    eventually(lambda: status(cluster, "low").get("phase") == "Succeeded", 120, "low Succeeded")
-    final = status(cluster, "low")
+    assert cluster.samples_done(NS, "low") >= at_suspension
+    eventually(lambda: cluster.status(NS, "low").get("phase") == "Succeeded", 120, "low Succeeded")
+    final = cluster.status(NS, "low")
     assert final["restarts"] == 0, "drained workers are not failures"
     assert_exactly_once(tmp_path / "low", samples)
     assert_exactly_once(tmp_path / "high", 2000)
-    cleared = condition(cluster, "low", "Suspended")
+    cleared = cluster.condition(NS, "low", "Suspended")
     assert cleared is not None and cleared["status"] == "False"

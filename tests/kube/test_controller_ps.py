@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,38 +45,24 @@ from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.shaping import ShapingError, ps_snapshot_dir
 
 from .controller_harness import (
+    POOL,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    controller_fixtures,
     eventually,
-    healthy_controller,
     training_job,
 )
-from .kubelet import MiniKubelet
 from .nodes import create_node
 from .testenv import REPO, KubeAPI
 
 NS = "ctrl-ps"
-POOL = "edl.test/pool"
 JOB = str(REPO / "tests" / "runtime" / "ps_job.py")
 SAMPLES, EPOCHS = 480, 2
 # Whole-job preemption for the preemption test; nothing else here competes for GPUs.
 POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
 
 
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir: Path = tmp_path_factory.mktemp("ctrl-ps")
-    (workdir / "policy.yaml").write_text(POLICY)
-    with healthy_controller(kube_api, workdir, "ps", NS, ports="26200-26299") as proc:
-        yield proc
+cluster, controller = controller_fixtures(NS, "ps", "26200-26299", policy=POLICY)
 
 
 def ps_job(
@@ -96,8 +81,8 @@ def ps_job(
             "strategy": "ps",
             "pserver": {"minReplicas": 2, "maxReplicas": 2,
                         "resources": {"cpu": "500m", "memory": "512Mi"}},
-            "timeouts": {"drainSeconds": 20},
         },
+        pool=pool, drain_seconds=20, env={"EDL_TIMEOUT_S": "120"},
     )  # fmt: skip
     manifest["metadata"]["annotations"] |= {
         "edl.dev/coordinator-args": (
@@ -107,11 +92,8 @@ def ps_job(
     if snapshots:
         manifest["metadata"]["annotations"]["edl.dev/ps-snapshots"] = f"{shared}/ps"
     spec = manifest["spec"]["template"]["spec"]
-    spec["nodeSelector"] = {POOL: pool}
     spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "ps-shared"}}]
-    container = spec["containers"][0]
-    container["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
-    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
     return manifest
 
 
@@ -119,19 +101,8 @@ def env_of(pod: Any) -> dict[str, str]:
     return {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
 
 
-def status(cluster: Cluster, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = cluster.job(NS, name).get("status", {})
-    return found
-
-
 def step(cluster: Cluster, name: str = "ctr") -> int:
-    return int(status(cluster, name).get("progress", {}).get("committedStep", 0))
-
-
-def set_suspend(cluster: Cluster, name: str, value: bool) -> None:
-    cluster.custom.patch_namespaced_custom_object(
-        "edl.dev", "v1alpha1", NS, "trainingjobs", name, {"spec": {"suspend": value}}
-    )
+    return int(cluster.status(NS, name).get("progress", {}).get("committedStep", 0))
 
 
 def live(pods: list[Any]) -> list[Any]:
@@ -149,7 +120,7 @@ def test_ps_job_survives_a_deleted_server_and_a_suspension_with_an_exact_ledger(
     def running() -> bool:
         servers = live(cluster.pods(NS, "ctr", "pserver"))
         workers = live(cluster.pods(NS, "ctr", "worker"))
-        step = status(cluster, "ctr").get("progress", {}).get("committedStep", 0)
+        step = cluster.status(NS, "ctr").get("progress", {}).get("committedStep", 0)
         return len(servers) == 2 and len(workers) == 2 and step >= 25
 
     eventually(running, 120, "two servers, two workers and 25 committed steps")
@@ -180,19 +151,19 @@ def test_ps_job_survives_a_deleted_server_and_a_suspension_with_an_exact_ledger(
     # The whole job suspended and resumed: the servers leave too; the new ones restore the
     # partitions from the snapshots, the coordinator (kept) the ledger.
     coordinator = cluster.pods(NS, "ctr", "coordinator")[0].metadata.uid
-    set_suspend(cluster, "ctr", True)
+    cluster.set_suspend(NS, "ctr", True)
 
     def suspended() -> bool:
         replicas = [p for p in cluster.pods(NS, "ctr")
                     if p.metadata.labels["edl.dev/role"] != "coordinator"]  # fmt: skip
-        return status(cluster, "ctr").get("phase") == "Suspended" and not replicas
+        return cluster.status(NS, "ctr").get("phase") == "Suspended" and not replicas
 
     eventually(suspended, 60, "Suspended with no server or worker left")
-    assert not status(cluster, "ctr")["progress"]["finished"], "suspended mid-run"
+    assert not cluster.status(NS, "ctr")["progress"]["finished"], "suspended mid-run"
     assert [p.metadata.uid for p in cluster.pods(NS, "ctr", "coordinator")] == [coordinator]
-    set_suspend(cluster, "ctr", False)
-    eventually(lambda: status(cluster, "ctr").get("phase") == "Succeeded", 150, "Succeeded")
-    assert status(cluster, "ctr")["restarts"] == 0, "deleted and drained servers are no failures"
+    cluster.set_suspend(NS, "ctr", False)
+    eventually(lambda: cluster.status(NS, "ctr").get("phase") == "Succeeded", 150, "Succeeded")
+    assert cluster.status(NS, "ctr")["restarts"] == 0, "deleted and drained servers are no failures"
 
     expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
     for name, counts in final_counts(out).items():
@@ -228,9 +199,9 @@ def test_ps_job_preempted_whole_resumes_with_an_exact_ledger(
     coordinator = cluster.pods(NS, "low", "coordinator")[0].metadata.uid
     slow = [sys.executable, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.1"]
     high = training_job(  # about 10 s of training: long enough to see the PS job suspended
-        "high", NS, min_replicas=2, max_replicas=2, priority=100, samples=2000, command=slow
-    )
-    high["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "ps-pre"}
+        "high", NS, min_replicas=2, max_replicas=2, priority=100, samples=2000, command=slow,
+        pool="ps-pre",
+    )  # fmt: skip
     cluster.create_job(high)
 
     def suspended() -> bool:
@@ -243,20 +214,22 @@ def test_ps_job_preempted_whole_resumes_with_an_exact_ledger(
             (p.metadata.annotations or {}).get("edl.dev/draining") == "true" for p in servers
         )
         workers = cluster.pods(NS, "low", "worker")
-        return status(cluster, "low").get("phase") == "Suspended" and not workers and draining
+        return cluster.status(NS, "low").get("phase") == "Suspended" and not workers and draining
 
     eventually(suspended, 60, "the PS job Suspended, no worker left and its servers retiring")
-    assert not status(cluster, "low")["progress"]["finished"], "preempted mid-run"
+    assert not cluster.status(NS, "low")["progress"]["finished"], "preempted mid-run"
     preempted = [e for e in cluster.told(NS, "low", "Preempted") if e.reason == "Preempted"]
     assert f"{NS}/high" in preempted[0].message and "low-pserver-" in preempted[0].message
-    held = next(c for c in status(cluster, "low")["conditions"] if c["type"] == "Suspended")
+    held = next(c for c in cluster.status(NS, "low")["conditions"] if c["type"] == "Suspended")
     assert held["status"] == "True" and held["reason"] == "Preempted"
     assert [p.metadata.uid for p in cluster.pods(NS, "low", "coordinator")] == [coordinator]
 
-    eventually(lambda: status(cluster, "high").get("phase") == "Succeeded", 90, "high Succeeded")
+    eventually(lambda: cluster.status(NS, "high").get("phase") == "Succeeded", 90, "high Succeeded")
     cluster.told(NS, "low", "Resumed")
-    eventually(lambda: status(cluster, "low").get("phase") == "Succeeded", 150, "low Succeeded")
-    assert status(cluster, "low")["restarts"] == 0, "preempted servers and workers are no failures"
+    eventually(lambda: cluster.status(NS, "low").get("phase") == "Succeeded", 150, "low Succeeded")
+    assert cluster.status(NS, "low")["restarts"] == 0, (
+        "preempted servers and workers are no failures"
+    )
     expected = torch.full((SAMPLES,), float(EPOCHS), dtype=torch.float64)
     for name, counts in final_counts(out).items():
         assert torch.equal(counts, expected), f"{name}: {counts.unique(return_counts=True)}"
@@ -268,7 +241,7 @@ def test_ps_job_without_shared_snapshots_is_refused(
     cluster.create_job(ps_job("bare", tmp_path / "shared", tmp_path / "out", snapshots=False))
 
     def refused() -> dict[str, Any] | None:
-        found = status(cluster, "bare").get("conditions", [])
+        found = cluster.status(NS, "bare").get("conditions", [])
         return next((c for c in found if c["type"] == "Valid" and c["status"] == "False"), None)
 
     valid = eventually(refused, 30, "Valid=False")

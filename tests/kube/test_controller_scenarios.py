@@ -16,19 +16,17 @@ Aspects tested:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import kubernetes
-import pytest
 
 from .controller_harness import (
+    POOL,
     RUNNING_PHASES,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    controller_fixtures,
     eventually,
-    healthy_controller,
     live_workers,
     settle,
     training_job,
@@ -37,27 +35,11 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-scn"
-POOL = "edl.test/pool"
+cluster, controller = controller_fixtures(NS, "scn", "22000-22999", with_kubelet=False)
 
 
-def pooled(manifest: dict[str, Any], pool: str) -> dict[str, Any]:
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
-    manifest["spec"]["timeouts"] = {"drainSeconds": 2}
-    return manifest
-
-
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir = tmp_path_factory.mktemp("ctrl-scn")
-    with healthy_controller(kube_api, workdir, "scn", NS, ports="22000-22999") as proc:
-        yield proc
+def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
+    return training_job(name, NS, pool=pool, drain_seconds=2, **kwargs)
 
 
 def test_high_priority_job_preempts_gracefully_and_low_grows_back(
@@ -65,7 +47,7 @@ def test_high_priority_job_preempts_gracefully_and_low_grows_back(
 ) -> None:
     for i in range(2):
         create_node(kube_api.api_client, f"scn-{i}", gpus=2, labels={POOL: "pre"})
-    cluster.create_job(pooled(training_job("low", NS, max_replicas=4, priority=10), "pre"))
+    cluster.create_job(job("low", "pre", max_replicas=4, priority=10))
 
     def filled() -> bool:
         # Running, and its coordinator answering (its progress in the status): workers are
@@ -77,9 +59,7 @@ def test_high_priority_job_preempts_gracefully_and_low_grows_back(
         return running and "progress" in cluster.job(NS, "low").get("status", {})
 
     eventually(filled, 30, "the low-priority job to fill the pool, its coordinator answering")
-    cluster.create_job(
-        pooled(training_job("high", NS, min_replicas=2, max_replicas=2, priority=100), "pre")
-    )
+    cluster.create_job(job("high", "pre", min_replicas=2, max_replicas=2, priority=100))
 
     def drained() -> list[Any]:
         return [
@@ -128,7 +108,7 @@ def test_gpus_of_other_workloads_are_respected(
             },
         },
     )  # fmt: skip
-    cluster.create_job(pooled(training_job("greedy", NS, max_replicas=4), "other"))
+    cluster.create_job(job("greedy", "other", max_replicas=4))
 
     def settled() -> bool:
         settle(cluster, NS)
@@ -145,7 +125,7 @@ def test_workers_of_deleted_and_cordoned_nodes_are_replaced(
 ) -> None:
     for i in range(3):
         create_node(kube_api.api_client, f"mv-{i}", gpus=1, labels={POOL: "move"})
-    cluster.create_job(pooled(training_job("mover", NS, min_replicas=2, max_replicas=2), "move"))
+    cluster.create_job(job("mover", "move", min_replicas=2, max_replicas=2))
 
     def running() -> list[Any]:
         settle(cluster, NS)
@@ -173,7 +153,7 @@ def test_suspend_and_resume(
     kube_api: KubeAPI, cluster: Cluster, controller: ControllerProcess
 ) -> None:
     create_node(kube_api.api_client, "scn-sus", gpus=2, labels={POOL: "sus"})
-    cluster.create_job(pooled(training_job("nap", NS, max_replicas=2), "sus"))
+    cluster.create_job(job("nap", "sus", max_replicas=2))
 
     def workers(n: int) -> bool:
         settle(cluster, NS)

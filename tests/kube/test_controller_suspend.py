@@ -26,70 +26,28 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
 import torch
 
 from trainer_runtime.torch.checkpointing import stored_steps
 
 from ..runtime.test_torch_elastic import JOB, reference_parameters
 from .controller_harness import (
-    GROUP,
-    PLURAL,
-    VERSION,
+    POOL,
     Cluster,
     ControllerProcess,
-    cluster_in,
+    assert_exactly_once,
+    controller_fixtures,
     eventually,
-    healthy_controller,
+    plain_worker,
     training_job,
 )
-from .kubelet import MiniKubelet
 from .nodes import create_node
-from .test_controller_preemption import assert_exactly_once, plain_worker
 from .testenv import KubeAPI
 
 NS = "ctrl-suspend"
-POOL = "edl.test/pool"
-
-
-@pytest.fixture(scope="module")
-def cluster(kube_api: KubeAPI, kubelet: MiniKubelet) -> Cluster:
-    return cluster_in(kube_api, NS)
-
-
-@pytest.fixture(scope="module")
-def controller(
-    kube_api: KubeAPI, cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ControllerProcess]:
-    workdir: Path = tmp_path_factory.mktemp("ctrl-suspend")
-    with healthy_controller(kube_api, workdir, "suspend", NS, ports="26100-26199") as proc:
-        yield proc
-
-
-def status(cluster: Cluster, name: str) -> dict[str, Any]:
-    found: dict[str, Any] = cluster.job(NS, name).get("status", {})
-    return found
-
-
-def suspended_condition(cluster: Cluster, name: str) -> dict[str, Any] | None:
-    return next(
-        (c for c in status(cluster, name).get("conditions", []) if c["type"] == "Suspended"),
-        None,
-    )
-
-
-def done(cluster: Cluster, name: str) -> int:
-    return int(status(cluster, name).get("progress", {}).get("samplesDone", 0))
-
-
-def set_suspend(cluster: Cluster, name: str, value: bool) -> None:
-    cluster.custom.patch_namespaced_custom_object(
-        GROUP, VERSION, NS, PLURAL, name, {"spec": {"suspend": value}}
-    )
+cluster, controller = controller_fixtures(NS, "suspend", "26100-26199")
 
 
 def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
@@ -97,30 +55,26 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
 ) -> None:
     create_node(kube_api.api_client, "susp-0", gpus=2, labels={POOL: "susp"}, kubelet=True)
     samples = 4000
+    # The drain deadline is longer than any wait below: a worker gone within it left
+    # gracefully, through its coordinator's drain, not at the deadline.
     manifest = training_job(
         "nap", NS, min_replicas=1, max_replicas=2, samples=samples,
-        command=plain_worker(tmp_path),
+        command=plain_worker(tmp_path), pool="susp", drain_seconds=300,
+        env={"EDL_TIMEOUT_S": "120"},
     )  # fmt: skip
-    manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: "susp"}
-    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [
-        {"name": "EDL_TIMEOUT_S", "value": "120"}
-    ]
-    # Longer than any wait below: a worker gone within it left gracefully, through its
-    # coordinator's drain, not at the deadline.
-    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
     cluster.create_job(manifest)
-    eventually(lambda: done(cluster, "nap") >= 500, 90, "the job training")
+    eventually(lambda: cluster.samples_done(NS, "nap") >= 500, 90, "the job training")
     coordinator = cluster.pods(NS, "nap", "coordinator")[0].metadata.uid
-    set_suspend(cluster, "nap", True)
+    cluster.set_suspend(NS, "nap", True)
 
     def suspended() -> bool:
-        return status(cluster, "nap").get("phase") == "Suspended" and not cluster.pods(
+        return cluster.status(NS, "nap").get("phase") == "Suspended" and not cluster.pods(
             NS, "nap", "worker"
         )
 
     eventually(suspended, 60, "phase Suspended with no worker pod left")
     cluster.told(NS, "nap", "Suspended")
-    held = suspended_condition(cluster, "nap")
+    held = cluster.condition(NS, "nap", "Suspended")
     assert held is not None and held["status"] == "True" and held["reason"] == "UserSuspended"
     kept = cluster.pods(NS, "nap", "coordinator")
     assert [p.metadata.uid for p in kept] == [coordinator], "the coordinator pod is kept"
@@ -131,23 +85,23 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
     def settled() -> int | None:
         # The status shows the coordinator's progress of up to a poll (1 s) ago: the last
         # shards the drained workers committed may show after their pods have gone.
-        before = done(cluster, "nap")
+        before = cluster.samples_done(NS, "nap")
         time.sleep(1.5)
-        return before if done(cluster, "nap") == before else None
+        return before if cluster.samples_done(NS, "nap") == before else None
 
     at_suspension = eventually(settled, 30, "the progress of the drained workers shown")
     assert 0 < at_suspension < samples, "the suspension was to land mid-run"
     time.sleep(3)  # three more progress polls: nothing trains while suspended
-    assert done(cluster, "nap") == at_suspension
-    assert status(cluster, "nap")["restarts"] == 0, "drained workers are not failures"
+    assert cluster.samples_done(NS, "nap") == at_suspension
+    assert cluster.status(NS, "nap")["restarts"] == 0, "drained workers are not failures"
 
-    set_suspend(cluster, "nap", False)
+    cluster.set_suspend(NS, "nap", False)
     cluster.told(NS, "nap", "Resumed")
-    eventually(lambda: done(cluster, "nap") > at_suspension, 90, "training again")
-    eventually(lambda: status(cluster, "nap").get("phase") == "Succeeded", 120, "Succeeded")
-    assert status(cluster, "nap")["restarts"] == 0
+    eventually(lambda: cluster.samples_done(NS, "nap") > at_suspension, 90, "training again")
+    eventually(lambda: cluster.status(NS, "nap").get("phase") == "Succeeded", 120, "Succeeded")
+    assert cluster.status(NS, "nap")["restarts"] == 0
     assert_exactly_once(tmp_path, samples)
-    cleared = suspended_condition(cluster, "nap")
+    cleared = cluster.condition(NS, "nap", "Suspended")
     assert cleared is not None and cleared["status"] == "False"
 
 
@@ -162,8 +116,9 @@ def test_allreduce_job_keeps_its_model_where_edl_dev_checkpoints_names(
         "--global-batch", str(batch), "--step-sleep-s", "0.1", "--out", str(out),
     ]  # fmt: skip
     manifest = training_job(
-        "ckpt", NS, min_replicas=2, max_replicas=2, framework="torch", command=command
-    )
+        "ckpt", NS, min_replicas=2, max_replicas=2, framework="torch", command=command,
+        pool="susp-ck", drain_seconds=300, env={"EDL_TIMEOUT_S": "120"},
+    )  # fmt: skip
     manifest["metadata"]["annotations"] = {
         "edl.dev/coordinator-args": (
             f"--samples {samples} --shard-size 10 --epochs {epochs} --join-window-s 0.3"
@@ -171,17 +126,13 @@ def test_allreduce_job_keeps_its_model_where_edl_dev_checkpoints_names(
         "edl.dev/checkpoints": f"{shared}/ckpt",
     }
     spec = manifest["spec"]["template"]["spec"]
-    spec["nodeSelector"] = {POOL: "susp-ck"}
     spec["volumes"] = [{"name": "shared", "persistentVolumeClaim": {"claimName": "ckpt"}}]
-    container = spec["containers"][0]
-    container["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
-    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
-    manifest["spec"]["timeouts"] = {"drainSeconds": 300}
+    spec["containers"][0]["volumeMounts"] = [{"name": "shared", "mountPath": str(shared)}]
     cluster.create_job(manifest)
     directory = shared / "ckpt" / cluster.job(NS, "ckpt")["metadata"]["uid"]
 
     def step() -> int:
-        return int(status(cluster, "ckpt").get("progress", {}).get("committedStep", 0))
+        return int(cluster.status(NS, "ckpt").get("progress", {}).get("committedStep", 0))
 
     eventually(lambda: step() >= 10, 120, "ten committed steps")
     first = {p.metadata.name for p in cluster.pods(NS, "ckpt", "worker")}
@@ -191,10 +142,10 @@ def test_allreduce_job_keeps_its_model_where_edl_dev_checkpoints_names(
         for env in p.spec.containers[0].env
         if env.name == "EDL_CHECKPOINT_DIR"
     ), "each worker is told the job's own checkpoint directory"
-    set_suspend(cluster, "ckpt", True)
+    cluster.set_suspend(NS, "ckpt", True)
     eventually(
         lambda: (
-            status(cluster, "ckpt").get("phase") == "Suspended"
+            cluster.status(NS, "ckpt").get("phase") == "Suspended"
             and not cluster.pods(NS, "ckpt", "worker")
         ),
         90,
@@ -205,9 +156,9 @@ def test_allreduce_job_keeps_its_model_where_edl_dev_checkpoints_names(
     steps = samples * epochs // batch
     assert 0 < saved[0] < steps, "the suspension was to land mid-run"
 
-    set_suspend(cluster, "ckpt", False)
-    eventually(lambda: status(cluster, "ckpt").get("phase") == "Succeeded", 180, "Succeeded")
-    assert status(cluster, "ckpt")["restarts"] == 0
+    cluster.set_suspend(NS, "ckpt", False)
+    eventually(lambda: cluster.status(NS, "ckpt").get("phase") == "Succeeded", 180, "Succeeded")
+    assert cluster.status(NS, "ckpt")["restarts"] == 0
     resumed = {p.stem for p in out.glob("*.json")} - first
     assert len(resumed) == 2, resumed
     # Only the steps after the checkpoint were trained again (a start from scratch would
