@@ -1,19 +1,16 @@
 """A Paddle worker of the runtime's multi-process tests and benchmarks (run as a script).
 
-`--kind ledger`: the model is the ledger, a per-sample counter `c` whose gradient is
-one-hot; SGD with rate 1 adds exactly 1 to `c[i]` each time sample i is trained, so after
-the job `c` must equal the number of epochs everywhere, whatever resizes and failures
-happened. `--kind mlp`: a small float64 MLP with Momentum, for the fixed-global-batch
-equivalence test and the benchmarks.
+`--kind ledger` (the per-sample counter) or `--kind mlp` (a small float64 MLP with
+Momentum): see `elastic_job.py`, whose loop it runs.
 
 At the end it writes `<out>/<worker>.npz` (final parameters) and `<out>/<worker>.json`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +18,9 @@ import numpy as np
 import paddle
 from paddle import nn
 
+if not __package__:  # run as a script: the repository's root is where `tests` is found
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.runtime.elastic_job import arguments, training
 from trainer_runtime.paddle import KeepGlobalBatch, session
 
 
@@ -56,20 +56,12 @@ def momentum(model: nn.Layer) -> paddle.optimizer.Momentum:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--kind", choices=["ledger", "mlp"], required=True)
-    parser.add_argument("--samples", type=int, required=True)
-    parser.add_argument("--global-batch", type=int, default=8)
-    parser.add_argument("--step-sleep-s", type=float, default=0.0)
-    parser.add_argument("--out", type=Path, required=True)
+    parser = arguments()
     parser.add_argument(
         "--gate",
         type=Path,
         help="wait (up to 300 s) for this file before joining: a test starts a newcomer "
         "early, so that its imports are paid before the moment it joins",
-    )
-    parser.add_argument(
-        "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
     )
     args = parser.parse_args()
     paddle.set_device("cpu")
@@ -85,8 +77,6 @@ def main() -> None:
         model = mlp()
         optimizer = momentum(model)
         dataset = mlp_data(args.samples)
-    steps = 0
-    worlds: set[int] = set()
     trace = args.trace.open("a", buffering=1) if args.trace else None
     if args.gate:
         deadline = time.monotonic() + 300
@@ -95,28 +85,7 @@ def main() -> None:
                 raise SystemExit(f"{args.gate} did not appear within 300 s")
             time.sleep(0.02)
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
-        if trace:
-            trace.write(f"ready {time.time()} {worker}\n")
-        for batch in s.batches():
-            if args.kind == "ledger":
-                (index,) = batch
-                loss = (-float(s.window_size) * s.model(index)).mean()
-            else:
-                inputs, targets = batch
-                loss = nn.functional.cross_entropy(s.model(inputs), targets)
-            s.step(loss)
-            steps += 1
-            worlds.add(s.world_size)
-            if trace:
-                trace.write(f"step {time.time()} g{s.generation} {s.world_size} {os.getpid()}\n")
-            if args.step_sleep_s:
-                time.sleep(args.step_sleep_s)
-        summary = {
-            "steps": steps,
-            "step": s.step_count,
-            "generations": s.generations_formed,
-            "worlds": sorted(worlds),
-        }
+        summary = training(s, args, nn.functional.cross_entropy, trace)
     args.out.mkdir(parents=True, exist_ok=True)
     arrays = {key: value.numpy() for key, value in model.state_dict().items()}
     np.savez(args.out / f"{worker}.npz", **arrays)  # type: ignore[arg-type]

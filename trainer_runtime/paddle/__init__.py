@@ -4,7 +4,8 @@
 Each generation forms its own process group inside the running process (`grouping.py`).
 """
 
-from trainer_runtime.paddle.batching import BatchPolicy, KeepGlobalBatch, LrRule, ScaleBatch
+from trainer_runtime.batching import KeepGlobalBatch, LrRule
+from trainer_runtime.paddle.batching import BatchPolicy, ScaleBatch
 from trainer_runtime.paddle.session import ElasticSession, session
 
 __all__ = [

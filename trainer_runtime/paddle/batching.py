@@ -17,17 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 from trainer_runtime import batching
-from trainer_runtime.batching import KeepGlobalBatch, LrRule, initial_batch
-
-__all__ = [
-    "VELOCITY",
-    "BatchPolicy",
-    "KeepGlobalBatch",
-    "LrRule",
-    "ScaleBatch",
-    "compensating_momentum",
-    "initial_batch",
-]
 
 VELOCITY = "velocity"
 

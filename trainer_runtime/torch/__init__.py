@@ -3,7 +3,8 @@
 `session(model, optimizer, dataset, batch_policy=...)` is the whole API; see `session.py`.
 """
 
-from trainer_runtime.torch.batching import BatchPolicy, KeepGlobalBatch, LrRule, ScaleBatch
+from trainer_runtime.batching import KeepGlobalBatch, LrRule
+from trainer_runtime.torch.batching import BatchPolicy, ScaleBatch
 from trainer_runtime.torch.session import ElasticSession, session
 
 __all__ = [

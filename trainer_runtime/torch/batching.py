@@ -17,16 +17,6 @@ from typing import TypeAlias
 import torch
 
 from trainer_runtime import batching
-from trainer_runtime.batching import KeepGlobalBatch, LrRule, initial_batch
-
-__all__ = [
-    "BatchPolicy",
-    "KeepGlobalBatch",
-    "LrRule",
-    "ScaleBatch",
-    "compensating_momentum",
-    "initial_batch",
-]
 
 #: A batch policy for a torch optimizer (`KeepGlobalBatch`, `ScaleBatch` or a job's own).
 BatchPolicy: TypeAlias = batching.BatchPolicy[torch.optim.Optimizer]

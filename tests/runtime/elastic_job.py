@@ -1,0 +1,69 @@
+"""What the runtime's data-parallel test workers share, whatever their framework: their
+command line and their training loop (`torch_job.py` and `paddle_job.py` run it).
+
+`--kind ledger`: the model is the ledger, a per-sample counter `c` whose gradient is
+one-hot; SGD with rate 1 adds exactly 1 to `c[i]` each time sample i is trained, so after the
+job `c` must equal the number of epochs everywhere, whatever resizes and failures happened.
+`--kind mlp`: a small float64 MLP, for the fixed-global-batch equivalence tests and the
+benchmarks. Each framework's script builds the model, the optimizer and the data; the loop,
+the trace and the summary are written here once, so the two frameworks are tested alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+
+def arguments() -> argparse.ArgumentParser:
+    """The options every worker takes (a framework's script may add its own)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kind", choices=["ledger", "mlp"], required=True)
+    parser.add_argument("--samples", type=int, required=True)
+    parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument("--step-sleep-s", type=float, default=0.0)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument(
+        "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
+    )
+    return parser
+
+
+def training(
+    s: Any,
+    args: argparse.Namespace,
+    cross_entropy: Callable[[Any, Any], Any],
+    trace: TextIO | None,
+) -> dict[str, Any]:
+    """Train through session `s` until the job ends or the worker is drained; what it did.
+    The ledger's loss is `-window_size * c[i]` averaged over the rank's batch, so that the
+    session's averaging over the step's window leaves a gradient of exactly -1 per sample."""
+    worker = os.environ["EDL_WORKER_ID"]
+    steps = 0
+    worlds: set[int] = set()
+    if trace:
+        trace.write(f"ready {time.time()} {worker}\n")
+    for batch in s.batches():
+        if args.kind == "ledger":
+            (index,) = batch
+            loss = (-float(s.window_size) * s.model(index)).mean()
+        else:
+            inputs, targets = batch
+            loss = cross_entropy(s.model(inputs), targets)
+        s.step(loss)
+        steps += 1
+        worlds.add(s.world_size)
+        if trace:
+            trace.write(f"step {time.time()} g{s.generation} {s.world_size} {os.getpid()}\n")
+        if args.step_sleep_s:
+            time.sleep(args.step_sleep_s)
+    return {
+        "steps": steps,
+        "step": s.step_count,
+        "generations": s.generations_formed,
+        "worlds": sorted(worlds),
+    }
