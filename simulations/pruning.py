@@ -182,7 +182,8 @@ def settled(
     # size that runs, its lack sorts first in the sweep below: its own workers are not in
     # its pool, as in the admitter's.
     entries: list[tuple[tuple[float | str, ...], int, int]] = []
-    top: tuple[tuple[float | str, ...], int, int] | None = None  # the best-ranked short job
+    top: tuple[float | str, ...] | None = None  # the best-ranked short job's key
+    lack = 0
     elastic = policy.elastic
     for j, n, k in zip(jobs, live, keys, strict=True):
         size = j.worker.min_replicas if elastic else j.rigid_size
@@ -192,17 +193,16 @@ def settled(
         if n < size:
             if j.pserver is not None:
                 return False
-            entry = (k, 1, (size - n) * gpu)
-            entries.append(entry)
-            if top is None or entry < top:
-                top = entry
+            entries.append((k, 1, (size - n) * gpu))
+            if top is None or k < top:
+                top, lack = k, (size - n) * gpu
         if n and suspends and j.preemptible:
             entries.append((k, 0, n * gpu))
     if top is None:
         return True
     free = max(0, free_gpus)
     # Most plans that change something start the best-ranked short job: one sum says so.
-    if top[2] <= free + sum(g for k, lacks, g in entries if not lacks and k > top[0]):
+    if lack <= free + sum(g for k, lacks, g in entries if not lacks and k > top):
         return False
     # From the lowest rank up: ``pool`` is what suspending every running job ranked below
     # the one at hand frees.
