@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -20,27 +21,10 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+if not __package__:  # run as a script: the repository's root is where `tests` is found
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.runtime.torch_job import Counter, mlp, mlp_data
 from trainer_runtime.ps.session import Consistency, PsConfig, ps_session
-
-
-class Counter(nn.Module):
-    def __init__(self, samples: int) -> None:
-        super().__init__()
-        self.counts = nn.Parameter(torch.zeros(samples, dtype=torch.float64))
-
-    def forward(self, index: torch.Tensor) -> torch.Tensor:
-        return self.counts[index]
-
-
-def mlp(width: int = 16) -> nn.Module:
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 2)).double()
-
-
-def mlp_data(samples: int) -> TensorDataset:
-    generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(samples, 8, generator=generator, dtype=torch.float64)
-    return TensorDataset(inputs, (inputs[:, 0] > 0).long())
 
 
 def main() -> None:
