@@ -34,24 +34,28 @@ import functools
 import json
 import math
 import os
-import shlex
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-import grpc
-from kubernetes.client import ApiException
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.played_cluster import (  # noqa: E402
+    THIS_TREE,
+    KubeletProcess,
+    PlayedCoordinators,
+    PlayedKubelet,
+    cycle_mean,
+    cycle_totals,
+    operator_options,
+    phase_means,
+    phase_totals,
+)
 from tests.kube.controller_harness import (  # noqa: E402
     Cluster,
     apply_crd,
@@ -60,95 +64,12 @@ from tests.kube.controller_harness import (  # noqa: E402
     running_controller,
     training_job,
 )
-from tests.kube.kubelet import running_kubelet  # noqa: E402
 from tests.kube.listing import keep_listed  # noqa: E402
-from tests.kube.nodes import KUBELET_LABELS, create_node  # noqa: E402
+from tests.kube.nodes import create_node  # noqa: E402
 from tests.kube.testenv import ensure_binaries, running_control_plane  # noqa: E402
-from trainer_runtime.protocol import METHODS, SERVICE, pb  # noqa: E402
 
 NS = "bench"
 POOL = "edl.bench/pool"
-
-
-class PlayedCoordinators:
-    """The coordinators of the played nodes' jobs: one small gRPC server per job in this
-    process, on the job's port, answering what the controller asks (progress: no members
-    yet, not finished; drains and targets accepted; the same state snapshot each time).
-    The controller creates a job's workers only once its coordinator answers; a real
-    coordinator per played job would not fit on a small machine."""
-
-    def __init__(self) -> None:
-        self.servers: dict[int, grpc.Server] = {}
-        replies = {
-            "Drain": pb.Empty(),
-            "SetTarget": pb.Empty(),
-            "GetProgress": pb.Progress(epochs=1000),
-            "GetSnapshot": pb.Snapshot(state_json="{}"),
-        }
-        self.handlers = {
-            name: grpc.unary_unary_rpc_method_handler(
-                lambda _request, _context, reply=reply: reply,
-                request_deserializer=METHODS[name].request.FromString,
-                response_serializer=METHODS[name].reply.SerializeToString,
-            )
-            for name, reply in replies.items()
-        }
-
-    def serve(self, port: int) -> None:
-        if port in self.servers:
-            return
-        server = grpc.server(ThreadPoolExecutor(max_workers=1))
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler(SERVICE, self.handlers),)
-        )
-        server.add_insecure_port(f"127.0.0.1:{port}")
-        server.start()
-        self.servers[port] = server
-
-    def stop(self) -> None:
-        for server in self.servers.values():
-            server.stop(grace=None)
-
-
-def played_kubelet(
-    cluster: Cluster, real: set[str], coordinators: PlayedCoordinators, stop: threading.Event
-) -> None:
-    """Reports the pods of the played nodes Running (their coordinators served by
-    ``coordinators``, their workers without a process) and removes deleted pods at once.
-
-    It reads the pod list as plain JSON: turning a thousand pods into the client's models
-    every 0.3 s took this process's CPU (and the GIL) from the watch that times the rounds."""
-
-    def settle(pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        name = meta["name"]
-        try:
-            if meta.get("deletionTimestamp"):
-                cluster.core.delete_namespaced_pod(name, NS, grace_period_seconds=0)
-            else:
-                if meta.get("labels", {}).get("edl.dev/role") == "coordinator":
-                    coordinators.serve(int(meta["annotations"]["edl.dev/coordinator-port"]))
-                cluster.set_pod_phase(NS, name, "Running")
-        except ApiException:
-            pass
-
-    def todo(pod: dict[str, Any]) -> bool:
-        node = pod.get("spec", {}).get("nodeName")
-        if not node or node in real:
-            return False
-        phase = pod.get("status", {}).get("phase", "Pending")
-        return bool(pod["metadata"].get("deletionTimestamp")) or phase == "Pending"
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        while not stop.is_set():
-            try:
-                answer = cluster.core.list_namespaced_pod(NS, _preload_content=False)
-                pods = json.loads(answer.data)["items"]
-            except (ApiException, OSError, ValueError):
-                stop.wait(0.3)
-                continue
-            list(pool.map(settle, [p for p in pods if todo(p)]))
-            stop.wait(0.3)
 
 
 #: The jobs' dataset: 2,000 shards of 10,000 samples an epoch, for 1,000 epochs, so that no
@@ -157,12 +78,6 @@ def played_kubelet(
 #: first) are 10**8 shards, which it did not finish building in minutes, so every drain
 #: was refused and the victims left only at their drain deadline.
 DATASET = "--samples 20000000 --shard-size 10000 --epochs 1000"
-
-
-#: Pods run this tree's runtime (the kubelet in miniature gives a process only the pod's
-#: environment, where the installed package may be another checkout): a copy of the tree at
-#: an older commit then measures that commit's coordinator and workers too.
-THIS_TREE = ["/usr/bin/env", f"PYTHONPATH={REPO}", sys.executable]
 
 
 def job(name: str, pool: str, **kwargs: Any) -> dict[str, Any]:
@@ -266,65 +181,6 @@ class PodWatch:
             }
 
 
-class KubeletProcess:
-    """The kubelet in miniature in a process of its own (this script with ``--kubelet-only``),
-    as a node's kubelet is: in this process it shared the GIL with the played kubelet and
-    the 199 played coordinators, and started a worker's process 2 to 6 s after the pod was
-    created (``kubelet_s.start``) while the machine was loaded. Its pods' processes run with
-    their pod's directory under ``workdir`` as their working directory, by which
-    ``pids`` finds them."""
-
-    def __init__(self, kubeconfig: Path, workdir: Path) -> None:
-        self.workdir = workdir
-        self.process = subprocess.Popen(
-            [sys.executable, __file__, "--kubelet-only", str(kubeconfig), str(workdir)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        if self.process.stdout.readline().strip() != "ready":
-            self.close()
-            raise RuntimeError("the kubelet in miniature did not start")
-
-    def pids(self, namespace: str, name: str) -> dict[str, int]:
-        """The processes whose working directory is the pod's (the kubelet's `pids`)."""
-        prefix = str(self.workdir / f"{namespace}_{name}_")
-        found = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                if os.readlink(entry / "cwd").startswith(prefix):
-                    found[entry.name] = int(entry.name)
-        return found
-
-    def close(self) -> None:
-        """Stops it (it stops its pods' processes first, within their grace periods)."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(90)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(10)
-
-
-def serve_kubelet(kubeconfig: Path, workdir: Path) -> int:
-    """``--kubelet-only``: runs the kubelet in miniature until SIGTERM or its parent ends."""
-    import kubernetes
-
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    parent = os.getppid()
-    client = kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
-    with running_kubelet(client, workdir, node_labels=KUBELET_LABELS):
-        print("ready", flush=True)
-        while not stop.wait(0.5) and os.getppid() == parent:
-            pass
-    client.close()
-    return 0
-
-
 def process_started(pid: int) -> float | None:
     """When a process started, on ``time.monotonic()``'s clock (both count from boot here;
     /proc gives the start in clock ticks since boot, to 10 ms)."""
@@ -404,51 +260,7 @@ class Phases:
         return True
 
 
-def cycle_totals(metrics: str) -> tuple[float, float]:
-    """(seconds, cycles) so far, from the operator's ``edl_planner_cycle_seconds``."""
-    total = count = 0.0
-    for line in metrics.splitlines():
-        if line.startswith("edl_planner_cycle_seconds_sum"):
-            total = float(line.split()[-1])
-        elif line.startswith("edl_planner_cycle_seconds_count"):
-            count = float(line.split()[-1])
-    return total, count
-
-
-def cycle_mean(metrics: str, since: tuple[float, float] = (0.0, 0.0)) -> float:
-    total, count = cycle_totals(metrics)
-    total, count = total - since[0], count - since[1]
-    return total / count if count else float("nan")
-
-
-PhaseTotals = dict[str, tuple[float, float]]
-
-
-def phase_totals(metrics: str) -> PhaseTotals:
-    """phase -> (seconds, cycles) so far, from ``edl_planner_cycle_phase_seconds`` (empty
-    for an operator without it)."""
-    found: dict[str, list[float]] = {}
-    for line in metrics.splitlines():
-        for suffix, slot in (("_sum{", 0), ("_count{", 1)):
-            if line.startswith(f"edl_planner_cycle_phase_seconds{suffix}"):
-                phase = line.split('phase="', 1)[1].split('"', 1)[0]
-                found.setdefault(phase, [0.0, 0.0])[slot] = float(line.split()[-1])
-    return {phase: (total, count) for phase, (total, count) in found.items()}
-
-
-def phase_means(metrics: str, since: PhaseTotals) -> dict[str, float]:
-    """The mean time of each step of a cycle since ``since``."""
-    means: dict[str, float] = {}
-    for phase, (total, count) in phase_totals(metrics).items():
-        before = since.get(phase, (0.0, 0.0))
-        if count > before[1]:
-            means[phase] = round((total - before[0]) / (count - before[1]), 4)
-    return means
-
-
 def main() -> int:
-    if sys.argv[1:2] == ["--kubelet-only"]:
-        return serve_kubelet(Path(sys.argv[2]), Path(sys.argv[3]))
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=100)
     parser.add_argument("--gpus", type=int, default=8)
@@ -486,38 +298,15 @@ def main() -> int:
         played_jobs = args.jobs - real_jobs
         played_gpus = (args.nodes - args.real_nodes) * args.gpus
         per_job = max(1, -(-played_gpus // played_jobs))
-        stop = threading.Event()
         kube_client = api.new_client()
-        coordinators = PlayedCoordinators()
-        player = threading.Thread(
-            target=played_kubelet, args=(cluster, real, coordinators, stop), daemon=True
-        )
+        played = {f"played-{i}" for i in range(args.nodes - args.real_nodes)}
         kubelet = KubeletProcess(api.kubeconfig, workdir / "kubelet")
         stack.callback(kubelet.close)
         operator = running_controller(
-            api,
-            workdir,
-            "bench",
-            NS,
-            ports="25000-25999",
-            # The deployed Lease duration and planning period: the tests' 4 s Lease lapsed
-            # under load (a cycle that outlived it acted on nothing and the admission waited
-            # for the next), and their 0.1 s period let back-to-back cycles take a core from
-            # the processes whose start an admission waits for (what it waits for starts a
-            # cycle at once anyway).
-            extra=(
-                "--lease-duration",
-                "10",
-                "--min-period",
-                "0.3",
-                "--max-period",
-                "3",
-                "--coordinator-command",
-                shlex.join([*THIS_TREE, "-m", "trainer_runtime.coordinator"]),
-            ),
+            api, workdir, "bench", NS, ports="25000-25999", extra=operator_options()
         )
-        with operator as ctrl, PodWatch(cluster, real) as pods:
-            player.start()
+        player = PlayedKubelet(cluster, NS, played, PlayedCoordinators())
+        with operator as ctrl, PodWatch(cluster, real) as pods, player:
             try:
                 eventually(ctrl.healthy, 60, "the controller")
                 for i in range(played_jobs):
@@ -576,9 +365,6 @@ def main() -> int:
                 }
                 print(json.dumps(result), flush=True)
             finally:
-                stop.set()
-                player.join(5)
-                coordinators.stop()
                 if os.environ.get("EDL_BENCH_LOG"):
                     print(ctrl.log_tail(80), file=sys.stderr)
         kube_client.close()

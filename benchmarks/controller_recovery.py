@@ -1,0 +1,696 @@
+"""How fast the operator re-converges after a SIGKILL during a busy run, on a real API server.
+
+`python benchmarks/controller_recovery.py` starts the tests' Kubernetes 1.20 control plane
+on 127.0.0.1 (``tests/kube/testenv.py``), played nodes and one real node (``played_cluster``:
+the real node's pods run through the kubelet in miniature, real coordinators and real
+framework-free workers; the played nodes' pods are reported Running without a process and
+their coordinators answer from this process), and the operator as a process with the
+deployed Lease duration and periods. A seeded driver keeps the cluster busy: elastic jobs
+of mixed priorities (1, 10, 100) arrive; played jobs end after a random time (their
+coordinator reports the last epoch committed, or the user deletes the job), real ones when
+they have trained their samples; the planner shrinks jobs for higher-priority arrivals
+(victims drained through their coordinators) and grows them into what others free. The
+operator is SIGKILLed at random points (seeded) many times, each time restarted at once or
+after up to a second; every check below runs on every run. It prints one JSON line:
+``{"nodes": N, "jobs": J, "kills": K, "reconverge_s": median, "reconverge_max_s": ...,
+"first_cycle_s": median, "reconverge_all_s": [...], "violations": 0, ...}`` and exits
+non-zero on a violation.
+
+Re-convergence, defined: from the new process's start (``Popen``) to the first moment t
+such that
+(a) the new process has completed a planning cycle as leader (``first_cycle_s``: the same
+    start to the first cycle, through ``edl_planner_cycle_seconds_count``), and
+(b) from t on, the cluster matches what the operator plans for it: every job has a status
+    written by the operator for its current generation; for a job not finished, its
+    status names exactly its live workers (``status.allocation``: not draining, not being
+    deleted, each on the node named), each Running, ``status.replicas`` counts them, and
+    its coordinator is Running when it has workers; no exited replica is left; no draining
+    victim is left past its drain deadline; no pod of a finished job is left past the drain
+    deadline after its completion, and none of a deleted job; and
+(c) the operator wants no move in that world: every planning cycle that ended between t and
+    the confirmation was quiet (no pod created or deleted, no drain mark or drain, no
+    target, no coordinator, Secret or Service: ``edl_planner_quiet_cycles``, consecutive
+    quiet cycles up to the last), and at least one of them started after t.
+While it is measured, the driver changes nothing (no job arrives, ends or is deleted; it
+keeps acting between kills and while the operator is down); a real job may still finish on
+its own, which the operator must then act on too.
+
+How it is observed, and why that is sound: (b) is evaluated on two list-then-watch caches
+(this namespace's pods and TrainingJobs), each an exact past state of the API server,
+since a watch delivers every change of its resource in resourceVersion order; (a) and (c)
+come from one answer of the operator's ``/metrics`` each 0.1 s (the cycle count and the
+quiet streak in one answer are consistent). t is the first poll from which (b) held at
+every poll; with N the cycle count read at t, the confirmation is a later answer with
+count >= N + 2 and a quiet streak >= count - N: cycle N + 2 started after cycle N + 1
+ended, which was after t, and no cycle since t wanted a move. A change that broke (b) and
+healed between two polls could hide from the watch check, not from (c): a move of the
+operator breaks the streak.
+
+The invariants, checked on every change the pod watch delivers (every state of the
+namespace's pods, not samples): no node over-committed (GPUs of pods not finished, those
+being deleted included, against the node's), no job with more live workers than its
+``maxReplicas`` (a duplicate); at the end, every job the driver did not delete Succeeded
+and nothing of them is left (no orphan). They are printed in the JSON line.
+
+The Lease: with ``--identity same`` (the default) the restarted process has the old one's
+identity, as a container restarted in its pod has (the Deployment names each replica after
+its pod), and takes its own Lease at once. With ``--identity fresh`` each restart is a new
+replica, which must wait for the dead leader's Lease to lapse (``--lease-duration``, 10 s as
+deployed, counted from its last renewal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.played_cluster import (  # noqa: E402
+    THIS_TREE,
+    KubeletProcess,
+    PlayedCoordinators,
+    PlayedKubelet,
+    operator_options,
+    sample,
+)
+from tests.kube.controller_harness import (  # noqa: E402
+    GROUP,
+    PLURAL,
+    VERSION,
+    Cluster,
+    ControllerProcess,
+    apply_crd,
+    ensure_namespace,
+    eventually,
+    running_controller,
+    training_job,
+)
+from tests.kube.listing import keep_listed  # noqa: E402
+from tests.kube.nodes import GPU, create_node  # noqa: E402
+from tests.kube.testenv import KubeAPI, ensure_binaries, running_control_plane  # noqa: E402
+
+POOL = "edl.bench/pool"
+DRAIN_S = 10
+PRIORITIES = (1, 10, 100)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    played_nodes: int = 30
+    real_nodes: int = 1
+    gpus: int = 8
+    real_gpus: int = 4
+    #: Played and real jobs the driver keeps alive at once.
+    played_jobs: int = 40
+    real_jobs: int = 2
+    kills: int = 10
+    seed: int = 5
+    #: ``same``: a restart keeps the identity (a container restarted in its pod);
+    #: ``fresh``: each restart is a new replica, which waits for the Lease to lapse.
+    identity: str = "same"
+    #: How long a restart may take to re-converge before it counts as a violation.
+    reconverge_timeout_s: float = 120.0
+    #: How long the jobs may take to finish once the driver ends them.
+    end_timeout_s: float = 300.0
+    #: Seconds of driver activity before each kill, and of downtime after it.
+    busy_s: tuple[float, float] = (1.0, 4.0)
+    down_s: tuple[float, float] = (0.0, 1.0)
+
+
+def _time(raw: object) -> float | None:
+    if not raw:
+        return None
+    return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
+
+
+def _labels(obj: dict[str, Any]) -> dict[str, str]:
+    return obj["metadata"].get("labels") or {}
+
+
+def _deleting(obj: dict[str, Any]) -> bool:
+    return bool(obj["metadata"].get("deletionTimestamp"))
+
+
+def _phase(obj: dict[str, Any]) -> str:
+    return str((obj.get("status") or {}).get("phase") or "")
+
+
+def _gpus(pod: dict[str, Any]) -> int:
+    total = 0
+    for container in pod.get("spec", {}).get("containers", []):
+        resources = container.get("resources") or {}
+        wanted = (resources.get("requests") or {}).get(GPU) or (resources.get("limits") or {}).get(
+            GPU
+        )
+        total += int(wanted or 0)
+    return total
+
+
+def _draining_since(pod: dict[str, Any]) -> float | None:
+    annotations = pod["metadata"].get("annotations") or {}
+    if annotations.get("edl.dev/draining") != "true":
+        return None
+    try:
+        return float(annotations.get("edl.dev/drain-since", "0"))
+    except ValueError:
+        return 0.0
+
+
+@dataclass(slots=True)
+class Violations:
+    """What broke an invariant, counted by kind, with the first few examples."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, what: str) -> None:
+        with self.lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+            if len(self.examples) < 10:
+                self.examples.append(f"{kind}: {what}")
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+class CheckedPods(dict[str, dict[str, Any]]):
+    """The store of a list-then-watch of the namespace's pods (``keep_listed``) that checks
+    the invariants on every change: no node over-committed, no job with more live workers
+    than its ``maxReplicas``. ``capacity``: node -> GPUs; ``max_replicas``: job -> its
+    maximum (jobs not in it are not checked)."""
+
+    def __init__(
+        self, capacity: dict[str, int], max_replicas: dict[str, int], violations: Violations
+    ) -> None:
+        super().__init__()
+        self.capacity = capacity
+        self.max_replicas = max_replicas
+        self.violations = violations
+
+    def _check(self, pod: dict[str, Any]) -> None:
+        node = pod.get("spec", {}).get("nodeName")
+        if node in self.capacity:
+            used = sum(
+                _gpus(p)
+                for p in self.values()
+                if p.get("spec", {}).get("nodeName") == node
+                and _phase(p) not in ("Succeeded", "Failed")
+            )
+            have = self.capacity[node]
+            if used > have:
+                self.violations.add("overcommitted", f"{node}: {used} GPUs of {have}")
+        job = _labels(pod).get("edl.dev/job", "")
+        if job in self.max_replicas:
+            live = [
+                p["metadata"]["name"]
+                for p in self.values()
+                if _labels(p).get("edl.dev/job") == job
+                and _labels(p).get("edl.dev/role") == "worker"
+                and not _deleting(p)
+                and _draining_since(p) is None
+                and _phase(p) not in ("Succeeded", "Failed")
+            ]
+            if len(live) > self.max_replicas[job]:
+                self.violations.add(
+                    "duplicates", f"{job}: {len(live)} live workers > {self.max_replicas[job]}"
+                )
+
+    def __setitem__(self, uid: str, pod: dict[str, Any]) -> None:
+        super().__setitem__(uid, pod)
+        self._check(pod)
+
+    def update(self, items: Any = (), **_: Any) -> None:  # type: ignore[override]
+        for uid, pod in items:
+            self[uid] = pod
+
+
+class Watched:
+    """This namespace's pods (``CheckedPods``) and TrainingJobs, each kept by a
+    list-then-watch in a thread of its own."""
+
+    def __init__(self, cluster: Cluster, ns: str, pods: CheckedPods) -> None:
+        self.pods = pods
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.stopping = threading.Event()
+        sources: list[tuple[Callable[..., Any], dict[str, dict[str, Any]]]] = [
+            (functools.partial(cluster.core.list_namespaced_pod, ns), pods),
+            (
+                functools.partial(
+                    cluster.custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL
+                ),
+                self.jobs,
+            ),
+        ]
+        self.threads = [
+            threading.Thread(
+                target=keep_listed,
+                args=(list_all, store, self.lock, self.changed, self.stopping),
+                daemon=True,
+            )
+            for list_all, store in sources
+        ]
+
+    def __enter__(self) -> Watched:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(15)
+
+    def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        with self.lock:
+            return list(self.pods.values()), list(self.jobs.values())
+
+    def phases(self) -> dict[str, str]:
+        with self.lock:
+            return {j["metadata"]["name"]: _phase(j) for j in self.jobs.values()}
+
+
+def unsettled(pods: list[dict[str, Any]], jobs: list[dict[str, Any]], now: float) -> str | None:
+    """Why the cluster does not match what the operator plans for it (condition (b) of the
+    module's definition), or None when it does."""
+    by_job: dict[str, list[dict[str, Any]]] = {}
+    for pod in pods:
+        job = _labels(pod).get("edl.dev/job")
+        if job:
+            by_job.setdefault(job, []).append(pod)
+    names = {j["metadata"]["name"] for j in jobs}
+    for job, theirs in by_job.items():
+        left = [p["metadata"]["name"] for p in theirs if not _deleting(p)]
+        if job not in names and left:
+            return f"{left[0]}: a pod of a deleted job"
+    for body in jobs:
+        meta, status = body["metadata"], body.get("status") or {}
+        name = meta["name"]
+        if _deleting(body):
+            continue
+        phase = status.get("phase")
+        if not phase:
+            return f"{name}: no status yet"
+        if status.get("observedGeneration") != meta.get("generation"):
+            return f"{name}: generation {meta.get('generation')} not observed"
+        drain_s = float(((body.get("spec") or {}).get("timeouts") or {}).get("drainSeconds", 30))
+        theirs = [p for p in by_job.get(name, []) if not _deleting(p)]
+        if phase in ("Succeeded", "Failed"):
+            ended = _time(status.get("completionTime")) or 0.0
+            for pod in theirs:
+                if _phase(pod) != "Running" or now >= ended + drain_s:
+                    return f"{pod['metadata']['name']} ({_phase(pod)}): left after its job {phase}"
+            continue
+        allocation: dict[str, str] = status.get("allocation") or {}
+        live: dict[str, dict[str, Any]] = {}
+        coordinator = None
+        for pod in theirs:
+            pod_name = pod["metadata"]["name"]
+            if _labels(pod).get("edl.dev/role") == "coordinator":
+                coordinator = pod
+                continue
+            if _phase(pod) in ("Succeeded", "Failed"):
+                return f"{pod_name}: exited ({_phase(pod)}) and not removed"
+            since = _draining_since(pod)
+            if since is not None:
+                if now >= since + drain_s:
+                    return f"{pod_name}: a victim past its drain deadline"
+                continue
+            live[pod_name] = pod
+        if set(live) != set(allocation):
+            return f"{name}: live workers {sorted(live)}, status allocation {sorted(allocation)}"
+        for pod_name, pod in live.items():
+            if pod.get("spec", {}).get("nodeName") != allocation[pod_name]:
+                return f"{pod_name}: on another node than its status says"
+            if _phase(pod) != "Running":
+                return f"{pod_name}: {_phase(pod) or 'Pending'}"
+        workers = sum(1 for p in live.values() if _labels(p).get("edl.dev/role") == "worker")
+        if int(status.get("replicas") or 0) != workers:
+            return f"{name}: status.replicas {status.get('replicas')}, {workers} live workers"
+        if live and (coordinator is None or _phase(coordinator) != "Running"):
+            return f"{name}: workers without a Running coordinator"
+    return None
+
+
+class Driver:
+    """Keeps the cluster busy, seeded: creates jobs up to ``played_jobs`` and ``real_jobs``
+    alive, ends played jobs after their random lifetime (their coordinator reports the last
+    epoch committed; one in five is deleted by its user instead). ``pause`` and ``resume``
+    stop and restart it (a played job past its lifetime while paused ends after resume)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        ns: str,
+        settings: Settings,
+        coordinators: PlayedCoordinators,
+        watched: Watched,
+        max_replicas: dict[str, int],
+    ) -> None:
+        self.cluster = cluster
+        self.ns = ns
+        self.settings = settings
+        self.coordinators = coordinators
+        self.watched = watched
+        self.max_replicas = max_replicas
+        self.rng = random.Random(settings.seed)
+        self.ends: dict[str, float] = {}  # live played job -> when it ends
+        self.real: set[str] = set()
+        self.deleted: set[str] = set()
+        self.created: list[str] = []
+        self.arrivals = True
+        self.running = threading.Event()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="driver", daemon=True)
+        self.errors: list[str] = []
+        self._lock = threading.Lock()  # the thread and the caller both step
+
+    def _manifest(self, name: str, pool: str, real: bool) -> dict[str, Any]:
+        rng = self.rng
+        if real:
+            minimum, maximum = 1, rng.choice((2, self.settings.real_gpus))
+            samples = rng.randint(1500, 4000)
+        else:
+            minimum, maximum = rng.choice((1, 1, 2)), rng.choice((2, 4, 8))
+            samples = 1000
+        manifest = training_job(
+            name,
+            self.ns,
+            min_replicas=minimum,
+            max_replicas=maximum,
+            priority=rng.choice(PRIORITIES),
+            samples=samples,
+            command=[*THIS_TREE, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05"],
+        )
+        manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
+        manifest["spec"]["timeouts"] = {"drainSeconds": DRAIN_S}
+        self.max_replicas[name] = maximum
+        return manifest
+
+    def _create(self, real: bool) -> None:
+        name = f"{'r' if real else 'p'}-{len(self.created)}"
+        pool = f"{self.ns}-{'real' if real else 'played'}"
+        self.cluster.create_job(self._manifest(name, pool, real))
+        self.created.append(name)
+        if real:
+            self.real.add(name)
+        else:
+            self.ends[name] = time.monotonic() + self.rng.uniform(4.0, 20.0)
+
+    def step(self) -> None:
+        """One act of the driver: end the played jobs whose time came, fill up."""
+        with self._lock:
+            self._step()
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        for name, end in sorted(self.ends.items()):
+            if end <= now:
+                del self.ends[name]
+                if self.rng.random() < 0.2:
+                    self.cluster.delete_job(self.ns, name)
+                    self.deleted.add(name)
+                else:
+                    self.coordinators.finish(name)
+        if not self.arrivals:
+            return
+        phases = self.watched.phases()
+        live_real = [n for n in self.real if phases.get(n) not in ("Succeeded", "Failed")]
+        if len(live_real) < self.settings.real_jobs:
+            self._create(real=True)
+        if len(self.ends) < self.settings.played_jobs:
+            self._create(real=False)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            if self.running.wait(0.2):
+                try:
+                    self.step()
+                except Exception as error:  # reported, and the run goes on
+                    self.errors.append(repr(error))
+                self.stopping.wait(self.rng.uniform(0.2, 0.8))
+
+    def end_all(self) -> None:
+        """No more arrivals; every live played job ends now."""
+        self.arrivals = False
+        for name in list(self.ends):
+            self.ends[name] = 0.0
+        self.step()
+
+    def __enter__(self) -> Driver:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        self.thread.join(10)
+
+
+@dataclass(slots=True)
+class Restart:
+    """One restart, seconds from the new process's start."""
+
+    serving_s: float | None = None  # /metrics answers (imports, kopf's start)
+    first_cycle_s: float | None = None  # its first planning cycle as leader
+    reconverge_s: float | None = None  # the definition in the module's docstring
+    waited_for: str = ""  # the last reason (b) did not hold
+    #: (seconds, why (b) did not hold) each time the reason changed; (seconds, "") when it
+    #: held; (seconds, "moved") when a cycle wanted a move after it held.
+    trace: list[tuple[float, str]] = field(default_factory=list)
+
+    def note(self, at: float, why: str) -> None:
+        if not self.trace or self.trace[-1][1] != why:
+            self.trace.append((round(at, 2), why))
+
+
+def measure(ctrl: ControllerProcess, watched: Watched, timeout_s: float) -> Restart:
+    """Polls the new process's /metrics and the watch caches until re-convergence (see the
+    module's docstring) or ``timeout_s``."""
+    started = time.monotonic()
+    found = Restart()
+    streak: tuple[float, float] | None = None  # (t, cycle count read at t)
+    while time.monotonic() - started < timeout_s:
+        try:
+            text = ctrl.metrics()
+        except OSError:
+            time.sleep(0.05)
+            continue
+        now = time.monotonic()
+        if found.serving_s is None:
+            found.serving_s = now - started
+        cycles = sample(text, "edl_planner_cycle_seconds_count") or 0.0
+        quiet = sample(text, "edl_planner_quiet_cycles") or 0.0
+        if cycles < 1:
+            time.sleep(0.05)
+            continue
+        if found.first_cycle_s is None:
+            found.first_cycle_s = now - started
+        pods, jobs = watched.state()
+        why = unsettled(pods, jobs, time.time())
+        if why is None and streak is not None and quiet < cycles - streak[1]:
+            why = "moved"  # a cycle since t wanted a move: t was not the end
+        found.note(now - started, why or "")
+        if why is not None:
+            streak = None
+            found.waited_for = why
+        elif streak is None:
+            streak = (now, cycles)
+        elif cycles >= streak[1] + 2:
+            found.reconverge_s = streak[0] - started
+            return found
+        time.sleep(0.1)
+    return found
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def run(
+    api: KubeAPI,
+    workdir: Path,
+    settings: Settings,
+    *,
+    ns: str = "recovery",
+    prefix: str = "",
+    ports: str = "28000-28999",
+) -> dict[str, Any]:
+    """The benchmark's core on ``api``, whose kubelet in miniature must serve the nodes it
+    creates with ``kubelet=True`` (the benchmark's own process, or the tests' fixture)."""
+    load_before = os.getloadavg()
+    apply_crd(api)
+    ensure_namespace(api, ns)
+    cluster = Cluster(api)
+    capacity: dict[str, int] = {}
+    for i in range(settings.real_nodes):
+        name = f"{prefix}real-{i}"
+        create_node(api.api_client, name, gpus=settings.real_gpus, labels={POOL: f"{ns}-real"},
+                    kubelet=True)  # fmt: skip
+        capacity[name] = settings.real_gpus
+    played = {f"{prefix}played-{i}" for i in range(settings.played_nodes)}
+    for name in sorted(played):
+        create_node(api.api_client, name, gpus=settings.gpus, labels={POOL: f"{ns}-played"})
+        capacity[name] = settings.gpus
+    violations = Violations()
+    max_replicas: dict[str, int] = {}
+    coordinators = PlayedCoordinators()
+    restarts: list[Restart] = []
+    operator = running_controller(
+        api, workdir, f"{ns}-0", ns, ports=ports, extra=operator_options()
+    )
+    watched = Watched(cluster, ns, CheckedPods(capacity, max_replicas, violations))
+    player = PlayedKubelet(cluster, ns, played, coordinators, exits=True, members=True)
+    driver = Driver(cluster, ns, settings, coordinators, watched, max_replicas)
+    rng = random.Random(settings.seed + 1)
+    with operator as ctrl, watched, player, driver:
+        eventually(ctrl.healthy, 120, "the controller's /healthz")
+        # Fill the cluster, then let it settle once before the first kill.
+        while len(driver.ends) < settings.played_jobs:
+            driver.step()
+        warm = measure(ctrl, watched, settings.reconverge_timeout_s)
+        if warm.reconverge_s is None:
+            violations.add("not_reconverged", f"the start: {warm.waited_for}")
+        for k in range(settings.kills):
+            driver.running.set()
+            time.sleep(rng.uniform(*settings.busy_s))
+            ctrl.kill()
+            time.sleep(rng.uniform(*settings.down_s))
+            if settings.identity == "fresh":
+                at = ctrl.argv.index("--identity") + 1
+                ctrl.argv[at] = f"{ns}-{k + 1}"
+            ctrl.start()
+            driver.running.clear()
+            found = measure(ctrl, watched, settings.reconverge_timeout_s)
+            restarts.append(found)
+            if os.environ.get("EDL_BENCH_LOG"):
+                print(f"restart {k + 1}: {asdict(found)}", file=sys.stderr, flush=True)
+            if found.reconverge_s is None:
+                violations.add("not_reconverged", f"restart {k + 1}: {found.waited_for}")
+        # Every job completes: no more arrivals, the played jobs end, the real ones finish.
+        driver.running.clear()
+        driver.end_all()
+        wanted = [n for n in driver.created if n not in driver.deleted]
+
+        def all_done() -> bool:
+            phases = watched.phases()
+            return all(phases.get(n) in ("Succeeded", "Failed") for n in wanted)
+
+        with contextlib.suppress(AssertionError):
+            eventually(all_done, settings.end_timeout_s, "every job finished")
+        phases = watched.phases()
+        for name in wanted:
+            if phases.get(name) != "Succeeded":
+                violations.add("unfinished", f"{name}: {phases.get(name) or 'gone'}")
+
+        def nothing_left() -> list[str]:
+            pods, _ = watched.state()
+            return [p["metadata"]["name"] for p in pods if _labels(p).get("edl.dev/job")]
+
+        deadline = time.monotonic() + DRAIN_S + 60
+        while nothing_left() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for name in nothing_left():
+            violations.add("orphans", f"{name} left after its job ended")
+        for error in driver.errors[:3]:
+            violations.add("driver", error)
+        metrics = ctrl.metrics()
+    reconverged = [r.reconverge_s for r in restarts if r.reconverge_s is not None]
+    first = [r.first_cycle_s for r in restarts if r.first_cycle_s is not None]
+    serving = [r.serving_s for r in restarts if r.serving_s is not None]
+    return {
+        "nodes": settings.played_nodes + settings.real_nodes,
+        "jobs": len(driver.created),
+        "kills": settings.kills,
+        "reconverge_s": _median(reconverged),
+        "reconverge_max_s": round(max(reconverged), 3) if reconverged else None,
+        "first_cycle_s": _median(first),
+        "first_cycle_max_s": round(max(first), 3) if first else None,
+        "serving_s": _median(serving),
+        "reconverge_all_s": [_round(r.reconverge_s) for r in restarts],
+        # What each restart waited for last, before the cluster matched the plan.
+        "last_waits": [r.waited_for for r in restarts],
+        "first_cycle_all_s": [_round(r.first_cycle_s) for r in restarts],
+        # The first settling, after the driver filled the cluster (from the fill's end).
+        "fill_settled_s": _round(warm.reconverge_s),
+        "violations": violations.total,
+        "violation_counts": dict(violations.counts),
+        "violation_examples": list(violations.examples),
+        "deleted_jobs": len(driver.deleted),
+        "cycles": sample(metrics, "edl_planner_cycle_seconds_count"),
+        "load": [round(x, 2) for x in (*load_before[:1], *os.getloadavg()[:1])],
+        "settings": {k: v for k, v in asdict(settings).items() if k != "busy_s" and k != "down_s"},
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, 3)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = Settings()
+    parser.add_argument("--played-nodes", type=int, default=defaults.played_nodes)
+    parser.add_argument("--real-nodes", type=int, default=defaults.real_nodes)
+    parser.add_argument("--gpus", type=int, default=defaults.gpus, help="per played node")
+    parser.add_argument("--real-gpus", type=int, default=defaults.real_gpus, help="per real node")
+    parser.add_argument("--played-jobs", type=int, default=defaults.played_jobs)
+    parser.add_argument("--real-jobs", type=int, default=defaults.real_jobs)
+    parser.add_argument("--kills", type=int, default=defaults.kills)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--identity", choices=("same", "fresh"), default=defaults.identity)
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep the controller's log and the pods' logs here (default: a temporary folder)",
+    )
+    args = parser.parse_args()
+    if args.real_nodes < 1 or args.kills < 1:
+        parser.error("--real-nodes and --kills must be at least 1")
+    settings = Settings(
+        played_nodes=args.played_nodes,
+        real_nodes=args.real_nodes,
+        gpus=args.gpus,
+        real_gpus=args.real_gpus,
+        played_jobs=args.played_jobs,
+        real_jobs=args.real_jobs,
+        kills=args.kills,
+        seed=args.seed,
+        identity=args.identity,
+    )
+    bin_dir = ensure_binaries()
+    with contextlib.ExitStack() as stack:
+        if args.workdir is not None:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            workdir = args.workdir
+        else:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="edl-bench-")))
+        api = stack.enter_context(running_control_plane(bin_dir))
+        kubelet = KubeletProcess(api.kubeconfig, workdir / "kubelet")
+        stack.callback(kubelet.close)
+        result = run(api, workdir, settings)
+    print(json.dumps(result), flush=True)
+    return 1 if result["violations"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
