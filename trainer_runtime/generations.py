@@ -1,6 +1,6 @@
-"""What every data-parallel session does the same way, whatever its framework: wait for news
-of a generation, hand rank 0's ledger position to a new generation, and cut a rank's slice
-of a step.
+"""What every data-parallel session does the same way, whatever its framework: join the
+next generation (and retry a failed formation), wait for news of a generation, hand rank 0's
+ledger position to a new generation, and cut a rank's slice of a step.
 
 The PyTorch and Paddle sessions (`trainer_runtime.torch.session`,
 `trainer_runtime.paddle.session`) differ in how they form a group, average gradients and
@@ -11,17 +11,22 @@ other would not. So it is written here once, with no framework imported.
 What must stay true: every rank of a generation adopts the same state (the one rank 0
 sent), so all of them walk the same windows from the same step; a rank's slice is the one
 `sharding.slice_of` cuts, and a rank whose slice is empty still takes part in the step
-through one stand-in sample that weighs nothing; a wait for news is bounded.
+through one stand-in sample that weighs nothing; a wait for news is bounded, and so are the
+attempts at forming a generation.
 """
 
 from __future__ import annotations
 
+import abc
+import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from trainer_runtime.agent import WorkerAgent
+from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
+from trainer_runtime.client import Fenced
+from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 
@@ -29,6 +34,8 @@ from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk,
 #: newer generation (at most a quarter of its timeout), and how often it looks.
 NEWS_GRACE_S = 3.0
 NEWS_POLL_S = 0.05
+
+LOG = logging.getLogger(__name__)
 
 
 def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
@@ -42,6 +49,91 @@ def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
             return False
         time.sleep(NEWS_POLL_S)
     return True
+
+
+class Member(abc.ABC):
+    """A worker's membership of an elastic job's generations, as a session holds it: the
+    rule by which it joins the next generation and retries a failed formation. A framework's
+    session says how it forms a generation (`forming_generation`), which failures of a
+    formation it retries (`formation_failures`), how many times in a row
+    (`max_failed_formations`), and what it does when drained or fenced (the hooks)."""
+
+    max_failed_formations: ClassVar[int]
+    formation_failures: ClassVar[tuple[type[Exception], ...]] = (RuntimeError,)
+    agent: WorkerAgent
+    contract: WorkerContract
+    assignment: Assignment | None  # the generation formed or being formed
+    attempt: int  # at forming `assignment`
+    step_count: int
+    broken: bool
+    done: bool
+
+    @abc.abstractmethod
+    def forming_generation(self, assignment: Assignment, attempt: int) -> None:
+        """Form `assignment`'s group (its `attempt`-th try) and take rank 0's state."""
+
+    def asked_to_leave(self) -> bool:
+        """Whether this worker knows its generation is over without asking (a framework
+        whose ranks agree on leaving inside a step)."""
+        return False
+
+    def assigned(self) -> None:
+        """A new generation was assigned (nothing by default)."""
+        return None
+
+    def drained(self) -> None:
+        """The worker is drained: it stops after this (nothing by default)."""
+        return None
+
+    def fenced(self) -> None:
+        """The generation closed while it was forming (nothing by default)."""
+        return None
+
+    def reforming(self) -> bool:
+        """Join the next generation and take rank 0's state; False when the worker must
+        stop (drained, or the job is finished).
+
+        A worker that leaves its generation because a newer one opened asks the coordinator
+        for it. A worker whose formation or step failed while the coordinator still runs
+        the same generation (a slow or stopped peer, a collective's timeout) forms that
+        generation again, as its next attempt, under keys of its own: the coordinator opens
+        a generation only when membership changes, so waiting for a newer one would wait
+        for nothing. At most `max_failed_formations` attempts in a row."""
+        for _ in range(self.max_failed_formations):
+            if (
+                self.assignment is None
+                or self.asked_to_leave()
+                or hearing_news(self.agent, self.contract.timeout_s)
+            ):
+                assignment = self.agent.awaiting_assignment()
+                if assignment.outcome is Outcome.DRAINED:
+                    LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
+                    self.drained()
+                    self.done = True
+                    return False
+                if assignment.outcome is Outcome.FINISHED:
+                    self.done = True
+                    return False
+                self.assignment, self.attempt = assignment, 0
+                self.assigned()
+            else:
+                self.attempt += 1
+            assert self.assignment is not None
+            try:
+                self.forming_generation(self.assignment, self.attempt)
+                self.broken = False
+                return True
+            except Fenced:
+                LOG.info("generation %d closed while forming", self.assignment.generation)
+                self.fenced()
+            except self.formation_failures as error:  # a peer left, or was too slow
+                LOG.info(
+                    "forming generation %d (attempt %d) failed: %s",
+                    self.assignment.generation,
+                    self.attempt,
+                    error,
+                )
+        raise RuntimeError(f"no generation formed after {self.max_failed_formations} attempts")
 
 
 def handover(

@@ -38,7 +38,7 @@ from paddle.io import TensorDataset
 from paddle.io.dataloader.collate import default_collate_fn
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
+from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.environment import WorkerContract
@@ -60,9 +60,12 @@ LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
 
 
-class ElasticSession:
+class ElasticSession(generations.Member):
     """One worker's membership of an elastic data-parallel Paddle job (see the module
     docstring)."""
+
+    max_failed_formations = MAX_FAILED_FORMATIONS
+    formation_failures = (RuntimeError, OSError, ValueError)
 
     def __init__(
         self,
@@ -137,52 +140,17 @@ class ElasticSession:
 
     # ----- generations -----
 
-    def reforming(self) -> bool:
-        """Join the next generation and take rank 0's state; False when the worker must
-        stop (drained, or the job is finished).
+    # A failed attempt fails in every member of a generation, by error, by gloo's timeout
+    # or by the roll call's single verdict, so every member counts its failures alike.
 
-        A worker that leaves its generation because a newer one opened (or that was told
-        so by rank 0) asks the coordinator for it. A worker whose formation or step failed
-        while the coordinator still runs the same generation forms that generation again,
-        at its next attempt: the coordinator only opens a generation when membership
-        changes, so waiting for a newer one would wait for nothing (every member of a
-        generation counts its own failures the same way: a failed attempt fails in every
-        member, by error, by gloo's timeout, or by the roll call's single verdict).
-        """
-        for _ in range(MAX_FAILED_FORMATIONS):
-            if (
-                self.assignment is None
-                or self.leaving_generation
-                or generations.hearing_news(self.agent, self.contract.timeout_s)
-            ):
-                assignment = self.agent.awaiting_assignment()
-                if assignment.outcome is Outcome.DRAINED:
-                    LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
-                    self.done = True
-                    return False
-                if assignment.outcome is Outcome.FINISHED:
-                    self.done = True
-                    return False
-                self.assignment, self.attempt = assignment, 0
-                self.leaving_generation = False  # left: from here on, failures retry it
-            else:
-                self.attempt += 1
-            assert self.assignment is not None
-            try:
-                self.forming_generation(self.assignment, self.attempt)
-                self.broken = False
-                return True
-            except Fenced:
-                LOG.info("generation %d closed while forming", self.assignment.generation)
-                self.leaving_generation = True  # a newer generation opened: ask for it
-            except (RuntimeError, OSError, ValueError) as error:  # a peer left while forming
-                LOG.info(
-                    "forming generation %d (attempt %d) failed: %s",
-                    self.assignment.generation,
-                    self.attempt,
-                    error,
-                )
-        raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
+    def asked_to_leave(self) -> bool:
+        return self.leaving_generation  # rank 0 or a peer saw a change inside the last step
+
+    def assigned(self) -> None:
+        self.leaving_generation = False  # left: from here on, failures retry it
+
+    def fenced(self) -> None:
+        self.leaving_generation = True  # a newer generation opened: ask for it
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:

@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
+from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
@@ -74,8 +74,10 @@ class CommitFailed(Exception):
         self.__cause__ = cause
 
 
-class ElasticSession:
+class ElasticSession(generations.Member):
     """One worker's membership of an elastic data-parallel job (see the module docstring)."""
+
+    max_failed_formations = MAX_FAILED_FORMATIONS
 
     def __init__(
         self,
@@ -158,46 +160,8 @@ class ElasticSession:
 
     # ----- generations -----
 
-    def reforming(self) -> bool:
-        """Join the next generation and take rank 0's state; False when the worker must
-        stop (drained, or the job is finished).
-
-        A worker that leaves its generation because a newer one opened asks the coordinator
-        for it. A worker whose formation or step failed while the coordinator still runs
-        the same generation (a slow or stopped peer, a collective's timeout) forms that
-        generation again, as its next attempt, under keys of its own: the coordinator opens
-        a generation only when membership changes, so waiting for a newer one would wait
-        for nothing. At most MAX_FAILED_FORMATIONS attempts in a row."""
-        for _ in range(MAX_FAILED_FORMATIONS):
-            if self.assignment is None or generations.hearing_news(
-                self.agent, self.contract.timeout_s
-            ):
-                assignment = self.agent.awaiting_assignment()
-                if assignment.outcome is Outcome.DRAINED:
-                    LOG.info("%s drained at step %d", self.agent.worker_id, self.step_count)
-                    self.checkpointing()
-                    self.done = True
-                    return False
-                if assignment.outcome is Outcome.FINISHED:
-                    self.done = True
-                    return False
-                self.assignment, self.attempt = assignment, 0
-            else:
-                self.attempt += 1
-            try:
-                self.forming_generation(self.assignment, self.attempt)
-                self.broken = False
-                return True
-            except Fenced:
-                LOG.info("generation %d closed while forming", self.assignment.generation)
-            except RuntimeError as error:  # a peer left, or was too slow, while forming
-                LOG.info(
-                    "forming generation %d (attempt %d) failed: %s",
-                    self.assignment.generation,
-                    self.attempt,
-                    error,
-                )
-        raise RuntimeError(f"no generation formed after {MAX_FAILED_FORMATIONS} attempts")
+    def drained(self) -> None:
+        self.checkpointing()
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.ddp = None
