@@ -46,19 +46,12 @@ def going_quick() -> None:
 
 
 def model_25m(samples: int) -> tuple[Any, Any, Any]:
-    import torch
-    from torch import nn
+    """The MLP of about 22M parameters and its data, as the CPU benchmark
+    (`step_overhead.py`, setting "25m") builds them."""
+    from benchmarks.step_overhead import building
 
-    torch.manual_seed(0)
-    width = 2048
-    layers: list[nn.Module] = [nn.Linear(512, width)]
-    for _ in range(5):
-        layers += [nn.ReLU(), nn.Linear(width, width)]
-    layers += [nn.ReLU(), nn.Linear(width, 10)]
-    generator = torch.Generator().manual_seed(1)
-    inputs = torch.randn(samples, 512, generator=generator)
-    targets = torch.randint(0, 10, (samples,), generator=generator)
-    return nn.Sequential(*layers), inputs, targets
+    model, (inputs, targets) = building("25m", samples)
+    return model, inputs, targets
 
 
 def blocks_served(stepping: Callable[[], None], synchronizing: Callable[[], None]) -> None:
