@@ -474,6 +474,9 @@ class Restart:
     first_cycle_s: float | None = None  # its first planning cycle as leader
     reconverge_s: float | None = None  # the definition in the module's docstring
     waited_for: str = ""  # the last reason (b) did not hold
+    #: From the operator's log: its startup handler ran (imports, kopf's start), every
+    #: watched object listed, the Lease taken, and its first cycle's own duration.
+    log_s: dict[str, float] = field(default_factory=dict)
     #: (seconds, why (b) did not hold) each time the reason changed; (seconds, "") when it
     #: held; (seconds, "moved") when a cycle wanted a move after it held.
     trace: list[tuple[float, str]] = field(default_factory=list)
@@ -519,6 +522,34 @@ def measure(ctrl: ControllerProcess, watched: Watched, timeout_s: float) -> Rest
             found.reconverge_s = streak[0] - started
             return found
         time.sleep(0.1)
+    return found
+
+
+#: The operator's log lines that mark its start, from ``app`` and ``looping``.
+LOG_MARKS = {
+    "started": " started",
+    "listed": "every watched object listed",
+    "leading": "leading: the Lease",
+    "first_cycle": "first cycle as leader done",
+}
+
+
+def startup_from_log(log: str, started_wall: float) -> dict[str, float]:
+    """Seconds from ``started_wall`` to each of ``LOG_MARKS`` in a restart's log (the log's
+    clock is the local wall clock, to the millisecond), and the first cycle's own duration
+    (``first_cycle_own``)."""
+    found: dict[str, float] = {}
+    for line in log.splitlines():
+        for name, mark in LOG_MARKS.items():
+            if name in found or mark not in line:
+                continue
+            if name == "started" and "edl.controller INFO controller" not in line:
+                continue
+            with contextlib.suppress(ValueError):
+                at = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                found[name] = round(at - started_wall, 3)
+                if name == "first_cycle":
+                    found["first_cycle_own"] = float(line.rsplit(" in ", 1)[1].split()[0])
     return found
 
 
@@ -578,9 +609,13 @@ def run(
             if settings.identity == "fresh":
                 at = ctrl.argv.index("--identity") + 1
                 ctrl.argv[at] = f"{ns}-{k + 1}"
+            offset, started_wall = ctrl.log_path.stat().st_size, time.time()
             ctrl.start()
             driver.running.clear()
             found = measure(ctrl, watched, settings.reconverge_timeout_s)
+            with ctrl.log_path.open(errors="replace") as log:
+                log.seek(offset)
+                found.log_s = startup_from_log(log.read(), started_wall)
             restarts.append(found)
             if os.environ.get("EDL_BENCH_LOG"):
                 print(f"restart {k + 1}: {asdict(found)}", file=sys.stderr, flush=True)
@@ -626,6 +661,12 @@ def run(
         "first_cycle_s": _median(first),
         "first_cycle_max_s": round(max(first), 3) if first else None,
         "serving_s": _median(serving),
+        # Medians, from the operator's log: startup handler run, every object listed, the
+        # Lease taken, first cycle done (from the process's start), the first cycle's own time.
+        "startup_s": {
+            name: _median([r.log_s[name] for r in restarts if name in r.log_s])
+            for name in (*LOG_MARKS, "first_cycle_own")
+        },
         "reconverge_all_s": [_round(r.reconverge_s) for r in restarts],
         # What each restart waited for last, before the cluster matched the plan.
         "last_waits": [r.waited_for for r in restarts],

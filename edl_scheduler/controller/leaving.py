@@ -101,6 +101,11 @@ def replace_finished(cycle: JobCycle) -> None:
             # A worker exits 0 unasked when its coordinator has committed the last epoch:
             # replacing it would only start a worker with nothing to do.
             cycle.deferred = True
+            if not cycle.view.coordinator_ready:
+                # Whether the job finished is not known yet (a restarted controller has not
+                # heard its coordinator): the pod stays, and the job's new replicas wait
+                # with it, until the coordinator answers (its first answer starts a cycle).
+                continue
         if phase_of(pod) == "Failed" and not leaving:
             if refused_at_admission(pod):
                 cycle.emit(

@@ -156,6 +156,11 @@ class PlanningLoop:
         self.urgent.set()
         self.dirty.set()
 
+    def _elected(self) -> None:
+        log.info("leading: the Lease %s/%s is ours", self.config.lease_namespace,
+                 self.config.lease_name)  # fmt: skip
+        self._mark_dirty_threadsafe()
+
     def _mark_dirty_threadsafe(self) -> None:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.dirty.set)
@@ -170,12 +175,15 @@ class PlanningLoop:
         prober.start()
         lease = threading.Thread(
             target=self.elector.renewing,
-            args=(self.stopping, self._mark_dirty_threadsafe),
+            args=(self.stopping, self._elected),
             name="lease",
             daemon=True,
         )
         lease.start()
         await self.synced.wait()
+        # What a restart's first cycle waited for, read in the log (benchmarks/
+        # controller_recovery.py): the initial listing of every watched object, the Lease.
+        log.info("every watched object listed: planning may start")
         last = 0.0
         while not self.stopping.is_set():
             with contextlib.suppress(TimeoutError):
@@ -262,6 +270,8 @@ class PlanningLoop:
         self.metrics.cycle_seconds.observe(time.monotonic() - started)
         self.metrics.last_cycle = time.monotonic()
         self.last_plan = result
+        if self.cycles == 0:
+            log.info("first cycle as leader done in %.3f s", time.monotonic() - started)
         self.cycles += 1
         return result
 

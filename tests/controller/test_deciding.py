@@ -293,6 +293,19 @@ def test_finished_coordinator_makes_the_job_succeed() -> None:
     assert status["progress"]["samplesDone"] == 100
 
 
+def test_a_worker_that_exited_0_stays_until_its_coordinator_answers() -> None:
+    """A restarted controller does not know yet whether the job finished: the worker that
+    exited 0 unasked is neither removed nor replaced until the coordinator has answered
+    (then, not finished: removed, and the plan replaces it)."""
+    body = job_body(phase="Running")
+    pods = [pod("a"), pod("c", phase="Succeeded"), coordinator()]
+    plan = Plan(NOW, (decision(Action.GROW, 1, 2, add=("n0",)),))  # it replaces "c"
+    unknown = decide({"ns/j": view(body, pods)}, plan, CONFIG, NOW, names())
+    assert not of(DeletePod, unknown.intents) and not of(CreatePod, unknown.intents)
+    heard = decide({"ns/j": view(body, pods, coordinator_ready=True)}, None, CONFIG, NOW, names())
+    assert {i.name for i in of(DeletePod, heard.intents)} == {"c"}
+
+
 def test_succeeded_jobs_pods_go_as_they_exit_then_at_the_drain_deadline() -> None:
     """A worker told that the job finished may still be writing its output: it is not cut
     off with SIGTERM; the coordinator goes when no worker runs; a hung one goes at the
