@@ -161,20 +161,23 @@ class Admitter:
         self.refresh_pools()
 
     def refresh_pools(self) -> None:
-        """Recount what preemption could free (after growth changed the jobs' sizes)."""
+        """Recount what preemption could free (after growth changed the jobs' sizes). Only
+        the pools the policy's preemption reads are counted (``_pool``): a policy that never
+        shrinks, or never suspends, keeps that pool empty."""
         shrinkable: list[int] = []
         suspendable: list[int] = []
-        for js in self.s.jobs:
-            job = js.job
-            if not job.preemptible or not js.workers:
-                shrinkable.append(0)
-                suspendable.append(0)
-                continue
-            gpu = job.worker.resources.gpu
-            shrinkable.append(max(0, js.workers - js.lo) * gpu)
-            suspendable.append(0 if js.started else js.workers * gpu)
-        self.shrinkable = _Fenwick(shrinkable)
-        self.suspendable = _Fenwick(suspendable)
+        if self.shrink_ok or self.suspend_ok:
+            for js in self.s.jobs:
+                job = js.job
+                if not job.preemptible or not js.workers:
+                    shrinkable.append(0)
+                    suspendable.append(0)
+                    continue
+                gpu = job.worker.resources.gpu
+                shrinkable.append(max(0, js.workers - js.lo) * gpu)
+                suspendable.append(0 if js.started else js.workers * gpu)
+        self.shrinkable = _Fenwick(shrinkable if self.shrink_ok else [])
+        self.suspendable = _Fenwick(suspendable if self.suspend_ok else [])
 
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
@@ -187,8 +190,10 @@ class Admitter:
 
     def _update_pools(self, js: JobState) -> None:
         shrink, suspend = self._pools(js)
-        self.shrinkable.set(js.rank, shrink)
-        self.suspendable.set(js.rank, suspend)
+        if self.shrink_ok:
+            self.shrinkable.set(js.rank, shrink)
+        if self.suspend_ok:
+            self.suspendable.set(js.rank, suspend)
 
     def _pool(self, js: JobState) -> int:
         """An upper bound of the GPUs that preemption could free for ``js`` (quick reject)."""

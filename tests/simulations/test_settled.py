@@ -121,7 +121,10 @@ def _recorded(
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("name", ["fifo-gang", "fifo-backfill", "tiresias", "low-thresholds"])
+@pytest.mark.parametrize(
+    "name",
+    ["fifo-gang", "fifo-backfill", "tiresias", "tiresias-pollux", "low-thresholds", "starving"],
+)
 def test_a_settled_snapshot_gets_a_plan_that_changes_nothing(
     name: str, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
