@@ -11,7 +11,10 @@ Aspects:
   a snapshot the rule calls settled gets a plan that changes nothing, and the rule calls
   many of them settled;
 - the engine that leaves those plans out gives the records and timeline of the engine that
-  makes them, under every preset (the elastic ones never leave one out).
+  makes them, under every preset (the elastic ones never leave one out);
+- a reservation still held for a job below its size keeps the plan (it would carry the
+  hold); without one the plan is left out and no reservation remains. Seen to fail with
+  the engine's hold check removed.
 """
 
 from __future__ import annotations
@@ -21,12 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from edl_scheduler.core import PRESETS, Policy, Snapshot, plan, preset
+from edl_scheduler.core import PRESETS, Policy, Reservation, Role, Snapshot, plan, preset
 from edl_scheduler.core.policy import with_overrides
 from simulations import engine as engine_module
 from simulations.engine import Engine, SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN
 from simulations.pruning import settled
+from simulations.runs import Run
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, SimJob, with_elasticity
 from tests.core.builders import job, node, snapshot
@@ -152,3 +156,22 @@ def test_leaving_out_settled_plans_changes_no_result(name: str, config: str) -> 
     assert any(r.end is not None for r in fast.jobs)
     if not policy.elastic:
         assert fast.plans < reference.plans  # plans were left out
+
+
+def test_a_hold_for_a_waiting_job_keeps_the_plan() -> None:
+    # "big" waits for 4 GPUs while "r" runs on 3 of 4, ranked above it: settled. With room
+    # held for "big" (a hold the planner carries while big is below its size), the plan is
+    # made, and carries the hold; without it, the plan is left out and no hold remains.
+    jobs = [SimJob("r", 0.0, 3, 1000.0, 3, 3), SimJob("big", 1.0, 4, 100.0, 4, 4)]
+    cluster = ClusterSpec(1, 4)
+    hold = Reservation("big", "node-0", Role.WORKER, 4, 600.0)
+    for held in (False, True):
+        engine = Engine(jobs, cluster, TIRESIAS, EVENT_DRIVEN)
+        for index, sim_job in enumerate(jobs):
+            engine.active[sim_job.name] = Run(sim_job, index, sim_job.work)
+            engine._plan(sim_job.submit_time)
+        assert engine.running.keys() == {"r"} and engine.plans == 1  # big's arrival: settled
+        engine.reservations = (hold,) if held else ()
+        engine._plan(2.0)
+        assert engine.plans == 1 + held
+        assert engine.reservations == ((hold,) if held else ())
