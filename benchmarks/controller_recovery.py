@@ -649,6 +649,9 @@ def run(
         for error in driver.errors[:3]:
             violations.add("driver", error)
         metrics = ctrl.metrics()
+        log_tail = [
+            line for line in ctrl.log_tail(400).splitlines() if "aiohttp.access" not in line
+        ][-60:]
     reconverged = [r.reconverge_s for r in restarts if r.reconverge_s is not None]
     first = [r.first_cycle_s for r in restarts if r.first_cycle_s is not None]
     serving = [r.serving_s for r in restarts if r.serving_s is not None]
@@ -677,6 +680,8 @@ def run(
         "violation_counts": dict(violations.counts),
         "violation_examples": list(violations.examples),
         "deleted_jobs": len(driver.deleted),
+        # The operator's last lines (its /metrics requests left out), when something broke.
+        **({"log_tail": log_tail} if violations.total else {}),
         "cycles": sample(metrics, "edl_planner_cycle_seconds_count"),
         "load": [round(x, 2) for x in (*load_before[:1], *os.getloadavg()[:1])],
         "settings": {k: v for k, v in asdict(settings).items() if k != "busy_s" and k != "down_s"},

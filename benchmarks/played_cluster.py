@@ -142,7 +142,8 @@ class PlayedCoordinators:
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler(SERVICE, self._handlers(port)),)
         )
-        server.add_insecure_port(f"127.0.0.1:{port}")
+        if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
+            raise RuntimeError(f"port {port} is taken")
         server.start()
         self.servers[port] = server
 
@@ -253,6 +254,8 @@ class PlayedKubelet:
                 self.cluster.set_pod_phase(ns, name, "Succeeded")
         except ApiException:
             pass
+        except RuntimeError as error:  # grpc: the port is taken; the next round tries again
+            print(f"played kubelet: {name}: {error}", file=sys.stderr, flush=True)
 
     def _todo(self, pod: dict[str, Any]) -> bool:
         node = pod.get("spec", {}).get("nodeName")
