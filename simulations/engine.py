@@ -11,7 +11,8 @@ The cycle, in order, at each instant something happens:
    time-based rule of the policy could change the plan (a cool-down or minimum run ending,
    a reservation expiring, a running job's attained GPU-time crossing a queue threshold).
    A tick at which nothing changed and no such rule fell due is skipped: the planner is
-   idempotent (invariant 6), so the plan there would be empty.
+   idempotent (invariant 6), so the plan there would be empty. So is a plan that provably
+   changes nothing (``pruning.settled``: a rigid policy where no waiting job can start).
 5. Apply the plan's changes: started, grown and shrunk jobs pause (``start_delay_s`` for a
    first start, plus ``restart_pause_s`` for a job resumed after suspension,
    ``resize_pause_s`` for a resize); a suspended job keeps its progress and its attained
@@ -55,7 +56,7 @@ from edl_scheduler.core import (
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.pruning import settled, shown
-from simulations.runs import Run
+from simulations.runs import JobRecord, Run
 from simulations.workload import ClusterSpec, SimJob
 
 _INF = math.inf
@@ -84,31 +85,6 @@ class SimConfig:
     #: LAS queues, keep a running job's snapshot Job until its queue changes; results are
     #: identical, only faster (False: the reference path, for tests).
     incremental: bool = True
-
-
-@dataclass(frozen=True, slots=True)
-class JobRecord:
-    """What happened to one job. ``end`` is None for a job that never finished."""
-
-    name: str
-    submit_time: float
-    requested: int
-    min_workers: int
-    max_workers: int
-    priority: int
-    first_start: float | None
-    end: float | None
-    resizes: int
-    preemptions: int
-    gpu_seconds: float
-
-    @property
-    def jct(self) -> float | None:
-        return None if self.end is None else self.end - self.submit_time
-
-    @property
-    def queueing_delay(self) -> float | None:
-        return None if self.first_start is None else self.first_start - self.submit_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +155,9 @@ class Engine:
         #: Whether plans that provably change nothing are left out (``pruning.settled``); not
         #: where jobs measure a speed that changes by epoch: each plan shows it to the planner.
         self.settles = config.prune and not (self.profiled and config.report_throughput)
+        #: Whether the last instant that asked for a plan was proven settled.
+        self.settled = False
+        self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
 
     # -- events -----------------------------------------------------------------------------
 
@@ -256,7 +235,7 @@ class Engine:
             if self.progress is not None:
                 self.progress(len(self.records), n)
         for run in self.active.values():
-            self.records.append(self._record(run, None))
+            self.records.append(run.record(None))
         records = sorted(self.records, key=lambda r: (r.submit_time, r.name))
         return SimResult(
             self.label,
@@ -274,23 +253,7 @@ class Engine:
         self._set_useful(run, 0.0)
         del self.running[run.job.name]
         del self.active[run.job.name]
-        self.records.append(self._record(run, now))
-
-    def _record(self, run: Run, end: float | None) -> JobRecord:
-        job = run.job
-        return JobRecord(
-            job.name,
-            job.submit_time,
-            job.requested,
-            job.min_workers,
-            job.max_workers,
-            job.priority,
-            run.first_start,
-            end,
-            run.resizes,
-            run.preemptions,
-            run.attained,
-        )
+        self.records.append(run.record(now))
 
     # -- planning ---------------------------------------------------------------------------
 
@@ -354,11 +317,15 @@ class Engine:
 
     def _plan(self, now: float, arrived: list[str] | None = None) -> None:
         """Plan and apply. ``arrived``: the jobs that arrived since the last plan, when
-        nothing else changed and no time-based rule fell due; if the planner would not see
-        any of them (they cannot start), the plan is left out: the last plan's result is a
-        fixed point (invariant 6) and jobs that cannot start change no decision."""
+        nothing else changed and no time-based rule fell due; if none of them can start,
+        the plan is left out (the last plan's result is a fixed point, invariant 6)."""
         if self.profiled and self.config.report_throughput:
             self._remeasure(now)
+        settled_before, self.settled = self.settled, False
+        if settled_before and arrived is not None and self._still_settled(now, arrived):
+            self.settled = True
+            self.skipped += 1
+            return
         # The cached Job of a waiting job (most of them) is taken here, without a call; under
         # LAS queues so is a running job's while its attained GPU-time (``attained_at``, the
         # same sum) stays between the thresholds around the one its Job was built with.
@@ -398,6 +365,8 @@ class Engine:
         ):
             self.skipped += 1
             self.reservations = ()  # what the plan would return: no hold is left
+            # Keys that change only at wake-ups: ``_still_settled`` may then be asked.
+            self.settled = self.fixed_key is not None and not self.least_attained
             return
         if self.config.prune and arrived is not None and len(jobs) < len(self.active):
             names = {j.name for j in jobs}
@@ -415,6 +384,20 @@ class Engine:
         changes = result.changes
         for decision in changes:
             self._apply(self.active[decision.job], decision, now)
+
+    def _still_settled(self, now: float, arrived: list[str]) -> bool:
+        """After a settled instant, when only ``arrived`` came since: free GPUs, running jobs
+        and rank keys are as they were, so every job that waited still cannot start; the
+        rule asks about the arrivals alone (against the running jobs)."""
+        runs = list(self.running.values())
+        if any(r.cached is None for r in runs):
+            return False  # (not after a settled instant: every Job was built there)
+        runs += [self.active[name] for name in arrived]
+        jobs = [r.cached if r.cached is not None else self._snapshot_job(r, now) for r in runs]
+        live = [len(j.replicas) for j in jobs]
+        keys = [r.rank_key for r in runs]
+        free = self.cluster.gpus - self.allocated
+        return settled(jobs, self.policy, now, free, live=live, keys=keys)
 
     def _holding(self, now: float) -> bool:
         """Whether a reservation still holds room for a job below its size (a plan would

@@ -1,4 +1,5 @@
-"""One submitted job as the engine runs it: its size, progress and costs, kept lazily.
+"""One submitted job as the engine runs it (its size, progress and costs, kept lazily), and
+the record of what happened to it (``JobRecord``, the run's per-job result).
 
 A job's remaining work and attained GPU-time are brought up to date only when its size
 changes or the snapshot needs them (``advance``), so an instant of the simulation costs time
@@ -17,6 +18,31 @@ from edl_scheduler.core import Job, Replica, ThroughputSample
 from simulations.workload import SimJob
 
 _INF = math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What happened to one job. ``end`` is None for a job that never finished."""
+
+    name: str
+    submit_time: float
+    requested: int
+    min_workers: int
+    max_workers: int
+    priority: int
+    first_start: float | None
+    end: float | None
+    resizes: int
+    preemptions: int
+    gpu_seconds: float
+
+    @property
+    def jct(self) -> float | None:
+        return None if self.end is None else self.end - self.submit_time
+
+    @property
+    def queueing_delay(self) -> float | None:
+        return None if self.first_start is None else self.first_start - self.submit_time
 
 
 @dataclass(slots=True, eq=False)
@@ -106,3 +132,20 @@ class Run:
         if profile is None:
             return self.job.useful_gpus(self.workers)
         return profile.useful(self.placement, self.done)
+
+    def record(self, end: float | None) -> JobRecord:
+        """What happened to the job, once it has ended (``end``) or the run has."""
+        job = self.job
+        return JobRecord(
+            job.name,
+            job.submit_time,
+            job.requested,
+            job.min_workers,
+            job.max_workers,
+            job.priority,
+            self.first_start,
+            end,
+            self.resizes,
+            self.preemptions,
+            self.attained,
+        )
