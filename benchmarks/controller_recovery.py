@@ -129,6 +129,8 @@ class Settings:
     reconverge_timeout_s: float = 120.0
     #: How long the jobs may take to finish once the driver ends them.
     end_timeout_s: float = 300.0
+    #: The samples of a real job (its workers train 10 a step, one step in 0.05 s or more).
+    real_samples: tuple[int, int] = (1500, 4000)
     #: Seconds of driver activity before each kill, and of downtime after it.
     busy_s: tuple[float, float] = (1.0, 4.0)
     down_s: tuple[float, float] = (0.0, 1.0)
@@ -389,7 +391,7 @@ class Driver:
         rng = self.rng
         if real:
             minimum, maximum = 1, rng.choice((2, self.settings.real_gpus))
-            samples = rng.randint(1500, 4000)
+            samples = rng.randint(*self.settings.real_samples)
         else:
             minimum, maximum = rng.choice((1, 1, 2)), rng.choice((2, 4, 8))
             samples = 1000
@@ -684,7 +686,7 @@ def run(
         **({"log_tail": log_tail} if violations.total else {}),
         "cycles": sample(metrics, "edl_planner_cycle_seconds_count"),
         "load": [round(x, 2) for x in (*load_before[:1], *os.getloadavg()[:1])],
-        "settings": {k: v for k, v in asdict(settings).items() if k != "busy_s" and k != "down_s"},
+        "settings": {k: v for k, v in asdict(settings).items() if not isinstance(v, tuple)},
     }
 
 

@@ -40,6 +40,7 @@ def test_killed_operator_reconverges_with_every_invariant_kept(
         seed=7,
         reconverge_timeout_s=60.0,
         end_timeout_s=120.0,
+        real_samples=(400, 800),
     )
     result = run(kube_api, tmp_path, settings, ns=NS, prefix="rec-", ports="27000-27999")
     print(result)
