@@ -127,13 +127,31 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
+        # A graceful stop (SIGTERM: a rolling update, a drained node): the cycle in flight
+        # finishes, then the Lease is given up so that a standby leads at once. If the cycle
+        # does not end in time, the Lease is left to lapse (the old leader may still write).
         loop = holder.get("loop")
-        if loop is not None:
-            loop.stopping.set()
-            loop.actuator.close()
         task = holder.get("task")
-        if task is not None:
-            task.cancel()
+        ended = task is None
+        if loop is not None:
+            loop.stop()
+        if task is not None and loop is not None and not loop.synced.is_set():
+            task.cancel()  # it never planned: nothing of it is in flight
+            ended = True
+        elif task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(task), timeout=STOP_TIMEOUT_S)
+                ended = True
+            except TimeoutError:
+                log.warning("the cycle in flight did not end in %.0f s", STOP_TIMEOUT_S)
+                task.cancel()
+            except Exception:
+                log.exception("the planning loop failed while stopping")
+                ended = True
+        if loop is not None:
+            loop.actuator.close()
+            if ended:
+                await asyncio.to_thread(loop.release_lease, STOP_TIMEOUT_S)
         web = holder.get("web")
         if web is not None:
             await web.cleanup()
@@ -156,6 +174,10 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
 #: the leader check and the reservations' store at once. The client's default (5 per CPU,
 #: 10 on 2 cores) made every write past the tenth open a new TLS connection and drop it.
 API_CONNECTIONS = 32
+
+#: How long a graceful stop waits for the cycle in flight, then for the lease thread: twice
+#: this stays inside the Deployment's terminationGracePeriodSeconds (30).
+STOP_TIMEOUT_S = 10.0
 
 
 def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:

@@ -7,12 +7,13 @@ before each cycle, and again before acting, the planning loop asks ``is_leader()
 call) and only the holder of the Lease acts. The renewal is off the cycle's path: its two
 API calls, slow on a loaded API server, were a quarter of a cycle at 200 jobs.
 
-The protocol: the Lease names its holder, when it was last renewed and for how long it holds.
-A replica takes the Lease when it is free or its holder let it lapse; it renews it while
-it holds it. Every write carries the resourceVersion it read, so two replicas racing for the
-Lease cannot both win (the loser gets 409). What must stay true: a replica believes it leads
-only until ``renewTime + leaseDuration`` as it last wrote it, minus a safety margin, so an
-old leader stops acting before a new one may start.
+The protocol: the Lease names its holder, when it was last renewed and for how long it
+holds. A replica takes the Lease when it is free or its holder let it lapse; it renews it
+while it holds it, and gives it up when it stops gracefully (``release``). Every write
+carries the resourceVersion it read, so two replicas racing for the Lease cannot both win
+(the loser gets 409). What must stay true: a replica believes it leads only until
+``renewTime + leaseDuration`` as it last wrote it, minus a safety margin, so an old leader
+stops acting before a new one may start.
 """
 
 from __future__ import annotations
@@ -129,4 +130,31 @@ class LeaderElector:
         self._last_renew = now
         # Stop believing a little before the others may take over.
         self._valid_until = now + self.duration_s * 0.8
+        return True
+
+    def release(self) -> bool:
+        """Gives the Lease up at a graceful stop (a rolling update, a drained node), so that
+        a standby takes it at its next try, a sixth of the duration later, instead of waiting
+        up to the whole duration for it to lapse. Whether the Lease was ours and is now free.
+
+        Call it only once this replica acts no more (no cycle in flight) and ``renewing`` has
+        returned, else a renewal could take the Lease back. From here on this replica never
+        believes it leads. The write carries the resourceVersion it read, so a Lease another
+        replica took meanwhile is left alone."""
+        self._valid_until = 0.0
+        path = namespaced(self.namespace, "leases", self.name, group=LEASES_GROUP)
+        try:
+            lease = self.kube.request("GET", path)
+            held = lease.get("spec", {})
+            if held.get("holderIdentity") != self.identity:
+                return False
+            held["holderIdentity"] = None
+            held["leaseDurationSeconds"] = 1
+            held["renewTime"] = _micro(time.time())
+            lease["spec"] = held
+            self.kube.request("PUT", path, lease)
+        except KubeError as error:
+            log.warning("could not give the Lease up (a standby waits for it to lapse): %s", error)
+            return False
+        log.info("gave the Lease %s/%s up", self.namespace, self.name)
         return True

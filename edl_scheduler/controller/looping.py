@@ -138,6 +138,7 @@ class PlanningLoop:
         self.last_plan: Plan | None = None
         self.cycles = 0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._lease_thread: threading.Thread | None = None
 
     # ----- triggers -----
 
@@ -165,6 +166,22 @@ class PlanningLoop:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self.dirty.set)
 
+    def stop(self) -> None:
+        """Asks the loop and its threads to stop; the cycle in flight, if any, finishes."""
+        self.stopping.set()
+        self.mark_urgent()
+
+    def release_lease(self, timeout_s: float) -> bool:
+        """At a graceful stop, once ``run`` has returned (no cycle in flight): waits for the
+        lease thread to end, then gives the Lease up so that a standby leads at once."""
+        thread = self._lease_thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                log.warning("the lease thread did not stop: the Lease is left to lapse")
+                return False
+        return self.elector.release()
+
     # ----- the loop -----
 
     async def run(self) -> None:
@@ -173,13 +190,13 @@ class PlanningLoop:
         poller.start()
         prober = threading.Thread(target=self._probe_forever, name="ready-probe", daemon=True)
         prober.start()
-        lease = threading.Thread(
+        self._lease_thread = threading.Thread(
             target=self.elector.renewing,
             args=(self.stopping, self._elected),
             name="lease",
             daemon=True,
         )
-        lease.start()
+        self._lease_thread.start()
         await self.synced.wait()
         # What a restart's first cycle waited for, read in the log (benchmarks/
         # controller_recovery.py): the initial listing of every watched object, the Lease.
@@ -192,6 +209,8 @@ class PlanningLoop:
             if wait > 0:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.urgent.wait(), timeout=wait)
+            if self.stopping.is_set():
+                break  # woken to stop: no cycle starts after a graceful stop began
             self.dirty.clear()
             self.urgent.clear()
             last = time.monotonic()

@@ -7,7 +7,9 @@ Aspects:
   leaseDurationSeconds), then takes it and counts the transition;
 - two replicas racing for a free Lease cannot both win (the write carries the
   resourceVersion it read: the loser gets 409 and does not lead);
-- a leader believes it leads only until 80% of the duration after its last renewal.
+- a leader believes it leads only until 80% of the duration after its last renewal;
+- a leader that stops gracefully gives the Lease up: another identity takes it at once; a
+  Lease another replica took meanwhile is left alone.
 """
 
 from __future__ import annotations
@@ -60,9 +62,10 @@ class LeaseStore:
         return copy.deepcopy(self.lease)
 
     @property
-    def holder(self) -> str:
+    def holder(self) -> str | None:
         assert self.lease is not None
-        return str(self.lease["spec"]["holderIdentity"])
+        held = self.lease["spec"]["holderIdentity"]
+        return None if held is None else str(held)
 
 
 class Clock:
@@ -124,3 +127,32 @@ def test_a_leader_stops_believing_before_the_lease_lapses(clock: Clock) -> None:
     assert a.is_leader()
     clock.now += DURATION * 0.02
     assert not a.is_leader()
+
+
+def test_a_leader_stopping_gracefully_gives_its_lease_up(clock: Clock) -> None:
+    store = LeaseStore()
+    a = elector(store, "pod-a")
+    assert a.try_lead()
+    clock.now += 1.0
+    assert a.release()
+    assert store.holder is None and not a.is_leader()
+    successor = elector(store, "pod-b")
+    assert successor.try_lead()  # at once: no wait for the 10 s to lapse
+    assert store.holder == "pod-b"
+
+
+def test_release_leaves_a_lease_another_replica_holds(clock: Clock) -> None:
+    store = LeaseStore()
+    a = elector(store, "pod-a")
+    assert a.try_lead()
+    clock.now += DURATION + 1.0  # a stalled; b took the lapsed Lease
+    assert elector(store, "pod-b").try_lead()
+    assert not a.release()
+    assert store.holder == "pod-b"
+    # b took it between a's read and a's write: the write is refused, b keeps it.
+    b = elector(store, "pod-b")
+    c = elector(store, "pod-c")
+    clock.now += DURATION + 1.0
+    store.before_put.append(lambda: c.try_lead())
+    assert not b.release()
+    assert store.holder == "pod-c"

@@ -252,3 +252,11 @@ def test_two_controllers_exactly_one_acts(
         eventually(
             lambda: "edl_controller_leader 1.0" in other.metrics(), 20, "the standby to take over"
         )
+        # A graceful stop (SIGTERM) gives the Lease up, so that a standby need not wait for
+        # it to lapse.
+        other.stop()
+        assert other.popen is not None and other.popen.returncode == 0, other.log_tail()
+        lease = kubernetes.client.CoordinationV1Api(kube_api.api_client).read_namespaced_lease(
+            "edl-controller", ns
+        )
+        assert not lease.spec.holder_identity, (lease.spec, other.log_tail())
