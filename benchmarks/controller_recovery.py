@@ -443,11 +443,22 @@ class Driver:
         if len(self.ends) < self.settings.played_jobs:
             self._create(real=False)
 
+    def pause(self) -> None:
+        """Stops the thread's acts; returns once none is in progress, so that nothing the
+        driver does lands while a re-convergence is measured."""
+        with self._lock:
+            self.running.clear()
+
+    def _step_while_running(self) -> None:
+        with self._lock:
+            if self.running.is_set():
+                self._step()
+
     def _run(self) -> None:
         while not self.stopping.is_set():
             if self.running.wait(0.2):
                 try:
-                    self.step()
+                    self._step_while_running()
                 except Exception as error:  # reported, and the run goes on
                     self.errors.append(repr(error))
                 self.stopping.wait(self.rng.uniform(0.2, 0.8))
@@ -613,7 +624,7 @@ def run(
                 ctrl.argv[at] = f"{ns}-{k + 1}"
             offset, started_wall = ctrl.log_path.stat().st_size, time.time()
             ctrl.start()
-            driver.running.clear()
+            driver.pause()
             found = measure(ctrl, watched, settings.reconverge_timeout_s)
             with ctrl.log_path.open(errors="replace") as log:
                 log.seek(offset)
@@ -624,7 +635,7 @@ def run(
             if found.reconverge_s is None:
                 violations.add("not_reconverged", f"restart {k + 1}: {found.waited_for}")
         # Every job completes: no more arrivals, the played jobs end, the real ones finish.
-        driver.running.clear()
+        driver.pause()
         driver.end_all()
         wanted = [n for n in driver.created if n not in driver.deleted]
 

@@ -252,8 +252,11 @@ class PlayedKubelet:
                 if self.members:
                     self.coordinators.set_member(job, name, False)
                 self.cluster.set_pod_phase(ns, name, "Succeeded")
-        except ApiException:
-            pass
+        except ApiException as error:
+            # 404 and 409: the pod went or changed meanwhile; the next round sees it again.
+            if error.status not in (404, 409):
+                print(f"played kubelet: {name}: {error.status} {error.reason}",
+                      file=sys.stderr, flush=True)  # fmt: skip
         except RuntimeError as error:  # grpc: the port is taken; the next round tries again
             print(f"played kubelet: {name}: {error}", file=sys.stderr, flush=True)
 

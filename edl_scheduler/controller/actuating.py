@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -193,6 +194,8 @@ class StatusWriter:
         #: Cleared while a cycle acts: its writes (drain marks, pods) go first.
         self._open = threading.Event()
         self._open.set()
+        #: Writes submitted and not yet done (statuses and Events): what ``flush`` waits for.
+        self._pending: set[Future[None]] = set()
 
     def hold(self) -> None:
         """A cycle acts: no background write starts until ``release`` (or ``HOLD_LIMIT_S``)."""
@@ -210,10 +213,35 @@ class StatusWriter:
             if key in self._writing:
                 return  # the job's writer sends it after the write in flight
             self._writing.add(key)
-        self.pool.submit(self._write_all, key)
+        self._submit(functools.partial(self._write_all, key))
 
     def event(self, post: Callable[[], None]) -> None:
-        self.pool.submit(self.guarded, functools.partial(self._when_open, post))
+        self._submit(functools.partial(self.guarded, functools.partial(self._when_open, post)))
+
+    def _submit(self, call: Callable[[], None]) -> None:
+        future = self.pool.submit(call)
+        with self._lock:
+            self._pending.add(future)
+        future.add_done_callback(self._done)
+
+    def _done(self, future: Future[None]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Sends what is queued at once (no cycle holds it back any more) and waits up to
+        ``timeout_s`` for every status and Event to be written; whether none is left. A
+        leader that stops calls it before giving its Lease up, so that no write of its last
+        cycle is lost or lands over what the next leader writes."""
+        self._open.set()
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                pending = list(self._pending)
+            left = deadline - time.monotonic()
+            if not pending or left <= 0:
+                return not pending
+            futures_wait(pending, timeout=left)
 
     def _when_open(self, call: Callable[[], None]) -> None:
         self._open.wait(HOLD_LIMIT_S)

@@ -128,8 +128,9 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
         # A graceful stop (SIGTERM: a rolling update, a drained node): the cycle in flight
-        # finishes, then the Lease is given up so that a standby leads at once. If the cycle
-        # does not end in time, the Lease is left to lapse (the old leader may still write).
+        # finishes, its statuses and Events are written, then the Lease is given up so that
+        # a standby leads at once. If either does not end in time, the Lease is left to lapse
+        # (the old leader may still write).
         loop = holder.get("loop")
         task = holder.get("task")
         ended = task is None
@@ -149,8 +150,11 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
                 log.exception("the planning loop failed while stopping")
                 ended = True
         if loop is not None:
+            flushed = await asyncio.to_thread(loop.actuator.writer.flush, STOP_TIMEOUT_S)
+            if not flushed:
+                log.warning("statuses or Events still unwritten after %.0f s", STOP_TIMEOUT_S)
             loop.actuator.close()
-            if ended:
+            if ended and flushed:
                 await asyncio.to_thread(loop.release_lease, STOP_TIMEOUT_S)
         web = holder.get("web")
         if web is not None:
@@ -175,9 +179,10 @@ def _plain(body: kopf.Body) -> dict[str, Any]:
 #: 10 on 2 cores) made every write past the tenth open a new TLS connection and drop it.
 API_CONNECTIONS = 32
 
-#: How long a graceful stop waits for the cycle in flight, then for the lease thread: twice
-#: this stays inside the Deployment's terminationGracePeriodSeconds (30).
-STOP_TIMEOUT_S = 10.0
+#: How long a graceful stop waits for each of its three steps (the cycle in flight, its
+#: status writes, the lease thread): all three stay inside the Deployment's
+#: terminationGracePeriodSeconds (30).
+STOP_TIMEOUT_S = 8.0
 
 
 def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:

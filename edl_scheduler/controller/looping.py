@@ -227,6 +227,7 @@ class PlanningLoop:
         self.metrics.leader.set(1 if leader else 0)
         if not leader:
             self._holds_loaded = False  # another leader may change them meanwhile
+            self.metrics.quiet_cycles.set(0)  # a standby vouches for nothing
             self.metrics.last_cycle = time.monotonic()
             return None
         if not self._holds_loaded:
@@ -270,7 +271,10 @@ class PlanningLoop:
         self.store.save(result.reservations)  # before the drains that free their room
         self.actuator.run(decisions.intents)  # 4
         phases.done("act")
-        if any(not isinstance(i, PatchStatus | Emit) for i in decisions.intents):
+        # Quiet: the plan wants no change and the cycle made no move. A change the rules
+        # defer (new replicas waiting for victims to leave or for their coordinator) emits no
+        # intent, but the cluster does not match the plan yet.
+        if result.changes or any(not isinstance(i, PatchStatus | Emit) for i in decisions.intents):
             self.metrics.quiet_cycles.set(0)
         else:
             self.metrics.quiet_cycles.inc()

@@ -67,9 +67,10 @@ class Metrics:
         self.leader = Gauge("edl_controller_leader", "1 on the replica that acts", registry=r)
         self.quiet_cycles = Gauge(
             "edl_planner_quiet_cycles",
-            "Consecutive planning cycles, up to the last, that wanted no move (no pod created "
-            "or deleted, no replica marked draining, no drain, no target, no coordinator, "
-            "Secret or Service): the cluster matched the plan for that long",
+            "Consecutive planning cycles of the leader, up to the last, whose plan wanted no "
+            "change and which made no move (no pod created or deleted, no replica marked "
+            "draining, no drain, no target, no coordinator, Secret or Service): the cluster "
+            "matched the plan for that long; 0 on a standby",
             registry=r,
         )
         self.last_cycle = time.monotonic()

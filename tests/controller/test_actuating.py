@@ -14,7 +14,9 @@ Aspects:
 - each write waits only for what it depends on: the pods created with a coordinator for
   its Secret and Service (none when one failed), a drain for its mark; a victim's drain
   does not wait for another job's slow Secret;
-- Events are posted in the background too; neither starts while a cycle acts (``hold``).
+- Events are posted in the background too; neither starts while a cycle acts (``hold``);
+- ``flush`` (a leader's graceful stop) writes what a held cycle queued at once and returns
+  once nothing is left, or False at its timeout while a write hangs.
 """
 
 from __future__ import annotations
@@ -373,3 +375,32 @@ def test_a_write_waits_only_for_what_it_depends_on() -> None:
     finally:
         kube.gate.set()
         actuator.close()
+
+
+def test_flush_writes_what_is_queued_then_says_whether_anything_is_left() -> None:
+    expectations = Expectations()
+    written: list[str] = []
+    gate = threading.Event()
+
+    def patch(intent: PatchStatus) -> str:
+        if intent.status["message"] == "hangs":
+            assert gate.wait(10)
+        written.append(intent.status["message"])
+        return "7"
+
+    writer = StatusWriter(expectations, patch, lambda call: call())
+    try:
+        writer.hold()  # the last cycle was acting when the stop came
+        writer.status(PatchStatus("ns", "j", {"message": "last"}))
+        writer.event(lambda: written.append("event"))
+        assert writer.flush(5.0)
+        assert sorted(written) == ["event", "last"], "nothing of the last cycle is lost"
+        writer.status(PatchStatus("ns", "k", {"message": "hangs"}))
+        started = time.monotonic()
+        assert not writer.flush(0.3), "a write in flight is reported, not forgotten"
+        assert time.monotonic() - started < 5
+        gate.set()
+        assert writer.flush(5.0) and written[-1] == "hangs"
+    finally:
+        gate.set()
+        writer.close()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -297,7 +298,8 @@ def test_quiet_cycles_count_the_cycles_since_the_last_move(
     loop: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``edl_planner_quiet_cycles``: status writes and Events are not moves; a pod deleted
-    (or created, drained, ...) is, and starts the count again."""
+    (or created, drained, ...) is, and starts the count again; so does a plan that wants a
+    change no rule acted on yet; a standby's count is 0."""
     from edl_scheduler.controller.intents import Decisions, DeletePod, PatchStatus
 
     planning, _ = loop
@@ -323,3 +325,20 @@ def test_quiet_cycles_count_the_cycles_since_the_last_move(
     wanted.clear()
     planning.cycle(World((), (), (), {}))
     assert quiet() == 1
+    # A change the plan wants but the rules defer (no intent yet) is not quiet either.
+    real_plan = looping.plan
+
+    def wanting_a_change(*args: Any, **kwargs: Any) -> Any:
+        found = real_plan(*args, **kwargs)
+        return dataclasses.replace(found, known_changes=(object(),))
+
+    monkeypatch.setattr(looping, "plan", wanting_a_change)
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 0
+    monkeypatch.setattr(looping, "plan", real_plan)
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 1
+    # A standby vouches for nothing.
+    planning.elector.is_leader = lambda: False
+    planning.cycle(World((), (), (), {}))
+    assert quiet() == 0
