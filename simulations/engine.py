@@ -388,10 +388,19 @@ class Engine:
     def _still_settled(self, now: float, arrived: list[str]) -> bool:
         """After a settled instant, when only ``arrived`` came since: free GPUs, running jobs
         and rank keys are as they were, so every job that waited still cannot start; the
-        rule asks about the arrivals alone (against the running jobs)."""
+        rule asks about the arrivals alone (against the running jobs). Under LAS queues, only
+        while every running job's attained GPU-time stays in the band its Job was built in."""
         runs = list(self.running.values())
         if any(r.cached is None for r in runs):
             return False  # (not after a settled instant: every Job was built there)
+        if self.queue_only and any(
+            not r.queue_low <= r.attained + len(r.replicas) * (now - r.last) < r.queue_high
+            for r in runs
+        ):
+            # A running job crossed a queue threshold since (a wake-up may land a hair
+            # before it, and the crossing then comes with no wake of its own): its key is
+            # not the cached one, so the full path rebuilds it.
+            return False
         runs += [self.active[name] for name in arrived]
         jobs = [r.cached if r.cached is not None else self._snapshot_job(r, now) for r in runs]
         live = [len(j.replicas) for j in jobs]

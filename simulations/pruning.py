@@ -187,12 +187,12 @@ def settled(
     elastic = policy.elastic
     for j, n, k in zip(jobs, live, keys, strict=True):
         size = j.worker.min_replicas if elastic else j.rigid_size
-        if n > size or j.suspended:
-            return False  # above its size, or leaving by its spec: it may change
+        if n > size or j.suspended or j.pserver is not None:
+            # Above its size, leaving by its spec, or with parameter servers (the planner
+            # restores a missing one, which needs no GPU): it may change.
+            return False
         gpu = j.worker.resources.gpu
         if n < size:
-            if j.pserver is not None:
-                return False
             entries.append((k, 1, (size - n) * gpu))
             if top is None or k < top:
                 top, lack = k, (size - n) * gpu
