@@ -37,7 +37,6 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -64,7 +63,7 @@ from tests.kube.controller_harness import (  # noqa: E402
     running_controller,
     training_job,
 )
-from tests.kube.listing import keep_listed  # noqa: E402
+from tests.kube.listing import Listings  # noqa: E402
 from tests.kube.nodes import create_node  # noqa: E402
 from tests.kube.testenv import ensure_binaries, running_control_plane  # noqa: E402
 
@@ -135,41 +134,20 @@ class PodTimes(dict[str, dict[str, Any]]):
         return super().pop(uid, default)
 
 
-class PodWatch:
+class PodWatch(Listings):
     """The pods of the real nodes, seen through a watch (one per node: a field selector
     names one node), so that each state is timed when the API delivers it, not when a
     poll from this loaded process gets round to listing a thousand pods."""
 
     def __init__(self, cluster: Cluster, nodes: set[str]) -> None:
+        super().__init__()
         self.times = PodTimes()
-        self.lock = threading.Lock()
-        self.changed = threading.Event()
-        self.stopping = threading.Event()
-        self.threads = [
-            threading.Thread(
-                target=keep_listed,
-                args=(
-                    functools.partial(cluster.core.list_namespaced_pod, NS),
-                    self.times,
-                    self.lock,
-                    self.changed,
-                    self.stopping,
-                ),
-                kwargs={"field_selector": f"spec.nodeName={node}"},
-                daemon=True,
+        for node in sorted(nodes):
+            self.listing(
+                functools.partial(cluster.core.list_namespaced_pod, NS),
+                self.times,
+                field_selector=f"spec.nodeName={node}",
             )
-            for node in sorted(nodes)
-        ]
-
-    def __enter__(self) -> PodWatch:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(15)
 
     def of_job(self, job: str) -> dict[str, tuple[str, dict[str, float]]]:
         """name -> (role, first times) of the job's pods seen so far."""

@@ -28,9 +28,10 @@ such that
     victim is left past its drain deadline; no pod of a finished job is left past the drain
     deadline after its completion, and none of a deleted job; and
 (c) the operator wants no move in that world: every planning cycle that ended between t and
-    the confirmation was quiet (no pod created or deleted, no drain mark or drain, no
-    target, no coordinator, Secret or Service: ``edl_planner_quiet_cycles``, consecutive
-    quiet cycles up to the last), and at least one of them started after t.
+    the confirmation was quiet (its plan wanted no change, and it made no move: no pod
+    created or deleted, no drain mark or drain, no target, no coordinator, Secret or
+    Service: ``edl_planner_quiet_cycles``, consecutive quiet cycles up to the last), and
+    at least one of them started after t.
 While it is measured, the driver changes nothing (no job arrives, ends or is deleted; it
 keeps acting between kills and while the operator is down); a real job may still finish on
 its own, which the operator must then act on too.
@@ -43,8 +44,8 @@ quiet streak in one answer are consistent). t is the first poll from which (b) h
 every poll; with N the cycle count read at t, the confirmation is a later answer with
 count >= N + 2 and a quiet streak >= count - N: cycle N + 2 started after cycle N + 1
 ended, which was after t, and no cycle since t wanted a move. A change that broke (b) and
-healed between two polls could hide from the watch check, not from (c): a move of the
-operator breaks the streak.
+healed between two polls could hide from the watch check, not from (c): a change the plan
+wants and a move of the operator break the streak.
 
 The invariants, checked on every change the pod watch delivers (every state of the
 namespace's pods, not samples): no node over-committed (GPUs of pods not finished, those
@@ -73,7 +74,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -90,6 +90,13 @@ from benchmarks.played_cluster import (  # noqa: E402
     operator_options,
     sample,
 )
+from benchmarks.recovery_checks import (  # noqa: E402
+    CheckedPods,
+    Violations,
+    labels_of,
+    phase_of,
+    unsettled,
+)
 from tests.kube.controller_harness import (  # noqa: E402
     GROUP,
     PLURAL,
@@ -102,8 +109,8 @@ from tests.kube.controller_harness import (  # noqa: E402
     running_controller,
     training_job,
 )
-from tests.kube.listing import keep_listed  # noqa: E402
-from tests.kube.nodes import GPU, create_node  # noqa: E402
+from tests.kube.listing import Listings  # noqa: E402
+from tests.kube.nodes import create_node  # noqa: E402
 from tests.kube.testenv import KubeAPI, ensure_binaries, running_control_plane  # noqa: E402
 
 POOL = "edl.bench/pool"
@@ -136,152 +143,21 @@ class Settings:
     down_s: tuple[float, float] = (0.0, 1.0)
 
 
-def _time(raw: object) -> float | None:
-    if not raw:
-        return None
-    return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
-
-
-def _labels(obj: dict[str, Any]) -> dict[str, str]:
-    return obj["metadata"].get("labels") or {}
-
-
-def _deleting(obj: dict[str, Any]) -> bool:
-    return bool(obj["metadata"].get("deletionTimestamp"))
-
-
-def _phase(obj: dict[str, Any]) -> str:
-    return str((obj.get("status") or {}).get("phase") or "")
-
-
-def _gpus(pod: dict[str, Any]) -> int:
-    total = 0
-    for container in pod.get("spec", {}).get("containers", []):
-        resources = container.get("resources") or {}
-        wanted = (resources.get("requests") or {}).get(GPU) or (resources.get("limits") or {}).get(
-            GPU
-        )
-        total += int(wanted or 0)
-    return total
-
-
-def _draining_since(pod: dict[str, Any]) -> float | None:
-    annotations = pod["metadata"].get("annotations") or {}
-    if annotations.get("edl.dev/draining") != "true":
-        return None
-    try:
-        return float(annotations.get("edl.dev/drain-since", "0"))
-    except ValueError:
-        return 0.0
-
-
-@dataclass(slots=True)
-class Violations:
-    """What broke an invariant, counted by kind, with the first few examples."""
-
-    counts: dict[str, int] = field(default_factory=dict)
-    examples: list[str] = field(default_factory=list)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, kind: str, what: str) -> None:
-        with self.lock:
-            self.counts[kind] = self.counts.get(kind, 0) + 1
-            if len(self.examples) < 10:
-                self.examples.append(f"{kind}: {what}")
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-
-class CheckedPods(dict[str, dict[str, Any]]):
-    """The store of a list-then-watch of the namespace's pods (``keep_listed``) that checks
-    the invariants on every change: no node over-committed, no job with more live workers
-    than its ``maxReplicas``. ``capacity``: node -> GPUs; ``max_replicas``: job -> its
-    maximum (jobs not in it are not checked)."""
-
-    def __init__(
-        self, capacity: dict[str, int], max_replicas: dict[str, int], violations: Violations
-    ) -> None:
-        super().__init__()
-        self.capacity = capacity
-        self.max_replicas = max_replicas
-        self.violations = violations
-
-    def _check(self, pod: dict[str, Any]) -> None:
-        node = pod.get("spec", {}).get("nodeName")
-        if node in self.capacity:
-            used = sum(
-                _gpus(p)
-                for p in self.values()
-                if p.get("spec", {}).get("nodeName") == node
-                and _phase(p) not in ("Succeeded", "Failed")
-            )
-            have = self.capacity[node]
-            if used > have:
-                self.violations.add("overcommitted", f"{node}: {used} GPUs of {have}")
-        job = _labels(pod).get("edl.dev/job", "")
-        if job in self.max_replicas:
-            live = [
-                p["metadata"]["name"]
-                for p in self.values()
-                if _labels(p).get("edl.dev/job") == job
-                and _labels(p).get("edl.dev/role") == "worker"
-                and not _deleting(p)
-                and _draining_since(p) is None
-                and _phase(p) not in ("Succeeded", "Failed")
-            ]
-            if len(live) > self.max_replicas[job]:
-                self.violations.add(
-                    "duplicates", f"{job}: {len(live)} live workers > {self.max_replicas[job]}"
-                )
-
-    def __setitem__(self, uid: str, pod: dict[str, Any]) -> None:
-        super().__setitem__(uid, pod)
-        self._check(pod)
-
-    def update(self, items: Any = (), **_: Any) -> None:  # type: ignore[override]
-        for uid, pod in items:
-            self[uid] = pod
-
-
-class Watched:
+class Watched(Listings):
     """This namespace's pods (``CheckedPods``) and TrainingJobs, each kept by a
     list-then-watch in a thread of its own."""
 
     def __init__(self, cluster: Cluster, ns: str, pods: CheckedPods) -> None:
+        super().__init__()
         self.pods = pods
         self.jobs: dict[str, dict[str, Any]] = {}
-        self.lock = threading.Lock()
-        self.changed = threading.Event()
-        self.stopping = threading.Event()
-        sources: list[tuple[Callable[..., Any], dict[str, dict[str, Any]]]] = [
-            (functools.partial(cluster.core.list_namespaced_pod, ns), pods),
-            (
-                functools.partial(
-                    cluster.custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL
-                ),
-                self.jobs,
+        self.listing(functools.partial(cluster.core.list_namespaced_pod, ns), pods)
+        self.listing(
+            functools.partial(
+                cluster.custom.list_namespaced_custom_object, GROUP, VERSION, ns, PLURAL
             ),
-        ]
-        self.threads = [
-            threading.Thread(
-                target=keep_listed,
-                args=(list_all, store, self.lock, self.changed, self.stopping),
-                daemon=True,
-            )
-            for list_all, store in sources
-        ]
-
-    def __enter__(self) -> Watched:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(15)
+            self.jobs,
+        )
 
     def state(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         with self.lock:
@@ -289,69 +165,7 @@ class Watched:
 
     def phases(self) -> dict[str, str]:
         with self.lock:
-            return {j["metadata"]["name"]: _phase(j) for j in self.jobs.values()}
-
-
-def unsettled(pods: list[dict[str, Any]], jobs: list[dict[str, Any]], now: float) -> str | None:
-    """Why the cluster does not match what the operator plans for it (condition (b) of the
-    module's definition), or None when it does."""
-    by_job: dict[str, list[dict[str, Any]]] = {}
-    for pod in pods:
-        job = _labels(pod).get("edl.dev/job")
-        if job:
-            by_job.setdefault(job, []).append(pod)
-    names = {j["metadata"]["name"] for j in jobs}
-    for job, theirs in by_job.items():
-        left = [p["metadata"]["name"] for p in theirs if not _deleting(p)]
-        if job not in names and left:
-            return f"{left[0]}: a pod of a deleted job"
-    for body in jobs:
-        meta, status = body["metadata"], body.get("status") or {}
-        name = meta["name"]
-        if _deleting(body):
-            continue
-        phase = status.get("phase")
-        if not phase:
-            return f"{name}: no status yet"
-        if status.get("observedGeneration") != meta.get("generation"):
-            return f"{name}: generation {meta.get('generation')} not observed"
-        drain_s = float(((body.get("spec") or {}).get("timeouts") or {}).get("drainSeconds", 30))
-        theirs = [p for p in by_job.get(name, []) if not _deleting(p)]
-        if phase in ("Succeeded", "Failed"):
-            ended = _time(status.get("completionTime")) or 0.0
-            for pod in theirs:
-                if _phase(pod) != "Running" or now >= ended + drain_s:
-                    return f"{pod['metadata']['name']} ({_phase(pod)}): left after its job {phase}"
-            continue
-        allocation: dict[str, str] = status.get("allocation") or {}
-        live: dict[str, dict[str, Any]] = {}
-        coordinator = None
-        for pod in theirs:
-            pod_name = pod["metadata"]["name"]
-            if _labels(pod).get("edl.dev/role") == "coordinator":
-                coordinator = pod
-                continue
-            if _phase(pod) in ("Succeeded", "Failed"):
-                return f"{pod_name}: exited ({_phase(pod)}) and not removed"
-            since = _draining_since(pod)
-            if since is not None:
-                if now >= since + drain_s:
-                    return f"{pod_name}: a victim past its drain deadline"
-                continue
-            live[pod_name] = pod
-        if set(live) != set(allocation):
-            return f"{name}: live workers {sorted(live)}, status allocation {sorted(allocation)}"
-        for pod_name, pod in live.items():
-            if pod.get("spec", {}).get("nodeName") != allocation[pod_name]:
-                return f"{pod_name}: on another node than its status says"
-            if _phase(pod) != "Running":
-                return f"{pod_name}: {_phase(pod) or 'Pending'}"
-        workers = sum(1 for p in live.values() if _labels(p).get("edl.dev/role") == "worker")
-        if int(status.get("replicas") or 0) != workers:
-            return f"{name}: status.replicas {status.get('replicas')}, {workers} live workers"
-        if live and (coordinator is None or _phase(coordinator) != "Running"):
-            return f"{name}: workers without a Running coordinator"
-    return None
+            return {j["metadata"]["name"]: phase_of(j) for j in self.jobs.values()}
 
 
 class Driver:
@@ -652,7 +466,7 @@ def run(
 
         def nothing_left() -> list[str]:
             pods, _ = watched.state()
-            return [p["metadata"]["name"] for p in pods if _labels(p).get("edl.dev/job")]
+            return [p["metadata"]["name"] for p in pods if labels_of(p).get("edl.dev/job")]
 
         deadline = time.monotonic() + DRAIN_S + 60
         while nothing_left() and time.monotonic() < deadline:

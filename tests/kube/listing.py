@@ -90,3 +90,37 @@ def keep_listed(
                 return
             log.warning("watch broke: %s; retrying", error)
             stopping.wait(0.5)
+
+
+class Listings:
+    """Several ``keep_listed`` loops sharing one lock and one ``changed`` event, each in a
+    thread of its own: started on entering, stopped (and joined) on leaving. Subclasses
+    name their stores and call ``listing`` for each before entering."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changed = threading.Event()
+        self.stopping = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def listing(
+        self, list_all: Callable[..., Any], store: dict[str, Obj], field_selector: str | None = None
+    ) -> None:
+        self.threads.append(
+            threading.Thread(
+                target=keep_listed,
+                args=(list_all, store, self.lock, self.changed, self.stopping),
+                kwargs={"field_selector": field_selector},
+                daemon=True,
+            )
+        )
+
+    def __enter__(self) -> Any:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stopping.set()
+        for thread in self.threads:
+            thread.join(15)

@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.controller_recovery import Settings, run, unsettled
+from benchmarks.controller_recovery import Settings, run
+from benchmarks.recovery_checks import unsettled
 from tests.kube.kubelet import MiniKubelet
 from tests.kube.testenv import KubeAPI
 
