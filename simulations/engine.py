@@ -333,11 +333,7 @@ class Engine:
         if self.queue_only:
             jobs = [
                 cached
-                if (cached := r.cached) is not None
-                and (
-                    not r.replicas
-                    or r.queue_low <= r.attained + len(r.replicas) * (now - r.last) < r.queue_high
-                )
+                if (cached := r.cached) is not None and (not r.replicas or r.in_queue_band(now))
                 else self._snapshot_job(r, now)
                 for r in self.active.values()
             ]
@@ -393,10 +389,7 @@ class Engine:
         runs = list(self.running.values())
         if any(r.cached is None for r in runs):
             return False  # (not after a settled instant: every Job was built there)
-        if self.queue_only and any(
-            not r.queue_low <= r.attained + len(r.replicas) * (now - r.last) < r.queue_high
-            for r in runs
-        ):
+        if self.queue_only and not all(r.in_queue_band(now) for r in runs):
             # A running job crossed a queue threshold since (a wake-up may land a hair
             # before it, and the crossing then comes with no wake of its own): its key is
             # not the cached one, so the full path rebuilds it.

@@ -86,6 +86,11 @@ class Run:
     def attained_at(self, now: float) -> float:
         return self.attained + self.workers * (now - self.last)
 
+    def in_queue_band(self, now: float) -> bool:
+        """Whether the attained GPU-time at ``now`` is still in ``[queue_low, queue_high)``,
+        so that ``cached`` (and ``rank_key``) still has the job's LAS queue."""
+        return self.queue_low <= self.attained_at(now) < self.queue_high
+
     def advance(self, now: float) -> None:
         if self.workers:
             self.attained += self.workers * (now - self.last)
