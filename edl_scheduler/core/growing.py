@@ -52,12 +52,18 @@ class Grower:
 
     def candidates(self) -> list[JobState]:
         s = self.s
-        first_waiting = min((js.rank for js in s.jobs if js.reason in WAITING), default=None)
+        # The highest-ranked waiting job, found on the way: jobs come in rank order, and a
+        # job's reason is read before this loop changes it, so this is the rank the whole
+        # list would give wherever it is compared with a lower-ranked job's.
+        first_waiting: int | None = None
         found = []
         for js in s.jobs:
-            if js.suspended or js.job.suspended or not js.running or js.size() < js.lo:
+            if first_waiting is None and js.reason in WAITING:
+                first_waiting = js.rank
+            workers = js.workers  # (``size()``, read once: this loop sees every job)
+            if not workers or workers < js.lo or workers >= js.hi:
                 continue
-            if js.size() >= js.hi:
+            if js.suspended or js.job.suspended:
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import heapq
 
+from edl_scheduler.core.margins import explored_limit, margins
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
@@ -58,19 +59,17 @@ from edl_scheduler.core.stability import (
     restart_factor,
     worth_the_pause,
 )
-from edl_scheduler.core.throughput import ThroughputModel, job_model
+from edl_scheduler.core.throughput import ThroughputModel
 
 _W = Role.WORKER
 #: Donors tried for one recipient before it is given up (the cheapest first); bounds a
 #: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
 _DONORS_TRIED = 8
+#: Whether a step that the kept bounds prove moveless is left out (``Rebalancer.run``);
+#: the step's result is the same either way (tests turn it off to show that).
+PROVE_NO_MOVE = True
 
-
-def explored_limit(js: JobState) -> int:
-    """The most workers a rebalancing move may give ``js``: twice the largest size its
-    runtime measured a throughput at, within its bounds (its minimum when it measured none)."""
-    measured = max((s.workers for s in js.job.throughput if s.samples_per_second > 0), default=0)
-    return min(js.hi, max(js.lo, 1, 2 * measured))
+__all__ = ["PROVE_NO_MOVE", "Rebalancer", "explored_limit"]
 
 
 class _Member:
@@ -92,12 +91,13 @@ class _Member:
 
     def __init__(self, js: JobState, session: Session, donor: bool, recipient: bool) -> None:
         self.js = js
-        self.model: ThroughputModel = job_model(js.job)
-        self.nodes0 = max(1, js.node_count(session.cluster))
-        self.workers0 = js.size()
+        kept = margins(js, session)  # (the job is not moved yet: its live size is its size)
+        self.model: ThroughputModel = kept.model
+        self.nodes0 = kept.nodes
+        self.workers0 = kept.workers
         #: Share of a changed allocation's speed-up that counts (``restart_factor``).
         self.factor = restart_factor(session, js)
-        self.limit = explored_limit(js)
+        self.limit = kept.limit
         self.donor = donor
         self.recipient = recipient
         self.moved = False
@@ -127,6 +127,24 @@ def _eligible(js: JobState) -> bool:
     return js.running and js.size() >= js.lo and js.resources(_W).gpu > 0
 
 
+def _no_move_can_pay(eligible: list[JobState], session: Session) -> bool:
+    """Whether the kept bounds (``margins``) prove that the step makes no move: the best
+    first worker any job could take is worth no more than the cheapest first worker any
+    job could give. Every recipient's first gain is at most its ``best_gain`` and every
+    donor's first loss at least its ``least_loss``, whatever ``now`` is, and a step makes
+    its first move only for a recipient whose gain exceeds some donor's loss
+    (``_best_move``); without a first move there is none. Cool-downs, the minimum run and
+    priorities only narrow who takes part, so bounding over every eligible job is safe."""
+    best_gain, least_loss = -float("inf"), float("inf")
+    for js in eligible:
+        m = margins(js, session)
+        if m.best_gain > best_gain:
+            best_gain = m.best_gain
+        if m.least_loss < least_loss and js.job.preemptible:
+            least_loss = m.least_loss
+    return best_gain <= least_loss
+
+
 class Rebalancer:
     """One rebalancing step over a session (after admission and growth)."""
 
@@ -146,12 +164,13 @@ class Rebalancer:
         # Who may give and who may take, decided before any model is fitted: a job at its
         # maximum gains nothing from a worker, and one at its minimum (or one worker) has
         # none to give, so leaving them out changes no move, only the cost of the step.
+        eligible = [js for js in s.jobs if js.workers and _eligible(js)]
+        if PROVE_NO_MOVE and _no_move_can_pay(eligible, s):
+            return 0
         takers: list[JobState] = []
         givers: list[JobState] = []
-        for js in s.jobs:
-            if not _eligible(js):
-                continue
-            if js.size() < explored_limit(js) and cooling_until(s, js) is None:
+        for js in eligible:
+            if js.size() < margins(js, s).limit and cooling_until(s, js) is None:
                 takers.append(js)
             elif js.size() > max(1, js.lo) and js.job.preemptible:
                 givers.append(js)  # (takers are tested as givers below, once needed)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from edl_scheduler.core.layout import Layout, layout_of
 from edl_scheduler.core.matching import allowed_on
@@ -25,6 +26,9 @@ from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, Snapshot
+
+if TYPE_CHECKING:  # the margins module imports this one
+    from edl_scheduler.core.margins import Margins
 
 _W, _P = Role.WORKER, Role.PSERVER
 
@@ -195,6 +199,9 @@ class JobState:
     hold_expires_at: float | None = None
     suspended: bool = False
     started: bool = False
+    #: What a worker more or fewer is worth at its live size (``margins``): the job's
+    #: alone, so a kept state keeps it; derived when first asked for.
+    margins: Margins | None = None
 
     @property
     def name(self) -> str:

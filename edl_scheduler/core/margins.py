@@ -1,0 +1,102 @@
+"""What one worker more or fewer is worth to a running job, derived once per ``Job`` object.
+
+Rebalancing (``rebalancing``) values a move by each job's fitted model at the job's size and
+node count when the step begins, and by ``stability.restart_factor``, which depends on
+``now``. Everything else in those values is a function of the job object alone (its samples
+and efficiency, its live workers and their nodes, its bounds) and of the policy, so it is
+derived once and kept on the job's session state (``JobState.margins``); with a ``PlanMemo``
+that state lives from plan to plan for as long as the ``Job`` object does, so a job that did
+not change is not fitted or scored again.
+
+What must stay true:
+
+- A ``Margins`` describes the job as it was when the cycle began (its live workers): it is
+  read only for jobs that this cycle has not moved (rebalancing's members before any move),
+  never for a job with replicas added or removed.
+- It is valid for one ``Job`` object under one policy: any change of a job's samples,
+  efficiency, replicas or bounds is a new ``Job`` (they are frozen) and gets a new
+  ``JobState`` (``session.Session`` keeps a state only for the very object it was built
+  for); a new policy object drops the memo, and with it every kept state.
+- ``best_gain`` is never below the value rebalancing gives the job's first extra worker
+  (``Rebalancer._gain``), and ``least_loss`` never above the cost it gives the job's first
+  lost worker (``Rebalancer._loss``), whatever ``now`` is. Those read ``now`` only through
+  the restart factor ``f``, which is within [0, 1] at every instant and multiplies the
+  speed-up ``s`` at a changed size: ``-1 / (s f) <= -1 / s`` (``-inf`` at ``f = 0``). So
+  the gain ``(-1 / (s+ f) + 1 / s) H - pause`` is at most its value at ``f = 1`` and the
+  loss ``(-1 / s + 1 / (s- f)) H + pause`` at least its value at ``f = 1``, which is what
+  is kept. Each IEEE operation used is monotone in its operands, so the inequalities hold
+  for the computed floats, not only for the reals. Cool-downs and the minimum run (the
+  other rules that read ``now``) only remove jobs from the step, never add one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.throughput import ThroughputModel, job_model
+
+_INF = float("inf")
+
+
+@dataclass(frozen=True, slots=True)
+class Margins:
+    """A job's model and its values at its live size (``workers`` on ``nodes`` nodes)."""
+
+    model: ThroughputModel
+    #: ``explored_limit``: the most workers a rebalancing move may give the job.
+    limit: int
+    #: Nodes its live workers are on (at least 1) and how many live workers it has.
+    nodes: int
+    workers: int
+    #: Speed-up at ``workers`` on ``nodes`` (0 at none).
+    at: float
+    #: What one pause costs the job in the objective, horizon-weighted.
+    pause: float
+    #: Upper bound of the value of one more worker (``-inf`` at its explored limit).
+    best_gain: float
+    #: Lower bound of the cost of one worker fewer (``inf`` at one worker or its minimum).
+    least_loss: float
+
+
+def explored_limit(js: JobState) -> int:
+    """The most workers a rebalancing move may give ``js``: twice the largest size its
+    runtime measured a throughput at, within its bounds (its minimum when it measured none)."""
+    measured = max((s.workers for s in js.job.throughput if s.samples_per_second > 0), default=0)
+    return min(js.hi, max(js.lo, 1, 2 * measured))
+
+
+def margins(js: JobState, session: Session) -> Margins:
+    """``js``'s margins, derived at the first call for its ``Job`` object and kept."""
+    found = js.margins
+    if found is None:
+        found = _derive(js, session.policy.gain_horizon_s, session.policy.resize_pause_s)
+        js.margins = found
+    return found
+
+
+def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
+    live = js.live[Role.WORKER]
+    workers = len(live)
+    nodes = max(1, len({r.node for r in live}))
+    model = job_model(js.job)
+    limit = explored_limit(js)
+    # The same operations, in the same order, as ``Rebalancer._gain`` and ``_loss`` at
+    # f = 1 (``_Member.utility``: -1 / speed-up, -inf at none).
+    at = model.speedup(nodes, workers) if workers > 0 else 0.0
+    pause = pause_s / at if at > 0 else 0.0
+    u_at = -1.0 / at if at > 0 else -_INF
+    if workers >= limit:
+        best = -_INF
+    else:
+        above = model.speedup(nodes, workers + 1)
+        u_above = -1.0 / above if above > 0 else -_INF
+        best = (u_above - u_at) * horizon_s - pause
+    if workers <= max(1, js.lo):
+        least = _INF
+    else:
+        below = model.speedup(nodes, workers - 1)
+        u_below = -1.0 / below if below > 0 else -_INF
+        least = (u_at - u_below) * horizon_s + pause
+    return Margins(model, limit, nodes, workers, at, pause, best, least)
