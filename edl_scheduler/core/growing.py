@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 
+from edl_scheduler.core.margins import margins
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
@@ -27,7 +28,6 @@ from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
-from edl_scheduler.core.throughput import job_model
 
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
@@ -37,9 +37,14 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     fulfilled = js.fulfillment()
     if session.policy.growth is Growth.FULFILLMENT:
         return (-js.priority, fulfilled, js.rank)
-    model = job_model(js.job)
-    nodes, workers = max(1, js.node_count(session.cluster)), js.size()
-    gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
+    w = Role.WORKER
+    if not js.added[w] and not js.removed[w]:  # as it was: its kept speed-ups (``margins``)
+        kept = margins(js, session)
+        gain = kept.above - kept.at
+    else:
+        model = margins(js, session).model
+        nodes, workers = max(1, js.node_count(session.cluster)), js.size()
+        gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)
 
 

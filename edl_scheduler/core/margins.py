@@ -50,8 +50,10 @@ class Margins:
     #: Nodes its live workers are on (at least 1) and how many live workers it has.
     nodes: int
     workers: int
-    #: Speed-up at ``workers`` on ``nodes`` (0 at none).
+    #: Speed-ups at ``workers`` on ``nodes`` (0 at none), one worker more, one fewer.
     at: float
+    above: float
+    below: float
     #: What one pause costs the job in the objective, horizon-weighted.
     pause: float
     #: Upper bound of the value of one more worker (``-inf`` at its explored limit).
@@ -76,6 +78,13 @@ def margins(js: JobState, session: Session) -> Margins:
     return found
 
 
+def model_of(js: JobState) -> ThroughputModel:
+    """``throughput.job_model(js.job)``, from the kept margins where they were derived (the
+    fit's cache is keyed by the samples, whose hash is most of its cost)."""
+    found = js.margins
+    return found.model if found is not None else job_model(js.job)
+
+
 def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
     live = js.live[Role.WORKER]
     workers = len(live)
@@ -85,18 +94,18 @@ def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
     # The same operations, in the same order, as ``Rebalancer._gain`` and ``_loss`` at
     # f = 1 (``_Member.utility``: -1 / speed-up, -inf at none).
     at = model.speedup(nodes, workers) if workers > 0 else 0.0
+    above = model.speedup(nodes, workers + 1)
+    below = model.speedup(nodes, workers - 1) if workers > 1 else 0.0
     pause = pause_s / at if at > 0 else 0.0
     u_at = -1.0 / at if at > 0 else -_INF
     if workers >= limit:
         best = -_INF
     else:
-        above = model.speedup(nodes, workers + 1)
         u_above = -1.0 / above if above > 0 else -_INF
         best = (u_above - u_at) * horizon_s - pause
     if workers <= max(1, js.lo):
         least = _INF
     else:
-        below = model.speedup(nodes, workers - 1)
         u_below = -1.0 / below if below > 0 else -_INF
         least = (u_at - u_below) * horizon_s + pause
-    return Margins(model, limit, nodes, workers, at, pause, best, least)
+    return Margins(model, limit, nodes, workers, at, above, below, pause, best, least)

@@ -76,6 +76,9 @@ class _Member:
     """A job taking part: its model, and its size and node count when the step began."""
 
     __slots__ = (
+        "above",
+        "at",
+        "below",
         "donor",
         "factor",
         "js",
@@ -95,6 +98,8 @@ class _Member:
         self.model: ThroughputModel = kept.model
         self.nodes0 = kept.nodes
         self.workers0 = kept.workers
+        #: Speed-ups at ``workers0`` on ``nodes0``, one more and one fewer (kept, exact).
+        self.at, self.above, self.below = kept.at, kept.above, kept.below
         #: Share of a changed allocation's speed-up that counts (``restart_factor``).
         self.factor = restart_factor(session, js)
         self.limit = kept.limit
@@ -106,7 +111,18 @@ class _Member:
         self.version = 0
 
     def speedup(self, nodes: int, workers: int) -> float:
-        return self.model.speedup(max(1, nodes), workers) if workers > 0 else 0.0
+        if workers <= 0:
+            return 0.0
+        nodes = max(1, nodes)
+        if nodes == self.nodes0:  # the sizes a step asks most, kept: the same floats
+            step = workers - self.workers0
+            if step == 0:
+                return self.at
+            if step == 1:
+                return self.above
+            if step == -1:
+                return self.below
+        return self.model.speedup(nodes, workers)
 
     def utility(self, nodes: int, workers: int) -> float:
         """What the job's speed-up is worth in the objective: ``-1 / speedup``."""

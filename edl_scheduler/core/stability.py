@@ -8,8 +8,8 @@ higher-ranked job's gang never asks these functions (see ``admitting._may_shrink
 
 from __future__ import annotations
 
+from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.throughput import job_model
 
 
 def _last_change(js: JobState) -> float | None:
@@ -39,7 +39,7 @@ def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
 def resize_gain(js: JobState, nodes: tuple[int, int], workers: tuple[int, int]) -> float:
     """Predicted relative speed-up of going from ``workers[0]`` on ``nodes[0]`` nodes to
     ``workers[1]`` on ``nodes[1]``: 0.25 means 25% faster."""
-    model = job_model(js.job)
+    model = model_of(js)
     before = model.throughput(nodes[0], workers[0])
     after = model.throughput(nodes[1], workers[1])
     return after / before - 1.0 if before > 0 else float("inf")
