@@ -30,40 +30,40 @@ from edl_scheduler.core.stability import may_shrink_voluntarily
 _W = Role.WORKER
 
 
-class _Fenwick:
-    """Prefix sums over ranks: GPUs that could be taken from the job at each rank."""
+class _Suffixes:
+    """GPUs that could be taken from the job at each rank, with their suffix sums.
+
+    Admission asks for a suffix sum at every waiting job it visits (its quick reject) and
+    changes a value only when a job starts (the job and its victims: a few per plan), so
+    the sums are kept in a plain list, rebuilt on the first question after a change: a
+    question is one list read. ``suffix(start)`` is the sum from ``start`` to the end
+    (``start`` may be the length: 0)."""
+
+    __slots__ = ("_stale", "_sums", "_values")
 
     def __init__(self, values: list[int]) -> None:
-        self._values = list(values)
-        self._total = sum(values)
-        self._tree = [0, *values]
-        for i in range(1, len(self._tree)):  # linear-time build
-            parent = i + (i & -i)
-            if parent < len(self._tree):
-                self._tree[parent] += self._tree[i]
+        self._values = values
+        self._sums: list[int] = []
+        self._stale = True
 
     def set(self, index: int, value: int) -> None:
-        delta = value - self._values[index]
-        self._values[index] = value
-        self._total += delta
-        i = index + 1
-        while i < len(self._tree):
-            self._tree[i] += delta
-            i += i & -i
+        if self._values[index] != value:
+            self._values[index] = value
+            self._stale = True
 
-    def prefix(self, end: int) -> int:
-        total, i = 0, end
-        while i > 0:
-            total += self._tree[i]
-            i -= i & -i
-        return total
-
-    def range(self, start: int, end: int) -> int:
-        return self.prefix(end) - self.prefix(start)
+    def sums(self) -> list[int]:
+        """Every suffix sum, ``sums()[i]`` from rank ``i`` on (one more entry: 0)."""
+        if self._stale:
+            sums = [0] * (len(self._values) + 1)
+            total = 0
+            for i in range(len(self._values) - 1, -1, -1):
+                total += self._values[i]
+                sums[i] = total
+            self._sums, self._stale = sums, False
+        return self._sums
 
     def suffix(self, start: int) -> int:
-        """The sum from ``start`` to the end."""
-        return self._total - self.prefix(start)
+        return self.sums()[start]
 
 
 @dataclass(slots=True)
@@ -176,8 +176,8 @@ class Admitter:
                 gpu = job.worker.resources.gpu
                 shrinkable.append(max(0, js.workers - js.lo) * gpu)
                 suspendable.append(0 if js.started else js.workers * gpu)
-        self.shrinkable = _Fenwick(shrinkable if self.shrink_ok else [])
-        self.suspendable = _Fenwick(suspendable if self.suspend_ok else [])
+        self.shrinkable = _Suffixes(shrinkable if self.shrink_ok else [])
+        self.suspendable = _Suffixes(suspendable if self.suspend_ok else [])
 
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
@@ -215,8 +215,19 @@ class Admitter:
         preempts = self.shrink_ok or self.suspend_ok
         head_of_line = self.s.policy.admission is Admission.HEAD_OF_LINE
         quiet = self.s.changes_only  # a job that stays waiting is not reported: no message
-        # Every waiting job the snapshot shows is visited at every plan: the loop reads
-        # what it needs once, in locals (same steps as before, without repeated lookups).
+        # Every waiting job the snapshot shows is visited at every plan, and most of them
+        # only meet the quick reject below: the loop reads what it needs once, in locals,
+        # and asks ``_pool``'s sums without calls. Capacity never changes within a cycle;
+        # the pools' sums change only when a job starts (``_started``): after any
+        # ``_admit`` or ``_move`` they are asked for again.
+        shrink_ok, suspend_ok = self.shrink_ok, self.suspend_ok
+        reclaim = self.s.policy.reclaim_equal_priority
+        by_priority = self.s.policy.use_priority
+        level_start, level_end = self.level_start, self.level_end
+        shrink_sums: list[int] | None = None
+        suspend_sums: list[int] | None = None
+        last_classes: frozenset[int] | None = None
+        capacity = 0
         for js in self.s.jobs if jobs is None else jobs:
             job = js.job
             if job.suspended:
@@ -225,6 +236,7 @@ class Admitter:
                 continue
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)
+                shrink_sums = suspend_sums = None
                 continue
             needs: dict[Role, int] | None = None
             if job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
@@ -242,14 +254,30 @@ class Admitter:
                     js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
                 continue
             classes = js.classes
-            if not (classes and gpus <= cluster.capacity_in(classes)):
+            if classes is not last_classes:
+                last_classes, capacity = classes, cluster.capacity_in(classes)
+            if not (classes and gpus <= capacity):
                 self._too_large(js, gpus)  # says why
                 continue
             free = cluster.free_in(classes)
             # ``_admit``'s own quick reject, without the call: nothing can be tried.
-            hopeless = free < gpus and (not preempts or free + self._pool(js) < gpus)
+            hopeless = free < gpus
+            if hopeless and preempts:  # ``free + self._pool(js) < gpus``, inlined
+                pool, rank = 0, js.rank
+                if shrink_ok:
+                    if shrink_sums is None:
+                        shrink_sums = self.shrinkable.sums()
+                    start = level_start[js.priority] if reclaim else 0
+                    pool += shrink_sums[start if start < rank else rank + 1]
+                if suspend_ok:
+                    if suspend_sums is None:
+                        suspend_sums = self.suspendable.sums()
+                    pool += suspend_sums[level_end[js.priority] if by_priority else rank + 1]
+                hopeless = free + pool < gpus
             if not hopeless:
-                if self._admit(js, needs_of(js) if needs is None else needs, gpus):
+                admitted = self._admit(js, needs_of(js) if needs is None else needs, gpus)
+                shrink_sums = suspend_sums = None
+                if admitted:
                     started += 1
                     continue
                 free = cluster.free_in(classes)
