@@ -330,23 +330,26 @@ class Engine:
         # LAS queues so is a running job's while its attained GPU-time (``attained_at``, the
         # same sum) stays between the thresholds around the one its Job was built with.
         fresh = self.fresh_attained
-        if self.queue_only:
-            jobs = [
-                cached
-                if (cached := r.cached) is not None and (not r.replicas or r.in_queue_band(now))
-                else self._snapshot_job(r, now)
-                for r in self.active.values()
-            ]
+        # The engine's replicas are all live workers: a Job's count is its run's.
+        jobs: list[Job] = []
+        live: list[int] = []
+        if self.queue_only:  # (``Run.in_queue_band``, inlined: the same sum)
+            for r in self.active.values():
+                n, job = len(r.replicas), r.cached
+                if job is None or (
+                    n and not r.queue_low <= r.attained + n * (now - r.last) < r.queue_high
+                ):
+                    job = self._snapshot_job(r, now)
+                jobs.append(job)
+                live.append(n)
         else:
-            jobs = [
-                r.cached
-                if r.cached is not None and not (fresh and r.replicas)
-                else self._snapshot_job(r, now)
-                for r in self.active.values()
-            ]
+            for r in self.active.values():
+                n, job = len(r.replicas), r.cached
+                if job is None or (fresh and n):
+                    job = self._snapshot_job(r, now)
+                jobs.append(job)
+                live.append(n)
         free = self.cluster.gpus - self.allocated
-        # The engine's replicas are all live workers: a Job's count is its own.
-        live = [len(j.replicas) for j in jobs]
         keys = None if self.fixed_key is None else [r.rank_key for r in self.active.values()]
         if self.config.prune:
             at = shown(jobs, self.policy, now, free, self.reservations, live=live, keys=keys)

@@ -102,14 +102,21 @@ def shown(
         Preemption.SHRINK_THEN_SUSPEND,
     )
     suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
-    # This runs before every plan over every job: each job's live workers are counted once.
+    # This runs before every plan over every job: each job's live workers are counted once,
+    # and every loop below but the first goes over the running or the waiting jobs alone.
     if live is None:
         live = [_live_workers(j) if j.replicas else 0 for j in jobs]
-    running = [i for i, n in enumerate(live) if n]
-    if any(not jobs[i].preemptible for i in running):
-        return everything
+    running: list[int] = []
+    waiting: list[int] = []
+    for i, n in enumerate(live):
+        if n:
+            running.append(i)
+        else:
+            waiting.append(i)
+    for i in running:
+        if not jobs[i].preemptible:
+            return everything
     held = {r.job for r in reservations}
-    waiting = [i for i, n in enumerate(live) if not n]
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
             return everything
@@ -117,32 +124,42 @@ def shown(
         return running + first + [i for i in waiting[len(first) :] if jobs[i].name in held]
     pool = max(0, free_gpus)
     if shrink:
-        for j, n in zip(jobs, live, strict=True):
-            if n:
-                pool += max(0, n - _minimum(j, policy)) * j.worker.resources.gpu
+        for i in running:
+            j = jobs[i]
+            pool += max(0, live[i] - _minimum(j, policy)) * j.worker.resources.gpu
     if suspend and waiting:
         if keys is None:
             key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
             keys = [key(j) for j in jobs]
         # The best-ranked waiting job (keys end in the name: no two are equal).
         top, best_at = min((keys[i], i) for i in waiting)
-        best = jobs[best_at]
-        for j, n, k in zip(jobs, live, keys, strict=True):
-            if not n:
-                continue
-            if (j.priority < best.priority) if policy.use_priority else (k > top):
-                pool += n * j.worker.resources.gpu
-    if policy.elastic:
-        return [
-            i
-            for i, (job, n) in enumerate(zip(jobs, live, strict=True))
-            if n or job.name in held or job.worker.min_replicas * job.worker.resources.gpu <= pool
-        ]
-    return [
-        i
-        for i, (job, n) in enumerate(zip(jobs, live, strict=True))
-        if n or job.name in held or job.rigid_size * job.worker.resources.gpu <= pool
-    ]
+        if policy.use_priority:
+            best = jobs[best_at].priority
+            for i in running:
+                j = jobs[i]
+                if j.priority < best:
+                    pool += live[i] * j.worker.resources.gpu
+        else:
+            for i in running:
+                if keys[i] > top:
+                    pool += live[i] * jobs[i].worker.resources.gpu
+    elastic = policy.elastic
+    fits = []
+    for i in waiting:
+        j = jobs[i]
+        worker = j.worker
+        if elastic:
+            size = worker.min_replicas
+        else:  # ``Job.rigid_size``, without the call
+            size = j.requested if j.requested is not None else worker.max_replicas
+        if size * worker.resources.gpu <= pool or j.name in held:
+            fits.append(i)
+    if len(fits) == len(waiting):
+        return everything
+    if not fits:
+        return running
+    # Both runs are in the order of ``jobs``: merged, they are too.
+    return sorted(running + fits)
 
 
 def settled(
@@ -202,8 +219,14 @@ def settled(
         return True
     free = max(0, free_gpus)
     # Most plans that change something start the best-ranked short job: one sum says so.
-    if lack <= free + sum(g for k, lacks, g in entries if not lacks and k > top):
+    reach = free + sum(g for k, lacks, g in entries if not lacks and k > top)
+    if lack <= reach:
         return False
+    # Every other short job ranks below the best one, so what suspending frees for it is
+    # part of ``reach``: where no job lacks at most that, none can start (most settled
+    # instants), without the sweep's sort.
+    if all(g > reach for _, lacks, g in entries if lacks):
+        return True
     # From the lowest rank up: ``pool`` is what suspending every running job ranked below
     # the one at hand frees.
     entries.sort(reverse=True)
