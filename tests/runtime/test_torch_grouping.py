@@ -24,8 +24,10 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 from trainer_runtime.torch.grouping import (
     ABORT_ONLY,
     NCCL_ERROR_HANDLING,
-    aborting_on_failure,
+    NCCL_NONBLOCKING,
+    NCCL_NONBLOCKING_TIMEOUT,
     meeting,
+    nccl_environment,
 )
 
 
@@ -75,15 +77,33 @@ def test_all_members_meet_and_generations_do_not_mix() -> None:
 def test_nccl_failures_abort_the_communicator_and_keep_the_process(
     before: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    if before is None:
-        monkeypatch.delenv(NCCL_ERROR_HANDLING, raising=False)
-    else:
+    for name in (NCCL_ERROR_HANDLING, NCCL_NONBLOCKING, NCCL_NONBLOCKING_TIMEOUT):
+        monkeypatch.delenv(name, raising=False)  # (restored after the test)
+    if before is not None:
         monkeypatch.setenv(NCCL_ERROR_HANDLING, before)
     with caplog.at_level(logging.WARNING, logger="trainer_runtime.torch.grouping"):
-        aborting_on_failure()
+        nccl_environment(30.0)
     assert os.environ[NCCL_ERROR_HANDLING] == "2"
     warned = any(NCCL_ERROR_HANDLING in record.getMessage() for record in caplog.records)
     assert warned == (before not in (None, ABORT_ONLY))
+
+
+@pytest.mark.parametrize("before", [None, "0", "1"])
+def test_the_communicators_set_up_is_bounded_by_the_groups_timeout(
+    before: str | None, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Blocking set-up (torch's default) waits for ever on a member that checked in and
+    never built its group; the non-blocking one gives up after the timeout it is told."""
+    for name in (NCCL_ERROR_HANDLING, NCCL_NONBLOCKING, NCCL_NONBLOCKING_TIMEOUT):
+        monkeypatch.delenv(name, raising=False)
+    if before is not None:
+        monkeypatch.setenv(NCCL_NONBLOCKING, before)
+    with caplog.at_level(logging.WARNING, logger="trainer_runtime.torch.grouping"):
+        nccl_environment(7.6)
+    assert os.environ[NCCL_NONBLOCKING] == "1"
+    assert os.environ[NCCL_NONBLOCKING_TIMEOUT] == "8"  # whole seconds, as torch reads it
+    warned = any(NCCL_NONBLOCKING in record.getMessage() for record in caplog.records)
+    assert warned == (before == "0")
 
 
 def test_a_newer_generation_abandons_the_attempt_at_once() -> None:

@@ -8,19 +8,25 @@ optimizer state to every member (newcomers and survivors alike), so survivors th
 inside a failed step converge.
 
 Before the group is built, every rank of the generation checks in under the prefix and
-waits for the others, bounded by the store's timeout: NCCL sets its communicator up at the
-first collective, in torch's default (blocking) setup a wait that the group's timeout does
-not bound, so a member that never comes (it died, or hangs in its start) could hold the
-others forever; here they get an error. (From torch's documentation; not yet observed on a
-GPU: `benchmarks/gpu_nccl_check.py` checks it.)
+waits for the others, bounded by the store's timeout, so a member that never comes (it
+died, or hangs in its start) gives the others an error rather than a wait.
 
-On NCCL, `TORCH_NCCL_ASYNC_ERROR_HANDLING` is set to 2 before each group is built: when a
-collective fails or times out, torch's watchdog aborts the communicator and the process
-lives on, so the next call into the group raises and the worker re-forms. (1 and 3, torch's
-default, end the process; 0 leaves a hung collective hanging.)
+On NCCL, before each group is built (`nccl_environment`):
+- `TORCH_NCCL_ASYNC_ERROR_HANDLING=2`: when a collective fails or times out, torch's watchdog
+  aborts the communicator and the process lives on, so the worker re-forms. (1 and 3,
+  torch's default, end the process; 0 leaves a hung collective hanging.)
+- `TORCH_NCCL_USE_COMM_NONBLOCKING=1` and `TORCH_NCCL_NONBLOCKING_TIMEOUT` = the group's
+  timeout: NCCL sets its communicator up at the first collective, and in torch's default
+  (blocking) setup that wait has no bound. A member that checked in and then never built
+  its group held its peers there for ever (seen on an H100: `peer_never_initializes` in
+  `benchmarks/gpu_nccl_check.py`).
+NCCL runs collectives asynchronously to Python, so a step's allreduce may still be running,
+or may have been aborted half-way, when backward returns; `settling` waits for it and asks
+the communicator whether it failed, so a step applies only gradients that were whole (on an
+H100 a SIGKILLed peer otherwise cost the survivor 4 samples of the step it was in).
 
 What must stay true: every collective runs under the group's bounded timeout; after
-`forming` returns, all members hold rank 0's state.
+`forming` returns, all members hold rank 0's state; an applied step's collectives completed.
 """
 
 from __future__ import annotations
@@ -34,13 +40,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
+from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
 
 from trainer_runtime.agent import Assignment
 
 LOG = logging.getLogger(__name__)
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ABORT_ONLY = "2"
+NCCL_NONBLOCKING = "TORCH_NCCL_USE_COMM_NONBLOCKING"
+NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 VERDICT = "verdict"  # one per attempt, under the attempt's prefix
 BUILD, ABANDON = "build", "abandon"
 MEETING_POLL_S = 0.005
@@ -90,7 +98,7 @@ def forming(
     meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
     backend = backend_for(device)
     if backend == "nccl":
-        aborting_on_failure()
+        nccl_environment(timeout_s)
     dist.init_process_group(
         backend,
         store=store,
@@ -135,24 +143,44 @@ def meeting(
         time.sleep(MEETING_POLL_S)
 
 
-def aborting_on_failure() -> None:
+def nccl_environment(timeout_s: float) -> None:
     """Make NCCL's watchdog abort the communicator of a failed collective and keep the
-    process (read by torch each time a group is built, so set before every one)."""
-    current = os.environ.get(NCCL_ERROR_HANDLING)
-    if current not in (None, ABORT_ONLY):
-        LOG.warning(
-            "%s=%s would end this worker on a failed collective; the elastic runtime sets %s",
-            NCCL_ERROR_HANDLING,
-            current,
-            ABORT_ONLY,
-        )
-    os.environ[NCCL_ERROR_HANDLING] = ABORT_ONLY
+    process, and bound the communicator's set-up by `timeout_s` (torch reads these when a
+    group is built, so they are set before every one; a value the user set otherwise is
+    overridden, with a warning, since the runtime's guarantees rest on it)."""
+    wanted = {
+        NCCL_ERROR_HANDLING: ABORT_ONLY,
+        NCCL_NONBLOCKING: "1",
+        NCCL_NONBLOCKING_TIMEOUT: str(max(1, round(timeout_s))),
+    }
+    for name, value in wanted.items():
+        current = os.environ.get(name)
+        if current not in (None, value):
+            LOG.warning("%s=%s: the elastic runtime sets %s", name, current, value)
+        os.environ[name] = value
+
+
+def settling(device: torch.device) -> None:
+    """Wait until this rank's queued collectives ended, and raise if the communicator
+    failed meanwhile (a peer died, or the watchdog aborted it on a timeout): the gradients
+    they produced may be partial and must not be applied. Only for NCCL; a gloo collective
+    raises in the call itself."""
+    torch.cuda.current_stream(device).synchronize()
+    backend = dist.distributed_c10d._get_default_group()._get_backend(device)
+    error = backend.get_error()
+    if error != ErrorType.SUCCESS:
+        raise RuntimeError(f"the group's collectives failed ({error})")
 
 
 def dissolving() -> None:
+    """Leave the current group, if any. An NCCL communicator is aborted first: a peer that
+    died may have left a collective queued on it, and destroying it would wait for that
+    collective for ever. (torch has no public name for the default group; the private one
+    is typed, so mypy checks the call: a stale name here once failed only on a GPU.)"""
     if dist.is_initialized():
         if torch.cuda.is_available() and dist.get_backend() == "nccl":
-            dist.get_default_group()._get_backend(torch.device("cuda")).abort()  # type: ignore[attr-defined]
+            group = dist.distributed_c10d._get_default_group()
+            group._get_backend(torch.device("cuda")).abort()
         dist.destroy_process_group()
 
 

@@ -54,7 +54,13 @@ from trainer_runtime.sharding import SampleRange, StepWindow, Walk
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.committing import Committer
-from trainer_runtime.torch.grouping import StoreHost, broadcasting_state, dissolving, forming
+from trainer_runtime.torch.grouping import (
+    StoreHost,
+    broadcasting_state,
+    dissolving,
+    forming,
+    settling,
+)
 from trainer_runtime.torch.measuring import NoiseMeter
 
 LOG = logging.getLogger(__name__)
@@ -306,6 +312,8 @@ class ElasticSession(generations.Member):
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
             if self.meter.averaging(self.local_samples, scale, self.window_size) and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
+            if self.world_size > 1 and self.device.type == "cuda":
+                settling(self.device)  # NCCL: the allreduce ended, and whole
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
         except RuntimeError as error:
