@@ -86,6 +86,7 @@ class _Member:
         "model",
         "moved",
         "nodes0",
+        "pause",
         "recipient",
         "sources",
         "version",
@@ -100,6 +101,8 @@ class _Member:
         self.workers0 = kept.workers
         #: Speed-ups at ``workers0`` on ``nodes0``, one more and one fewer (kept, exact).
         self.at, self.above, self.below = kept.at, kept.above, kept.below
+        #: ``resize_pause_s / at``: what one pause costs it (``Rebalancer._pause_cost``).
+        self.pause = kept.pause
         #: Share of a changed allocation's speed-up that counts (``restart_factor``).
         self.factor = restart_factor(session, js)
         self.limit = kept.limit
@@ -133,14 +136,20 @@ class _Member:
         return -1.0 / up if up > 0 else float("-inf")
 
 
+#: ``HOLD_REASONS`` by identity (enum members are singletons; hashing one runs Python code,
+#: and this test runs for every running job at every plan).
+_HELD = frozenset(id(reason) for reason in HOLD_REASONS)
+
+
 def _eligible(js: JobState) -> bool:
-    if js.suspended or js.job.suspended or js.job.pserver is not None or js.started:
+    job = js.job
+    if js.suspended or js.started or job.suspended or job.pserver is not None:
         return False
     if js.for_job is not None or js.added[_W] or js.removed[_W]:
         return False  # resized in this cycle already
-    if js.reason in HOLD_REASONS:
+    if id(js.reason) in _HELD:
         return False
-    return js.running and js.size() >= js.lo and js.resources(_W).gpu > 0
+    return js.workers > 0 and js.workers >= js.lo and job.worker.resources.gpu > 0
 
 
 def _no_move_can_pay(eligible: list[JobState], session: Session) -> bool:
@@ -153,11 +162,28 @@ def _no_move_can_pay(eligible: list[JobState], session: Session) -> bool:
     priorities only narrow who takes part, so bounding over every eligible job is safe."""
     best_gain, least_loss = -float("inf"), float("inf")
     for js in eligible:
-        m = margins(js, session)
+        m = js.margins
+        if m is None:
+            m = margins(js, session)
         if m.best_gain > best_gain:
             best_gain = m.best_gain
         if m.least_loss < least_loss and js.job.preemptible:
             least_loss = m.least_loss
+    return best_gain <= least_loss
+
+
+def _no_pair_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
+    """The same proof over the step's own recipients (``takers``) and donors (the jobs of
+    either list that may shrink now), once cool-downs and the minimum run are known."""
+    best_gain = max(margins(js, session).best_gain for js in takers)
+    least_loss = float("inf")
+    for group in (takers, givers):
+        for js in group:
+            if js.size() <= max(1, js.lo) or not js.job.preemptible:
+                continue
+            loss = margins(js, session).least_loss
+            if loss < least_loss and may_shrink_voluntarily(session, js):
+                least_loss = loss
     return best_gain <= least_loss
 
 
@@ -192,6 +218,8 @@ class Rebalancer:
                 givers.append(js)  # (takers are tested as givers below, once needed)
         if not takers:
             return 0
+        if PROVE_NO_MOVE and _no_pair_can_pay(takers, givers, s):
+            return 0
         members = {js.rank: _Member(js, s, False, True) for js in takers}
         self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members.values()]
         if min(entry[0] for entry in self.recipients) >= 0:
@@ -219,17 +247,21 @@ class Rebalancer:
         the step's moves of one job make one resize). A pause of ``t`` seconds loses the
         progress of ``t`` seconds at speed-up ``s``: as a lower speed-up over the horizon it
         is worth ``t * s * d(-1/s)/ds = t / s``."""
-        if m.moved:
-            return 0.0
-        up = m.speedup(m.nodes0, m.workers0)
-        return self.s.policy.resize_pause_s / up if up > 0 else 0.0
+        return 0.0 if m.moved else m.pause  # (kept: ``margins``)
+
+    def _nodes(self, m: _Member) -> int:
+        """``m``'s node count now (at least 1): ``nodes0`` until it is moved."""
+        js = m.js
+        if not js.added[_W] and not js.removed[_W]:
+            return m.nodes0
+        return max(1, js.node_count(self.s.cluster))
 
     def _gain(self, m: _Member) -> float:
         """Value of one more worker for ``m`` (on its current nodes), horizon-weighted."""
         js = m.js
         if js.size() >= m.limit:
             return float("-inf")
-        nodes = max(1, js.node_count(self.s.cluster))
+        nodes = self._nodes(m)
         up = m.utility(nodes, js.size() + 1) - m.utility(nodes, js.size())
         return up * self.s.policy.gain_horizon_s - self._pause_cost(m)
 
@@ -238,7 +270,7 @@ class Rebalancer:
         js = m.js
         if js.size() <= max(1, js.lo):
             return float("inf")
-        nodes = max(1, js.node_count(self.s.cluster))
+        nodes = self._nodes(m)
         down = m.utility(nodes, js.size()) - m.utility(nodes, js.size() - 1)
         return down * self.s.policy.gain_horizon_s + self._pause_cost(m)
 

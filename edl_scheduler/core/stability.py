@@ -10,19 +10,17 @@ from __future__ import annotations
 
 from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
-
-
-def _last_change(js: JobState) -> float | None:
-    job = js.job
-    if job.last_resize_time is not None:
-        return job.last_resize_time
-    return job.start_time
+from edl_scheduler.core.snapshot import Role
 
 
 def cooling_until(session: Session, js: JobState) -> float | None:
-    """When the job's cool-down ends, or None if it may be resized now."""
-    last = _last_change(js)
-    if last is None or not js.was_running:
+    """When the job's cool-down ends, or None if it may be resized now. (Asked for every
+    running job at every plan: written with attribute reads only.)"""
+    job = js.job
+    last = job.last_resize_time
+    if last is None:
+        last = job.start_time
+    if last is None or not js.live[Role.WORKER]:  # (``js.was_running``)
         return None
     end = last + session.policy.cooldown_s
     return end if end > session.now else None
