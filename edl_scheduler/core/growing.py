@@ -38,13 +38,14 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     if session.policy.growth is Growth.FULFILLMENT:
         return (-js.priority, fulfilled, js.rank)
     w = Role.WORKER
-    if not js.added[w] and not js.removed[w]:  # as it was: its kept speed-ups (``margins``)
+    kept = js.margins
+    if kept is None:
         kept = margins(js, session)
-        gain = kept.above - kept.at
-    else:
-        model = margins(js, session).model
-        nodes, workers = max(1, js.node_count(session.cluster)), js.size()
-        gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
+    if not js.added[w] and not js.removed[w]:  # as it was: its kept speed-ups (``margins``)
+        return (-js.priority, kept.growth_score, fulfilled, js.rank)
+    model = kept.model
+    nodes, workers = max(1, js.node_count(session.cluster)), js.size()
+    gain = model.speedup(nodes, workers + 1) - model.speedup(nodes, workers)
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)
 
 
@@ -72,7 +73,8 @@ class Grower:
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
-            resized_now = js.newly_started or bool(js.removed[Role.WORKER])
+            live, removed = js.live[Role.WORKER], js.removed[Role.WORKER]
+            resized_now = (js.started and not live) or bool(removed)  # (``newly_started``)
             until = None if resized_now else cooling_until(s, js)
             if until is not None:
                 js.hold(
@@ -106,7 +108,13 @@ class Grower:
         heap = [(_score(js, s), i, js) for i, js in enumerate(jobs)]
         heapq.heapify(heap)
         limit = policy.max_load * s.cluster.capacity_gpu
+        all_gpu: bool | None = None  # whether every job's worker takes a GPU (asked once)
         while heap:
+            if s.cluster.free_gpu <= 0:
+                if all_gpu is None:
+                    all_gpu = all(js.job.worker.resources.gpu for js in jobs)
+                if all_gpu:
+                    break  # no GPU is left, and none comes back here: the rest pass
             _, i, js = heapq.heappop(heap)
             if js.size() >= js.hi:
                 continue
@@ -148,8 +156,10 @@ class Grower:
                 break
             jobs = [js for js in jobs if js not in reverted]
         for js in jobs:
-            self._grow_pservers(js)
-            self._say_if_held(js)
+            if js.job.pserver is not None:
+                self._grow_pservers(js)
+            if s.cluster.holds:  # (with no hold there is nothing to say)
+                self._say_if_held(js)
         self._servers_to_their_rule()
         if not self.rebalanced:  # once per cycle, after the first round's growth
             self.rebalanced = True
@@ -175,7 +185,7 @@ class Grower:
 
     def _revert_if_unpaid(self, js: JobState) -> bool:
         """Undo a running job's growth whose gain does not pay for its pause."""
-        if js.newly_started or js.name not in self.start:
+        if js.name not in self.start or js.newly_started:
             return False
         nodes0, workers0 = self.start[js.name]
         if js.size() == workers0:

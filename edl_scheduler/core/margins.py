@@ -56,6 +56,8 @@ class Margins:
     below: float
     #: What one pause costs the job in the objective, horizon-weighted.
     pause: float
+    #: Growth's rank term for one more worker (``growing._score``): ``-round(above - at, 9)``.
+    growth_score: float
     #: Upper bound of the value of one more worker (``-inf`` at its explored limit).
     best_gain: float
     #: Lower bound of the cost of one worker fewer (``inf`` at one worker or its minimum).
@@ -108,4 +110,5 @@ def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
     else:
         u_below = -1.0 / below if below > 0 else -_INF
         least = (u_at - u_below) * horizon_s + pause
-    return Margins(model, limit, nodes, workers, at, above, below, pause, best, least)
+    growth = -round(above - at, 9)
+    return Margins(model, limit, nodes, workers, at, above, below, pause, growth, best, least)
