@@ -103,7 +103,7 @@ class Grower:
 
     def _hand_out_level(self, jobs: list[JobState]) -> None:
         s, policy = self.s, self.s.policy
-        if s.cluster.free_gpu <= 0 and all(js.resources(Role.WORKER).gpu for js in jobs):
+        if s.cluster.free_gpu <= 0 and all(js.job.worker.resources.gpu for js in jobs):
             return
         heap = [(_score(js, s), i, js) for i, js in enumerate(jobs)]
         heapq.heapify(heap)
@@ -151,7 +151,8 @@ class Grower:
         jobs = self.candidates()
         while True:
             self._hand_out(jobs)
-            reverted = [js for js in jobs if self._revert_if_unpaid(js)]
+            # (only a job that grew in this round can be reverted)
+            reverted = [js for js in jobs if self.start and self._revert_if_unpaid(js)]
             if not reverted:
                 break
             jobs = [js for js in jobs if js not in reverted]

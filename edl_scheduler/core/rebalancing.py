@@ -212,7 +212,7 @@ class Rebalancer:
         takers: list[JobState] = []
         givers: list[JobState] = []
         for js in eligible:
-            if js.size() < margins(js, s).limit and cooling_until(s, js) is None:
+            if js.size() < (js.margins or margins(js, s)).limit and cooling_until(s, js) is None:
                 takers.append(js)
             elif js.size() > max(1, js.lo) and js.job.preemptible:
                 givers.append(js)  # (takers are tested as givers below, once needed)
