@@ -55,6 +55,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
+from simulations.hiding import hides, split
 from simulations.pruning import settled, shown
 from simulations.runs import JobRecord, Run
 from simulations.workload import ClusterSpec, SimJob
@@ -85,6 +86,11 @@ class SimConfig:
     #: LAS queues, keep a running job's snapshot Job until its queue changes; results are
     #: identical, only faster (False: the reference path, for tests).
     incremental: bool = True
+    #: Leave out of the snapshot running jobs ranked above every job below its size, where
+    #: no plan could change them (``hiding``); results are identical, only faster. Off by
+    #: default: each snapshot then lacks those jobs (the plan gets their capacity apart),
+    #: so a tool that records snapshots to replay them would replay partial ones.
+    hide: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +139,8 @@ class Engine:
         self.seq = 0
         self.reservations: tuple[Reservation, ...] = ()
         self.allocated = 0
+        #: [gpu, cpu, memory] that live workers take per node (``hiding.split`` reads it).
+        self.node_used = [[0, 0, 0] for _ in self.nodes]
         self.useful = 0.0
         self.timeline: list[tuple[float, int, float]] = []
         self.plans = 0
@@ -158,6 +166,8 @@ class Engine:
         #: Whether the last instant that asked for a plan was proven settled.
         self.settled = False
         self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
+        #: Whether running jobs no plan could change are left out of the snapshot.
+        self.hides = config.hide and self.settles and self.fixed_key is not None and hides(policy)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -247,8 +257,15 @@ class Engine:
             self.plan_wall,
         )
 
+    def _use(self, run: Run, sign: int) -> None:
+        """Count (1) or uncount (-1) ``run``'s workers in ``node_used``."""
+        used, of = self.node_used, self.node_of
+        for r in run.replicas:
+            used[of[r.node]][0] += sign * _WORKER.gpu
+
     def _complete(self, run: Run, now: float) -> None:
         run.advance(now)
+        self._use(run, -1)
         self.allocated -= run.workers
         self._set_useful(run, 0.0)
         del self.running[run.job.name]
@@ -372,10 +389,18 @@ class Engine:
             if not any(name in names for name in arrived):
                 self.skipped += 1
                 return
+        occupied = None
+        if self.hides and keys is not None:
+            jobs, occupied = split(jobs, live, keys, self.policy, self.node_of, self.node_used)
         snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
         result: Plan = plan(
-            snapshot, self.policy, now, memo=self.memo, changes_only=self.config.incremental
+            snapshot,
+            self.policy,
+            now,
+            memo=self.memo,
+            changes_only=self.config.incremental,
+            occupied=occupied,
         )
         self.plan_wall += time.perf_counter() - began
         self.plans += 1
@@ -462,6 +487,7 @@ class Engine:
     def _apply(self, run: Run, decision: JobDecision, now: float) -> None:
         action, change = decision.action, decision.workers
         run.advance(now)
+        self._use(run, -1)
         self.allocated -= run.workers
         self._set_useful(run, 0.0)
         gone = set(change.remove)
@@ -498,6 +524,7 @@ class Engine:
             run.rate = profile.rate(run.placement, run.done) if after else 0.0
         run.cached = None
         self.allocated += after
+        self._use(run, 1)
         if after:
             self.running[run.job.name] = run
             nodes = len(run.placement)

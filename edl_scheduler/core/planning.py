@@ -26,7 +26,7 @@ Pure: no clock (``now`` is an argument), no randomness, no I/O.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from edl_scheduler.core.admitting import Admitter, suspend_by_spec
@@ -34,6 +34,7 @@ from edl_scheduler.core.growing import WAITING, Grower
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Growth, Policy
+from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
 from edl_scheduler.core.throughput import job_model
@@ -210,6 +211,7 @@ def plan(
     *,
     memo: PlanMemo | None = None,
     changes_only: bool = False,
+    occupied: Sequence[Resources] | None = None,
 ) -> Plan:
     """Decide every job's size and placement for this cycle. Deterministic and pure.
 
@@ -221,9 +223,14 @@ def plan(
     ``decisions`` are only the decisions whose size changes, exactly ``changes`` of the
     full plan (same objects' values, same order), with the full plan's reservations; the
     rest (jobs kept, jobs still waiting and why) is neither written nor returned. The
-    controller and the local backend show every decision, and keep the default."""
+    controller and the local backend show every decision, and keep the default.
+
+    ``occupied``: per node of the snapshot (in its order), capacity that replicas of
+    running jobs left out of the snapshot take. A driver may leave out jobs that no plan
+    could change (the simulator: ``simulations.hiding``); the plan is then the plan with
+    them shown, but for the rank numbers in messages. Default: none."""
     with _collector_paused():
-        return _plan(snapshot, policy, now, memo, changes_only)
+        return _plan(snapshot, policy, now, memo, changes_only, occupied)
 
 
 def _decide(
@@ -262,12 +269,17 @@ def _changes(session: Session, now: float) -> Plan:
 
 
 def _plan(
-    snapshot: Snapshot, policy: Policy, now: float, memo: PlanMemo | None, changes_only: bool
+    snapshot: Snapshot,
+    policy: Policy,
+    now: float,
+    memo: PlanMemo | None,
+    changes_only: bool,
+    occupied: Sequence[Resources] | None = None,
 ) -> Plan:
     if memo is not None:
         memo.bind(snapshot.nodes, policy)
     validate(snapshot, memo)  # 1
-    session = Session(snapshot, policy, now, memo, changes_only=changes_only)  # 2
+    session = Session(snapshot, policy, now, memo, changes_only=changes_only, occupied=occupied)
     suspend_by_spec(session)
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3

@@ -13,8 +13,7 @@ Nothing here reads a clock or does I/O; the session dies with the ``plan()`` cal
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,7 @@ from edl_scheduler.core.memo import Derived, PlanMemo
 from edl_scheduler.core.ordering import effective_priority, key_varies, sort_key
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Policy
+from edl_scheduler.core.ranking import first, kept_ranking
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, Snapshot
 
@@ -33,22 +33,16 @@ if TYPE_CHECKING:  # the margins module imports this one
 _W, _P = Role.WORKER, Role.PSERVER
 
 
-#: Jobs not seen before that a kept ranking takes one by one (binary search); more are
-#: merged in by one sort of the two runs.
-_INSERTS = 8
-
-
-def _first(pair: tuple[tuple[float | str, ...], Derived]) -> tuple[float | str, ...]:
-    return pair[0]
-
-
-def _count(used: list[list[int]], d: Derived, sign: int) -> None:
-    """Add (``sign`` 1) or take away (-1) what ``d``'s live replicas take per node."""
-    for n, g, c, m in d.usage:
-        u = used[n]
-        u[0] += sign * g
-        u[1] += sign * c
-        u[2] += sign * m
+def _occupy(used: list[list[int]], occupied: Sequence[Resources], nodes: int) -> None:
+    if len(occupied) != nodes or any(r.is_negative() for r in occupied):
+        raise ValueError(
+            f"occupied: {len(occupied)} entries for {nodes} nodes; give one per node of the "
+            "snapshot, in its order, none negative"
+        )
+    for u, r in zip(used, occupied, strict=True):
+        u[0] += r.gpu
+        u[1] += r.cpu_milli
+        u[2] += r.memory_bytes
 
 
 @dataclass(slots=True)
@@ -363,6 +357,7 @@ class Session:
         memo: PlanMemo | None = None,
         *,
         changes_only: bool = False,
+        occupied: Sequence[Resources] | None = None,
     ) -> None:
         """``memo``: what earlier cycles derived from the same jobs (``memo``), reused
         for jobs it holds and refilled with this snapshot's jobs. ``changes_only``: the
@@ -379,12 +374,14 @@ class Session:
         key = sort_key(policy, now)
         varies = key_varies(policy)
         if memo is not None and memo.ranked is not None and not varies:
-            keyed, used = self._kept(snapshot, policy, memo, key, index)
+            keyed, used = kept_ranking(
+                snapshot, memo, lambda job: Session._derive(job, policy, index, None, key, False)
+            )
         else:
             derived = [self._derive(job, policy, index, memo, key, varies) for job in snapshot.jobs]
             keyed = [(d.key if d.key is not None else key(d.job), d) for d in derived]
-            keyed.sort(key=_first)
-            for _, d in keyed:  # (``_count``, inlined: this path serves the controller)
+            keyed.sort(key=first)
+            for _, d in keyed:  # (``ranking.count``, inlined: this path serves the controller)
                 for n, g, c, m in d.usage:
                     u = used[n]
                     u[0] += g
@@ -397,6 +394,8 @@ class Session:
                 memo.states = {k: v for k, v in memo.states.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed
                 memo.used = [list(u) for u in used]
+        if occupied is not None:  # replicas of jobs left out of the snapshot (``plan``)
+            _occupy(used, occupied, len(snapshot.nodes))
         self.cluster = Cluster(snapshot.nodes, used, memo.layout(snapshot.nodes) if memo else None)
         self._class_cache: dict[Constraints, frozenset[int]] = {}
         self._last_constraints: Constraints | None = None
@@ -438,59 +437,6 @@ class Session:
             self.jobs.append(js)
         self.by_name = {js.job.name: js for js in self.jobs}
         self._load_holds(snapshot)
-
-    @staticmethod
-    def _kept(
-        snapshot: Snapshot,
-        policy: Policy,
-        memo: PlanMemo,
-        key: Callable[[Job], tuple[float | str, ...]],
-        index: dict[str, int],
-    ) -> tuple[list[tuple[tuple[float | str, ...], Derived]], list[list[int]]]:
-        """The ranking and the replicas' use per node from the last cycle's (``memo.ranked``,
-        ``memo.used``), updated for the jobs that left and the jobs not seen before, so a
-        cycle that changed a few jobs ranks and counts only those.
-
-        The result equals a ranking and count made from scratch: every key ends in the
-        job's name, so the order is total, and a kept entry's key is still its job's key
-        (it depends on the job alone where ``key_varies`` is false, and the job is the same
-        immutable object)."""
-        known = memo.jobs
-        fresh = [job for job in snapshot.jobs if id(job) not in known]
-        ranked = memo.ranked
-        assert ranked is not None
-        used = memo.used
-        if len(snapshot.jobs) - len(fresh) < len(known):  # some jobs left
-            present = {id(job) for job in snapshot.jobs}
-            stays: list[tuple[tuple[float | str, ...], Derived]] = []
-            for entry in ranked:
-                d = entry[1]
-                if id(d.job) in present:
-                    stays.append(entry)
-                else:
-                    del known[id(d.job)]
-                    memo.steady.pop(id(d.job), None)
-                    memo.states.pop(id(d.job), None)
-                    _count(used, d, -1)
-            ranked = stays
-        if fresh:
-            added = []
-            for job in fresh:
-                d = Session._derive(job, policy, index, None, key, False)
-                known[id(job)] = d
-                _count(used, d, 1)
-                assert d.key is not None  # the key does not vary: it is kept
-                added.append((d.key, d))
-            added.sort(key=_first)
-            if len(added) <= _INSERTS:
-                ranked = list(ranked)
-                for entry in added:
-                    bisect.insort(ranked, entry, key=_first)
-            else:  # two sorted runs: the sort merges them
-                ranked = ranked + added
-                ranked.sort(key=_first)
-        memo.ranked = ranked
-        return ranked, [list(u) for u in used]
 
     @staticmethod
     def _derive(

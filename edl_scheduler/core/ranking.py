@@ -1,0 +1,84 @@
+"""The kept ranking: a cycle with a memo ranks and counts only the jobs that changed.
+
+A driver that plans again and again (the simulator) shows mostly the same Job objects from
+one cycle to the next; the session's ranking and the replicas' use per node are then the
+last cycle's (``PlanMemo.ranked``, ``PlanMemo.used``), patched for the jobs that left and
+the jobs not seen before. The cost of a cycle here follows those jobs: which ones they are
+is found with set operations over the jobs' identities, a job that left is found in the
+ranking by binary search on its kept key, and a new one goes in the same way.
+
+What must stay true: the result equals a ranking and count made from scratch. Every key
+ends in the job's name, so the order is total and a key finds exactly its entry; a kept
+entry's key is still its job's key (it depends on the job alone where ``key_varies`` is
+false, and the job is the same immutable object, kept alive by its entry).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from edl_scheduler.core.memo import Derived, PlanMemo
+from edl_scheduler.core.snapshot import Job, Snapshot
+
+Key = tuple[float | str, ...]
+Ranked = list[tuple[Key, Derived]]
+
+#: Jobs not seen before that a kept ranking takes one by one (binary search); more are
+#: merged in by one sort of the two runs.
+_INSERTS = 8
+
+
+def first(pair: tuple[Key, Derived]) -> Key:
+    return pair[0]
+
+
+def count(used: list[list[int]], d: Derived, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) what ``d``'s live replicas take per node."""
+    for n, g, c, m in d.usage:
+        u = used[n]
+        u[0] += sign * g
+        u[1] += sign * c
+        u[2] += sign * m
+
+
+def kept_ranking(
+    snapshot: Snapshot,
+    memo: PlanMemo,
+    derive: Callable[[Job], Derived],
+) -> tuple[Ranked, list[list[int]]]:
+    """The ranking and the use per node for ``snapshot``, from the memo's (updated in
+    place, and returned with a copy of the use). ``derive`` gives a job not seen before
+    its ``Derived``, with its key."""
+    jobs = snapshot.jobs
+    known = memo.jobs
+    ranked = memo.ranked
+    assert ranked is not None
+    used = memo.used
+    fresh = [job for job in jobs if id(job) not in known]
+    # Each removal and insertion is on its own entry and sums: their order changes nothing.
+    if len(jobs) - len(fresh) < len(known):  # some jobs left: found by set difference
+        for i in known.keys() - set(map(id, jobs)):
+            d = known.pop(i)
+            memo.steady.pop(i, None)
+            memo.states.pop(i, None)
+            count(used, d, -1)
+            assert d.key is not None  # a kept ranking's keys do not vary
+            at = bisect.bisect_left(ranked, d.key, key=first)
+            assert ranked[at][1] is d  # keys are unique: the key finds its entry
+            del ranked[at]
+    if fresh:
+        added: Ranked = []
+        for job in fresh:
+            d = derive(job)
+            known[id(job)] = d
+            count(used, d, 1)
+            assert d.key is not None  # the key does not vary: it is kept
+            added.append((d.key, d))
+        if len(added) <= _INSERTS:
+            for entry in added:
+                bisect.insort(ranked, entry, key=first)
+        else:  # two sorted runs: the sort merges them
+            ranked += added
+            ranked.sort(key=first)
+    return ranked, [list(u) for u in used]
