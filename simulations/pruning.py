@@ -203,12 +203,16 @@ def settled(
     lack = 0
     elastic = policy.elastic
     for j, n, k in zip(jobs, live, keys, strict=True):
-        size = j.worker.min_replicas if elastic else j.rigid_size
+        worker = j.worker  # (``Job.rigid_size`` without the call, as in ``shown``)
+        if elastic:
+            size = worker.min_replicas
+        else:
+            size = j.requested if j.requested is not None else worker.max_replicas
         if n > size or j.suspended or j.pserver is not None:
             # Above its size, leaving by its spec, or with parameter servers (the planner
             # restores a missing one, which needs no GPU): it may change.
             return False
-        gpu = j.worker.resources.gpu
+        gpu = worker.resources.gpu
         if n < size:
             entries.append((k, 1, (size - n) * gpu))
             if top is None or k < top:

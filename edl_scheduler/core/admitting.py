@@ -228,6 +228,8 @@ class Admitter:
         suspend_sums: list[int] | None = None
         last_classes: frozenset[int] | None = None
         capacity = 0
+        only = -1
+        class_free = cluster.class_free_gpu
         for js in self.s.jobs if jobs is None else jobs:
             job = js.job
             if job.suspended:
@@ -256,10 +258,12 @@ class Admitter:
             classes = js.classes
             if classes is not last_classes:
                 last_classes, capacity = classes, cluster.capacity_in(classes)
+                # ``free_in`` of one class is its entry (kept up to date in place).
+                only = next(iter(classes)) if len(classes) == 1 else -1
             if not (classes and gpus <= capacity):
                 self._too_large(js, gpus)  # says why
                 continue
-            free = cluster.free_in(classes)
+            free = class_free[only] if only >= 0 else cluster.free_in(classes)
             # ``_admit``'s own quick reject, without the call: nothing can be tried.
             hopeless = free < gpus
             if hopeless and preempts:  # ``free + self._pool(js) < gpus``, inlined
