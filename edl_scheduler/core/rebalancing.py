@@ -152,36 +152,28 @@ def _eligible(js: JobState) -> bool:
     return js.workers > 0 and js.workers >= js.lo and job.worker.resources.gpu > 0
 
 
-def _no_move_can_pay(eligible: list[JobState], session: Session) -> bool:
-    """Whether the kept bounds (``margins``) prove that the step makes no move: the best
-    first worker any job could take is worth no more than the cheapest first worker any
-    job could give. Every recipient's first gain is at most its ``best_gain`` and every
-    donor's first loss at least its ``least_loss``, whatever ``now`` is, and a step makes
-    its first move only for a recipient whose gain exceeds some donor's loss
-    (``_best_move``); without a first move there is none. Cool-downs, the minimum run and
-    priorities only narrow who takes part, so bounding over every eligible job is safe."""
-    best_gain, least_loss = -float("inf"), float("inf")
-    for js in eligible:
-        m = js.margins
-        if m is None:
-            m = margins(js, session)
-        if m.best_gain > best_gain:
-            best_gain = m.best_gain
-        if m.least_loss < least_loss and js.job.preemptible:
-            least_loss = m.least_loss
-    return best_gain <= least_loss
-
-
-def _no_pair_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
-    """The same proof over the step's own recipients (``takers``) and donors (the jobs of
-    either list that may shrink now), once cool-downs and the minimum run are known."""
-    best_gain = max(margins(js, session).best_gain for js in takers)
+def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
+    """Whether the kept bounds (``margins``) prove that the step makes no move. The step's
+    recipients are ``takers``; its donors are the jobs of either list that may shrink now
+    (above their minimum, preemptible, ``may_shrink_voluntarily``). A step makes its first
+    move only for a recipient whose first gain is positive and exceeds some donor's first
+    loss (``_best_move``), and without a first move there is none. Every first gain is at
+    most the job's ``best_gain`` and every first loss at least its ``least_loss``, whatever
+    ``now`` is (``margins``), so a best bound of at most 0, or at most the least loss bound,
+    proves that no move is made; priorities only narrow the pairs further."""
+    best_gain = -float("inf")
+    for js in takers:
+        gain = (js.margins or margins(js, session)).best_gain
+        if gain > best_gain:
+            best_gain = gain
+    if best_gain <= 0:
+        return True
     least_loss = float("inf")
     for group in (takers, givers):
         for js in group:
             if js.size() <= max(1, js.lo) or not js.job.preemptible:
                 continue
-            loss = margins(js, session).least_loss
+            loss = (js.margins or margins(js, session)).least_loss
             if loss < least_loss and may_shrink_voluntarily(session, js):
                 least_loss = loss
     return best_gain <= least_loss
@@ -206,19 +198,20 @@ class Rebalancer:
         # Who may give and who may take, decided before any model is fitted: a job at its
         # maximum gains nothing from a worker, and one at its minimum (or one worker) has
         # none to give, so leaving them out changes no move, only the cost of the step.
-        eligible = [js for js in s.jobs if js.workers and _eligible(js)]
-        if PROVE_NO_MOVE and _no_move_can_pay(eligible, s):
-            return 0
         takers: list[JobState] = []
         givers: list[JobState] = []
-        for js in eligible:
-            if js.size() < (js.margins or margins(js, s)).limit and cooling_until(s, js) is None:
+        for js in s.jobs:
+            if not js.workers or not _eligible(js):
+                continue
+            kept = js.margins
+            limit = kept.limit if kept is not None else explored_limit(js)
+            if js.size() < limit and cooling_until(s, js) is None:
                 takers.append(js)
             elif js.size() > max(1, js.lo) and js.job.preemptible:
                 givers.append(js)  # (takers are tested as givers below, once needed)
         if not takers:
             return 0
-        if PROVE_NO_MOVE and _no_pair_can_pay(takers, givers, s):
+        if PROVE_NO_MOVE and _no_move_can_pay(takers, givers, s):
             return 0
         members = {js.rank: _Member(js, s, False, True) for js in takers}
         self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members.values()]

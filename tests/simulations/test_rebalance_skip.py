@@ -58,8 +58,10 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
     prove = rebalancing._no_move_can_pay
     run = rebalancing.Rebalancer.run
 
-    def counting_prove(eligible: list[rebalancing.JobState], session: Session) -> bool:
-        found = prove(eligible, session)
+    def counting_prove(
+        takers: list[rebalancing.JobState], givers: list[rebalancing.JobState], session: Session
+    ) -> bool:
+        found = prove(takers, givers, session)
         counts.skipped += found
         return found
 
