@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason
-from edl_scheduler.core.policy import Admission, Preemption
+from edl_scheduler.core.policy import Admission, Growth, Policy, Preemption
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
@@ -133,6 +133,27 @@ def _may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
     if session.policy.use_priority:
         return victim.priority < js.priority
     return victim.rank > js.rank
+
+
+def rounds_start_nothing(policy: Policy) -> bool:
+    """Whether a second admission round can start no job: where growth never runs, no
+    priorities and no shrinking (preemption none or whole-job suspension).
+
+    Why: the first round visits the jobs in rank order, and each job ``J`` it leaves
+    waiting failed against the free room per node plus the room of every running job it
+    could suspend (those ranked below it, not started this cycle): its trial takes them all
+    before it gives up, and placement fits a gang wherever the room per node adds up.
+    After ``J``'s visit only jobs ranked below ``J`` start or move, on free room or by
+    suspending jobs ranked below themselves, which ``J`` could have suspended too: room
+    per node that ``J`` could reach only shrinks, and holds for jobs ranked above ``J``
+    do not change. Nothing runs between the rounds (no growth), so every job of the second
+    round fails again, with the reason it has (a plan of changes only writes no message).
+    """
+    return (
+        not (policy.elastic and policy.growth is not Growth.NONE)
+        and not policy.use_priority
+        and policy.preemption in (Preemption.NONE, Preemption.SUSPEND)
+    )
 
 
 class Admitter:

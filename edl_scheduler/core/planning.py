@@ -29,7 +29,7 @@ import gc
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from edl_scheduler.core.admitting import Admitter, suspend_by_spec
+from edl_scheduler.core.admitting import Admitter, rounds_start_nothing, suspend_by_spec
 from edl_scheduler.core.growing import WAITING, Grower
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
@@ -288,6 +288,8 @@ def _plan(
     # waiting job. After a round that started and grew nothing, another would see the same
     # state (a failed admission leaves no trace) and fail the same way: it is left out.
     rounds = _EXTRA_ROUNDS if started or grower.statements else 0
+    if changes_only and rounds_start_nothing(policy):
+        rounds = 0  # they would only write the same reasons again (``admitting``)
     grows = policy.elastic and policy.growth is not Growth.NONE
     for _ in range(rounds):
         waiting = [js for js in session.jobs if js.reason in WAITING]
