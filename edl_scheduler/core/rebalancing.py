@@ -65,11 +65,12 @@ _W = Role.WORKER
 #: Donors tried for one recipient before it is given up (the cheapest first); bounds a
 #: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
 _DONORS_TRIED = 8
-#: Whether a step that the kept bounds prove moveless is left out (``Rebalancer.run``);
-#: the step's result is the same either way (tests turn it off to show that).
-PROVE_NO_MOVE = True
+#: Whether the kept bounds (``margins``) spare work: a step they prove moveless is left
+#: out (``Rebalancer.run``) and a giver is valued only when reached (``_best_move``). The
+#: step's result is the same either way (tests turn it off to show that).
+USE_KEPT_BOUNDS = True
 
-__all__ = ["PROVE_NO_MOVE", "Rebalancer", "explored_limit"]
+__all__ = ["USE_KEPT_BOUNDS", "Rebalancer", "explored_limit"]
 
 
 class _Member:
@@ -185,7 +186,9 @@ class Rebalancer:
     def __init__(self, session: Session) -> None:
         self.s = session
         self.moves = 0
-        self.donors: list[tuple[float, int, int, _Member]] = []
+        #: (loss, rank, version, member), cheapest first; a giver not valued yet stands in
+        #: as (its kept loss bound, rank, 0, its JobState) until it is reached (``_best_move``).
+        self.donors: list[tuple[float, int, int, _Member | JobState]] = []
         self.recipients: list[tuple[float, int, int, _Member]] = []
 
     def run(self) -> int:
@@ -211,7 +214,7 @@ class Rebalancer:
                 givers.append(js)  # (takers are tested as givers below, once needed)
         if not takers:
             return 0
-        if PROVE_NO_MOVE and _no_move_can_pay(takers, givers, s):
+        if USE_KEPT_BOUNDS and _no_move_can_pay(takers, givers, s):
             return 0
         members = {js.rank: _Member(js, s, False, True) for js in takers}
         self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members.values()]
@@ -221,9 +224,13 @@ class Rebalancer:
             if js.size() > max(1, js.lo) and js.job.preemptible:
                 members[js.rank].donor = may_shrink_voluntarily(s, js)
         for js in givers:
-            if may_shrink_voluntarily(s, js):
+            if not may_shrink_voluntarily(s, js):
+                continue
+            if USE_KEPT_BOUNDS:
+                self.donors.append(((js.margins or margins(js, s)).least_loss, js.rank, 0, js))
+            else:
                 members[js.rank] = _Member(js, s, True, False)
-        self.donors = [(self._loss(m), m.js.rank, 0, m) for m in members.values() if m.donor]
+        self.donors += [(self._loss(m), m.js.rank, 0, m) for m in members.values() if m.donor]
         if not self.donors:
             return 0
         heapq.heapify(self.donors)
@@ -273,18 +280,32 @@ class Rebalancer:
         """The best recipient that some donor pays for takes one worker from the cheapest
         such donor. Recipients that find none are dropped for the rest of the step: what
         they could gain changes only when they move. Heap entries carry the member's
-        version, so entries made stale by a move are skipped."""
+        version, so entries made stale by a move are skipped.
+
+        A giver that takes no part as a recipient enters the donors' heap under its kept
+        loss bound (``margins``: never above its loss) and is valued only when it comes to
+        the top, which is then replaced by its real entry. That changes no choice: an entry
+        on top is below every other entry's bound, so below its real loss as well, and a
+        bound that no gain pays ends the search as the real loss would (the loss is
+        higher). Most donors of a step are never reached."""
         while self.recipients:
             neg_gain, _, version, r = heapq.heappop(self.recipients)
             if version != r.version:
                 continue
             if -neg_gain <= 0:
                 return False  # no recipient left that more GPUs would pay for
-            tried: list[tuple[float, int, int, _Member]] = []
+            tried: list[tuple[float, int, int, _Member | JobState]] = []
             moved = False
             while self.donors and len(tried) < _DONORS_TRIED:
                 entry = heapq.heappop(self.donors)
-                loss, _, d_version, d = entry
+                loss, rank, d_version, d = entry
+                if isinstance(d, JobState):  # a giver under its bound: valued now
+                    if -neg_gain - loss <= 0:
+                        heapq.heappush(self.donors, entry)
+                        break  # its loss is no lower: none that pays follows
+                    m = _Member(d, self.s, True, False)
+                    heapq.heappush(self.donors, (self._loss(m), rank, 0, m))
+                    continue
                 if d_version != d.version:
                     continue
                 if -neg_gain - loss <= 0:
