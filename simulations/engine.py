@@ -89,7 +89,8 @@ class SimConfig:
     #: Leave out of the snapshot running jobs ranked above every job below its size, where
     #: no plan could change them (``hiding``); results are identical, only faster. Off by
     #: default: each snapshot then lacks those jobs (the plan gets their capacity apart),
-    #: so a tool that records snapshots to replay them would replay partial ones.
+    #: so a tool that records snapshots to replay them would replay partial ones
+    #: (``edl-sim run`` records none and turns it on).
     hide: bool = False
 
 
