@@ -154,9 +154,9 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
     meter.attaching(measuring, world)
     meter.arming(step=0)  # step 0: a measured one
     loss_of(measuring).backward()
-    meter.averaging(sizes[rank], scale, sum(sizes))
+    assert meter.averaging(sizes[rank], scale, sum(sizes))
     measured = [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    meter.folding()
+    assert meter.keeping()  # the step settled: the first estimates fold at once
     for p in model.parameters():
         p.grad = None
     meter.arming(step=1)  # not measured: DDP averages, the meter adds nothing
@@ -222,6 +222,41 @@ def next_windows(state: CoordinatorState, count: int) -> list:  # type: ignore[t
     ledger = state.ledger
     walk = Walk(ledger.plan, ledger.epoch, ledger.committed_step, list(ledger.todo))
     return [walk.next_window(4) for _ in range(count)]
+
+
+def test_a_measured_step_that_fails_late_leaves_no_statistics(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On NCCL a measured step's allreduce is asynchronous: it may return and then fail
+    (a peer died half-way), leaving a partial sum. The session then discards the step, and
+    its numbers must not reach the estimator, now or at the next generation's fold; a step
+    that settled counts."""
+    from trainer_runtime.torch import measuring
+
+    def partial_sum(tensor: torch.Tensor) -> None:  # what a half-done allreduce leaves
+        tensor[: tensor.numel() // 2] *= 2
+
+    monkeypatch.setattr(measuring.dist, "all_reduce", partial_sum)
+    estimator = RecordingEstimator(16)
+    meter = NoiseMeter(estimator)
+    model = nn.Linear(4, 2).double()
+    meter.parameters, meter.world_size, meter.able = list(model.parameters()), 2, True
+    meter.arming(step=0)
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    assert meter.averaging(8, 1.0, 16)
+    assert estimator.samples == []  # nothing folded before the step is known whole
+    meter.discarding()  # settling raised: the step is not applied
+    meter.folding()  # what rank 0's next generation folds first
+    assert (estimator.samples, meter.pending) == ([], [])
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    assert meter.averaging(8, 1.0, 16)
+    assert meter.keeping()
+    assert len(estimator.samples) == 1
+    meter.discarding()  # a failure after the step settled (in the optimizer) drops nothing
+    meter.folding()
+    assert len(estimator.samples) == 1
 
 
 def test_coordinator_keeps_the_latest_valid_statistics_through_a_restart(

@@ -145,9 +145,10 @@ def meeting(
 
 def nccl_environment(timeout_s: float) -> None:
     """Make NCCL's watchdog abort the communicator of a failed collective and keep the
-    process, and bound the communicator's set-up by `timeout_s` (torch reads these when a
-    group is built, so they are set before every one; a value the user set otherwise is
-    overridden, with a warning, since the runtime's guarantees rest on it)."""
+    process, and bound the communicator's set-up by `timeout_s`. Set before every group:
+    torch reads the first two when a group is built, the timeout once per process (the
+    contract's timeout does not change). A value the user set otherwise is overridden,
+    with a warning, since the runtime's guarantees rest on it."""
     wanted = {
         NCCL_ERROR_HANDLING: ABORT_ONLY,
         NCCL_NONBLOCKING: "1",

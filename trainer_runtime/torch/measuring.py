@@ -11,7 +11,10 @@ averaging itself, in one allreduce:
 - the buffer is summed over the group and divided by the world size (DDP's average), its
   squared norm taken, and copied back into the gradients.
 The per-step numbers stay tensors until `folding` reads them, at most every
-`FOLD_EVERY_S` (one device sync then, not one per step).
+`FOLD_EVERY_S` (one device sync then, not one per step). A measured step's numbers count
+only once the session knows its collectives completed (`keeping`): on NCCL the allreduce
+runs asynchronously, and a step whose communicator failed holds a partial sum, which
+`discarding` drops with the step.
 
 The session scales each rank's loss by ``b_i * n / B`` (so that the average is the mean
 over the step's samples); the meter divides that factor out to get g_i. A rank whose slice
@@ -58,6 +61,8 @@ class NoiseMeter:
         self.able = False
         self.measuring = False
         self.pending: list[tuple[torch.Tensor, torch.Tensor, int]] = []
+        #: Whether the last entry of `pending` is this step's, not yet known to be whole.
+        self.unsettled = False
         self.folded_at = time.monotonic()
 
     def attaching(self, ddp: DistributedDataParallel, world_size: int) -> None:
@@ -68,6 +73,7 @@ class NoiseMeter:
         self.able = world_size >= 2 and len(dtypes) == 1 and dtypes <= set(MEASURED_DTYPES)
         self.measuring = False
         self.pending.clear()  # tensors of the old group's steps were folded or are moot
+        self.unsettled = False
 
     def arming(self, step: int) -> None:
         """Before the step's forward: whether DDP averages this step's gradients itself."""
@@ -78,8 +84,9 @@ class NoiseMeter:
 
     def averaging(self, local_samples: int, scale: float, batch: int) -> bool:
         """After the backward of a measured step: average the gradients over the group in
-        one allreduce that carries the statistics; whether the estimate changed (a fold).
-        Nothing to do on another step (DDP averaged it)."""
+        one allreduce that carries the statistics; whether this step is measured. Nothing
+        to do on another step (DDP averaged it). The step's numbers wait for `keeping` or
+        `discarding`."""
         if not self.measuring:
             return False
         grads = []
@@ -98,11 +105,26 @@ class NoiseMeter:
         dist.all_reduce(flat)
         body.div_(self.world_size)
         self.pending.append((flat[-EXTRA:].clone(), torch.dot(body, body), batch))
+        self.unsettled = True
         offset = 0
         for grad in grads:
             count = grad.numel()
             grad.copy_(body[offset : offset + count].view_as(grad))
             offset += count
+        return True
+
+    def discarding(self) -> None:
+        """The step failed: its numbers, if it was measured, are not kept."""
+        if self.unsettled:
+            self.pending.pop()
+            self.unsettled = False
+
+    def keeping(self) -> bool:
+        """The step's collectives completed: its numbers count. Whether the estimate
+        changed (a fold: the first estimates go out at once, later ones in batches)."""
+        if not self.unsettled:
+            return False
+        self.unsettled = False
         if (
             self.estimator.steps < EAGER_STEPS  # the first estimates go out at once
             or len(self.pending) >= PENDING_MAX

@@ -310,16 +310,18 @@ class ElasticSession(generations.Member):
         try:
             scale = self.local_samples * self.world_size / self.window_size
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
-            if self.meter.averaging(self.local_samples, scale, self.window_size) and self.rank == 0:
-                self.committer.noise = self.noise.estimate()
+            self.meter.averaging(self.local_samples, scale, self.window_size)
             if self.world_size > 1 and self.device.type == "cuda":
-                settling(self.device)  # NCCL: the allreduce ended, and whole
+                settling(self.device)  # NCCL: the allreduces ended, and whole
+            if self.meter.keeping() and self.rank == 0:
+                self.committer.noise = self.noise.estimate()
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
         except RuntimeError as error:
             if not dist.is_initialized():
                 raise
             LOG.info("step %d failed (%s): re-forming", self.window.step, error)
+            self.meter.discarding()  # a partial sum, where the collective failed late
             self.optimizer.zero_grad(set_to_none=True)
             self.broken = True
             return
