@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Admission, Growth, Policy, Preemption
-from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import may_shrink_voluntarily
@@ -395,17 +394,21 @@ class Admitter:
         def potential(n: int) -> int:
             """Room for the gang on ``n`` if every worker there that may go went, each
             victim job giving at most its budget (its workers above the minimum)."""
-            freed = Resources()
-            budget: dict[str, int] = {}
+            gpu = cpu = mem = 0
+            budget: dict[JobState, int] = {}  # (by identity: ``JobState`` has eq=False)
             for v, _ in on_node[n]:
-                left = budget.setdefault(v.name, v.size() - v.lo)
+                left = budget.get(v)
+                if left is None:
+                    left = v.workers - v.lo
                 if left > 0:
-                    budget[v.name] = left - 1
-                    freed = freed + v.resources(Role.WORKER)
-            cluster.give(n, freed)
-            room = cluster.room(n, res, js.name, js.rank)
-            cluster.take(n, freed)
-            return room
+                    budget[v] = left - 1
+                    freed = v.job.worker.resources
+                    gpu += freed.gpu
+                    cpu += freed.cpu_milli
+                    mem += freed.memory_bytes
+                else:
+                    budget[v] = left
+            return cluster.room_freed(n, res, js.name, js.rank, gpu, cpu, mem)
 
         def order(n: int) -> tuple[int, int, int, int, int]:
             """Nodes where victims add the most useful room first (a node that already

@@ -163,6 +163,33 @@ class Cluster:
             best = min(best, mem // res.memory_bytes)
         return best
 
+    def room_freed(
+        self, node: int, res: Resources, job: str, rank: int, gpu: int, cpu: int, mem: int
+    ) -> int:
+        """``room`` as it would be were ``gpu``, ``cpu`` and ``mem`` more free on ``node``,
+        without giving and taking them back (admission asks it of every node a victim
+        stands on). Search walks a bucket in insertion order, and a give and take back
+        leaves ``node`` last in its bucket; so does this, where ``gpu`` is not 0, so that
+        every later placement searches the nodes in the order it always did."""
+        if gpu:
+            bucket = self.buckets[self.node_class[node]][self.gpu[node]]
+            del bucket[node]
+            bucket[node] = None
+        gpu, cpu, mem = self.gpu[node] + gpu, self.cpu[node] + cpu, self.mem[node] + mem
+        if node in self.holds:
+            held = self.held_for_others(node, job, rank)
+            gpu, cpu, mem = gpu - held.gpu, cpu - held.cpu_milli, mem - held.memory_bytes
+        if gpu < 0 or cpu < 0 or mem < 0:
+            return 0
+        best = 1 << 30
+        if res.gpu:
+            best = min(best, gpu // res.gpu)
+        if res.cpu_milli:
+            best = min(best, cpu // res.cpu_milli)
+        if res.memory_bytes:
+            best = min(best, mem // res.memory_bytes)
+        return best
+
 
 @dataclass(slots=True, eq=False)
 class JobState:
