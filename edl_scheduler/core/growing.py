@@ -49,6 +49,10 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)
 
 
+def cooling_message(until: float, now: float) -> str:
+    return f"below maximum, cooling down for {until - now:.0f}s more (until t={until:.0f})"
+
+
 class Grower:
     def __init__(self, session: Session) -> None:
         self.s = session
@@ -77,11 +81,17 @@ class Grower:
             resized_now = (js.started and not live) or bool(removed)  # (``newly_started``)
             until = None if resized_now else cooling_until(s, js)
             if until is not None:
-                js.hold(
-                    Reason.COOLING_DOWN,
-                    f"below maximum, cooling down for {until - s.now:.0f}s more "
-                    f"(until t={until:.0f})",
-                )
+                if js.reason is Reason.COOLING_DOWN:
+                    pass  # held so in an earlier round (``hold`` would return at once)
+                elif s.changes_only and not js.started and js.for_job is None:
+                    # Unmoved so far: the message would replace its own. A plan of changes
+                    # only reads the message of a job whose size changes, and whatever
+                    # changes a held job's size writes its message, so it is left to be
+                    # written if read (``cooling_message``): one fewer format per cooling
+                    # job per plan.
+                    js.reason, js.message, js.cooling_end = Reason.COOLING_DOWN, "", until
+                else:
+                    js.hold(Reason.COOLING_DOWN, cooling_message(until, s.now))
                 continue
             if not js.job.preemptible and first_waiting is not None and first_waiting < js.rank:
                 js.hold(Reason.HELD_FOR_WAITING, "below maximum, held: a higher-ranked job waits")

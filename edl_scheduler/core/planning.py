@@ -30,7 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from edl_scheduler.core.admitting import Admitter, rounds_start_nothing, suspend_by_spec
-from edl_scheduler.core.growing import WAITING, Grower
+from edl_scheduler.core.growing import WAITING, Grower, cooling_message
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.policy import Growth, Policy
@@ -85,6 +85,8 @@ def _action(js: JobState) -> Action:
 def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, str]:
     """The reason and one-line message of a job nobody has explained yet."""
     before, after = len(js.live[Role.WORKER]), js.size()
+    if not js.message and js.reason is Reason.COOLING_DOWN and js.cooling_end is not None:
+        js.message = cooling_message(js.cooling_end, session.now)  # (left unwritten)
     if js.started and js.reason in HOLD_REASONS | {Reason.MOVED_TO_ADMIT}:
         return js.reason, js.message  # started (or restored), then held below its maximum
     if js.started:

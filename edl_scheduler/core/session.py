@@ -223,6 +223,10 @@ class JobState:
     #: What a worker more or fewer is worth at its live size (``margins``): the job's
     #: alone, so a kept state keeps it; derived when first asked for.
     margins: Margins | None = None
+    #: When the cool-down of a job held for it ends, where a plan of changes only left
+    #: its message unwritten (``growing.Grower.candidates``); read only while its reason
+    #: is ``COOLING_DOWN`` and its message empty, which nothing else leaves.
+    cooling_end: float | None = None
 
     @property
     def name(self) -> str:
