@@ -382,11 +382,11 @@ class Admitter:
         for v in self.s.jobs:
             if v.size() <= v.lo or not _may_shrink(self.s, js, v):
                 continue
-            for n in v.added[Role.WORKER]:  # growth of this cycle goes back first
+            for n in v.added[_W]:  # growth of this cycle goes back first
                 if cluster.node_class[n] in js.classes:
                     on_node.setdefault(n, []).append((v, None))
-            gone = set(map(id, v.removed[Role.WORKER]))
-            for r in reversed(v.live[Role.WORKER]):  # newest first: rank 0 stays longest
+            gone = set(map(id, v.removed[_W]))
+            for r in reversed(v.live[_W]):  # newest first: rank 0 stays longest
                 n = cluster.index[r.node]
                 if id(r) not in gone and cluster.node_class[n] in js.classes:
                     on_node.setdefault(n, []).append((v, r))

@@ -29,6 +29,9 @@ from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
 
+#: (Reading ``Role.WORKER`` costs an enum class lookup; the loops over every job use this.)
+_W = Role.WORKER
+
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
 
@@ -77,7 +80,7 @@ class Grower:
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
-            live, removed = js.live[Role.WORKER], js.removed[Role.WORKER]
+            live, removed = js.live[_W], js.removed[_W]
             resized_now = (js.started and not live) or bool(removed)  # (``newly_started``)
             until = None if resized_now else cooling_until(s, js)
             if until is not None:

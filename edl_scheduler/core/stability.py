@@ -12,6 +12,8 @@ from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Role
 
+_W = Role.WORKER  # (asked for every running job at every plan: no enum class lookup)
+
 
 def cooling_until(session: Session, js: JobState) -> float | None:
     """When the job's cool-down ends, or None if it may be resized now. (Asked for every
@@ -20,7 +22,7 @@ def cooling_until(session: Session, js: JobState) -> float | None:
     last = job.last_resize_time
     if last is None:
         last = job.start_time
-    if last is None or not js.live[Role.WORKER]:  # (``js.was_running``)
+    if last is None or not js.live[_W]:  # (``js.was_running``)
         return None
     end = last + session.policy.cooldown_s
     return end if end > session.now else None
