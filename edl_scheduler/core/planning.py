@@ -42,6 +42,8 @@ from edl_scheduler.core.validating import validate
 
 #: Admission-growth rounds after the first; each must start a job to go on.
 _EXTRA_ROUNDS = 3
+#: (An enum class attribute read costs about 0.17 us; ``_untouched`` runs once per job.)
+_W, _P = Role.WORKER, Role.PSERVER
 
 
 class PlanningError(RuntimeError):
@@ -121,14 +123,7 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
 def _untouched(js: JobState) -> bool:
     """Neither started, suspended, nor given or stripped of a replica this cycle."""
     added, removed = js.added, js.removed
-    return not (
-        js.started
-        or js.suspended
-        or added[Role.WORKER]
-        or removed[Role.WORKER]
-        or added[Role.PSERVER]
-        or removed[Role.PSERVER]
-    )
+    return not (js.started or js.suspended or added[_W] or removed[_W] or added[_P] or removed[_P])
 
 
 def _steady(
