@@ -194,7 +194,10 @@ def test_the_meter_keeps_ddp_gradients_and_measures_exactly(tmp_path: Path) -> N
         args=(2, str(tmp_path / "init"), str(tmp_path)),
         nprocs=2,
         join=True,
-        start_method="fork",  # no second import of torch: a few seconds, not tens
+        # Not "fork": pytest's process holds other tests' threads (the kube tests' kubelet
+        # in miniature), and a child forked while one of them held a lock hung there (seen
+        # once on a clean-clone run: 600 s, then pytest-timeout).
+        start_method="spawn",
     )
     ranks = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     for result in ranks:
