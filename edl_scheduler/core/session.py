@@ -148,20 +148,7 @@ class Cluster:
 
     def room(self, node: int, res: Resources, job: str, rank: int) -> int:
         """How many more replicas of size ``res`` fit on ``node`` for ``job``."""
-        gpu, cpu, mem = self.gpu[node], self.cpu[node], self.mem[node]
-        if node in self.holds:
-            held = self.held_for_others(node, job, rank)
-            gpu, cpu, mem = gpu - held.gpu, cpu - held.cpu_milli, mem - held.memory_bytes
-        if gpu < 0 or cpu < 0 or mem < 0:
-            return 0
-        best = 1 << 30
-        if res.gpu:
-            best = min(best, gpu // res.gpu)
-        if res.cpu_milli:
-            best = min(best, cpu // res.cpu_milli)
-        if res.memory_bytes:
-            best = min(best, mem // res.memory_bytes)
-        return best
+        return self.room_freed(node, res, job, rank, 0, 0, 0)
 
     def room_freed(
         self, node: int, res: Resources, job: str, rank: int, gpu: int, cpu: int, mem: int

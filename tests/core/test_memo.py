@@ -31,11 +31,11 @@ from edl_scheduler.core import PRESETS, PlanMemo, Policy, Snapshot, plan, preset
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.policy import with_overrides
 from edl_scheduler.core.validating import SnapshotError
-from simulations import engine as engine_module
 from simulations.engine import SimConfig, simulate
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, with_elasticity
 from tests.core.builders import job, node, snapshot
+from tests.simulations.recording import recorded
 
 DATA = Path(__file__).parents[1] / "simulations" / "data" / "60_job.csv"
 
@@ -58,17 +58,7 @@ def _recorded(policy_name: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[S
     policy = _policy(policy_name)
     if policy.elastic:
         jobs = with_elasticity(jobs, Elasticity.ELASTIC, cluster.gpus)
-    seen: list[tuple[Snapshot, float]] = []
-    real = engine_module.plan
-
-    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
-        seen.append((snap, now))
-        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_module, "plan", recording)
-    simulate(jobs, cluster, policy, SimConfig(tick_s=300.0))
-    monkeypatch.undo()
-    return seen
+    return recorded(monkeypatch, lambda: simulate(jobs, cluster, policy, SimConfig(tick_s=300.0)))
 
 
 @pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])

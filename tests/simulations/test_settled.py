@@ -39,7 +39,6 @@ from edl_scheduler.core import (
     preset,
 )
 from edl_scheduler.core.policy import with_overrides
-from simulations import engine as engine_module
 from simulations.engine import Engine, SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN
 from simulations.pruning import settled
@@ -47,6 +46,7 @@ from simulations.runs import Run
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, SimJob, with_elasticity
 from tests.core.builders import job, node, snapshot
+from tests.simulations.recording import recorded
 
 DATA = Path(__file__).parent / "data" / "60_job.csv"
 CLUSTER = ClusterSpec(2, 4)
@@ -134,17 +134,8 @@ def _recorded(
     policy: Policy, config: SimConfig, monkeypatch: pytest.MonkeyPatch
 ) -> list[tuple[Snapshot, float]]:
     """Every snapshot a simulation plans on when no plan is left out (``prune`` off)."""
-    seen: list[tuple[Snapshot, float]] = []
-    real = engine_module.plan
-
-    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
-        seen.append((snap, now))
-        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_module, "plan", recording)
-    simulate(_jobs(policy), CLUSTER, policy, replace(config, prune=False))
-    monkeypatch.undo()
-    return seen
+    unpruned = replace(config, prune=False)
+    return recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))

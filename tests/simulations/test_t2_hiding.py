@@ -27,6 +27,7 @@ from simulations import engine as engine_module
 from simulations.engine import Engine, simulate
 from simulations.hiding import hides, split
 from tests.core.builders import job, node, snapshot
+from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 TIRESIAS = preset("tiresias")
@@ -67,17 +68,8 @@ def test_hiding_changes_no_result(name: str, config: str, monkeypatch: pytest.Mo
 
 
 def _recorded(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Snapshot, float]]:
-    seen: list[tuple[Snapshot, float]] = []
-    real = engine_module.plan
-
-    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
-        seen.append((snap, now))
-        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_module, "plan", recording)
-    simulate(_jobs(policy), CLUSTER, policy, replace(CONFIGS["events"], prune=False))
-    monkeypatch.undo()
-    return seen
+    unpruned = replace(CONFIGS["events"], prune=False)
+    return recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
 
 
 @pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if hides(p)))

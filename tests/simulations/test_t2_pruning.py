@@ -34,9 +34,9 @@ from edl_scheduler.core import (
     Snapshot,
 )
 from edl_scheduler.core.ordering import sort_key
-from simulations import engine as engine_module
 from simulations.engine import simulate
 from simulations.pruning import settled, shown
+from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _free, _jobs
 
 
@@ -121,17 +121,8 @@ def _settled_spec(jobs: Sequence[Job], policy: Policy, now: float, free: int) ->
 def _recorded(
     policy: Policy, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> list[tuple[Snapshot, float]]:
-    seen: list[tuple[Snapshot, float]] = []
-    real = engine_module.plan
-
-    def recording(snap: Snapshot, pol: object, now: float, **kw: object) -> object:
-        seen.append((snap, now))
-        return real(snap, pol, now, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(engine_module, "plan", recording)
-    simulate(_jobs(policy), CLUSTER, policy, replace(CONFIGS[config], prune=False))
-    monkeypatch.undo()
-    return seen
+    unpruned = replace(CONFIGS[config], prune=False)
+    return recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
