@@ -259,10 +259,13 @@ class Engine:
         )
 
     def _use(self, run: Run, sign: int) -> None:
-        """Count (1) or uncount (-1) ``run``'s workers in ``node_used``."""
-        used, of = self.node_used, self.node_of
+        """Count (1) or uncount (-1) ``run``'s workers in ``node_used``, all three resources."""
+        used, of, res = self.node_used, self.node_of, _WORKER
         for r in run.replicas:
-            used[of[r.node]][0] += sign * _WORKER.gpu
+            u = used[of[r.node]]
+            u[0] += sign * res.gpu
+            u[1] += sign * res.cpu_milli
+            u[2] += sign * res.memory_bytes
 
     def _complete(self, run: Run, now: float) -> None:
         run.advance(now)
