@@ -61,6 +61,17 @@ def cycles(proc: ControllerProcess) -> float:
 def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path) -> None:
     cluster = cluster_in(kube_api, NS)
     create_node(kube_api.api_client, "hold-0", gpus=4, labels={POOL: "hold"})
+
+    def leaving() -> list[Any]:
+        """Victims the controller saw still Pending are deleted at once, the others drain;
+        no kubelet removes either while the test does not settle."""
+        return [
+            p
+            for p in cluster.pods(NS, "low", "worker")
+            if p.metadata.deletion_timestamp
+            or (p.metadata.annotations or {}).get("edl.dev/draining") == "true"
+        ]
+
     # The planner keeps a hold only until a plan places its job, which the next cycle does
     # (the pods wait for the victims to go): cycles 3 s apart leave the test time to kill
     # the first leader while its last plan's hold is what it stored.
@@ -88,19 +99,14 @@ def test_reservations_survive_a_leader_restart(kube_api: KubeAPI, tmp_path: Path
                     for r in stored(cluster) or []
                 )
 
+            # The act writes the hold and marks each victim in writes of their own, in any
+            # order (each waits only for what it depends on): wait for all of them.
             eventually(held, 30, "the reservation for the high job stored")
+            eventually(lambda: len(leaving()) == 2, 30, "both victims marked")
             proc.kill()
         finally:
             print(proc.log_tail())
-    # Victims the controller saw still Pending are deleted at once, the others drain; no
-    # kubelet removes either while the test does not settle.
-    leaving = [
-        p
-        for p in cluster.pods(NS, "low", "worker")
-        if p.metadata.deletion_timestamp
-        or (p.metadata.annotations or {}).get("edl.dev/draining") == "true"
-    ]
-    assert len(leaving) == 2, "the leader was to be killed after the shrink"
+    assert len(leaving()) == 2, "the leader was to be killed after the shrink"
     assert cluster.pods(NS, "high", "worker") == [], "and before the high job's start"
     with running_controller(kube_api, tmp_path, "hold-b", NS, ports="24600-24699") as proc:
         try:
