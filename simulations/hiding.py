@@ -60,7 +60,7 @@ def split(
     for j, n, k in zip(jobs, live, keys, strict=True):
         if n:
             w = j.worker
-            if n >= (w.min_replicas if elastic else _rigid(j)):
+            if n >= (w.min_replicas if elastic else j.rigid_size):
                 continue
         if top is None or k < top:
             top = k
@@ -73,7 +73,7 @@ def split(
         if n:
             if k < top and not j.suspended and j.pserver is None:
                 w = j.worker
-                if n == (w.min_replicas if elastic else _rigid(j)):
+                if n == (w.min_replicas if elastic else j.rigid_size):
                     left.append(j)
                     continue
             running.append(j)
@@ -87,11 +87,6 @@ def split(
         taken = [list(u) for u in used]
         _count(taken, running, -1, node_of)
     return shown, tuple([_NONE if not (u[0] or u[1] or u[2]) else Resources(*u) for u in taken])
-
-
-def _rigid(j: Job) -> int:
-    """``Job.rigid_size``."""
-    return j.requested if j.requested is not None else j.worker.max_replicas
 
 
 def _count(taken: list[list[int]], jobs: list[Job], sign: int, node_of: dict[str, int]) -> None:
