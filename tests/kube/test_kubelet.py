@@ -118,9 +118,13 @@ def pid_exists(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    # A zombie counts as gone: it has exited and only waits to be reaped.
-    with open(f"/proc/{pid}/stat") as stat:
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    # A zombie counts as gone: it has exited and only waits to be reaped. It may also be
+    # reaped between the signal above and this read, which then fails with ESRCH or ENOENT.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (ProcessLookupError, FileNotFoundError):
+        return False
 
 
 def test_exit_zero_succeeds(core: kubernetes.client.CoreV1Api) -> None:
