@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import Any
 
 import pytest
@@ -95,9 +94,24 @@ def test_a_step_that_timed_out_while_nobody_left_is_retried_in_the_same_generati
     # the second step, in the user's code, where the session cannot catch a failure (below)
     waiting_for(lambda: steps_of_w1() >= 4, 60, "w1's first steps")
     generation = client.progress().generation
+
+    def w0_failures() -> int:
+        log = cluster.log("w0")
+        return log.count(" failed (") + log.count(") failed: ")
+
+    failed_before = w0_failures()
     os.kill(w1, signal.SIGSTOP)
-    time.sleep(6)  # past w0's 4 s collective timeout, short of the 15 s lease
-    os.kill(w1, signal.SIGCONT)
+    try:
+        # Until w0's step has failed on its 4 s collective timeout (a fixed pause could end
+        # before a loaded machine lets w0 reach and time out its collective), and well short
+        # of the 15 s lease, past which w1 would be gone and a new generation opened.
+        waiting_for(
+            lambda: w0_failures() > failed_before,
+            10,
+            "w0's step to fail while w1 is stopped",
+        )
+    finally:
+        os.kill(w1, signal.SIGCONT)
     for name in ("w0", "w1"):
         assert cluster.waiting_exit(name, 90) == 0, cluster.log(name)[-3000:]
     assert client.progress().finished
