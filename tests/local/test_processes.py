@@ -247,11 +247,22 @@ def test_adopt_after_a_restart(tmp_path: Path) -> None:
 
 
 def test_adopted_process_seen_to_exit_on_its_own(tmp_path: Path) -> None:
+    # It exits once adopted (not after a fixed second, which a loaded machine could spend
+    # before the adoption, refused then: a zombie cannot be adopted); at most 60 s alone.
+    go = tmp_path / "go"
+    code = (
+        "import pathlib, time\n"
+        "deadline = time.monotonic() + 60\n"
+        f"while not pathlib.Path({str(go)!r}).exists() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.02)\n"
+    )
     with ProcessSupervisor() as before, ProcessSupervisor() as after:
-        started = before.start(python("brief", "import time; time.sleep(1)", tmp_path))
+        started = before.start(python("brief", code, tmp_path))
         before.release("brief")
         assert started.pid is not None and started.create_time is not None
         after.adopt("brief", started.pid, started.create_time)
+        assert after.status("brief").running
+        go.write_text("1")
         wait_for(lambda: (before.statuses(), after.status("brief").state)[1].finished, 20)
         assert after.status("brief").state is ProcessState.EXITED
 
