@@ -56,7 +56,8 @@ from edl_scheduler.core import (
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.hiding import hides, split
-from simulations.pruning import settled, shown
+from simulations.instant import collect, narrow, plainly
+from simulations.pruning import settled
 from simulations.runs import JobRecord, Run
 from simulations.workload import ClusterSpec, SimJob
 
@@ -347,42 +348,28 @@ class Engine:
             self.settled = True
             self.skipped += 1
             return
-        # The cached Job of a waiting job (most of them) is taken here, without a call; under
-        # LAS queues so is a running job's while its attained GPU-time (``attained_at``, the
-        # same sum) stays between the thresholds around the one its Job was built with.
-        fresh = self.fresh_attained
-        # The engine's replicas are all live workers: a Job's count is its run's.
-        jobs: list[Job] = []
-        live: list[int] = []
-        if self.queue_only:  # (``Run.in_queue_band``, inlined: the same sum)
-            for r in self.active.values():
-                n, job = len(r.replicas), r.cached
-                if job is None or (
-                    n and not r.queue_low <= r.attained + n * (now - r.last) < r.queue_high
-                ):
-                    job = self._snapshot_job(r, now)
-                jobs.append(job)
-                live.append(n)
-        else:
-            for r in self.active.values():
-                n, job = len(r.replicas), r.cached
-                if job is None or (fresh and n):
-                    job = self._snapshot_job(r, now)
-                jobs.append(job)
-                live.append(n)
+        # The cached Job of a waiting job (most of them) is taken without a call; under LAS
+        # queues so is a running job's while its attained GPU-time (``attained_at``, the same
+        # sum) stays between the thresholds around the one its Job was built with.
+        got = collect(
+            self.active.values(),
+            now,
+            self._snapshot_job,
+            queue_only=self.queue_only,
+            fresh=self.fresh_attained,
+            keyed=self.fixed_key is not None,
+        )
         free = self.cluster.gpus - self.allocated
-        keys = None if self.fixed_key is None else [r.rank_key for r in self.active.values()]
-        if self.config.prune:
-            at = shown(jobs, self.policy, now, free, self.reservations, live=live, keys=keys)
-            if len(at) < len(jobs):
-                jobs, live = [jobs[i] for i in at], [live[i] for i in at]
-                keys = None if keys is None else [keys[i] for i in at]
+        ask = self.settles and not self._holding(now)
+        view = None
+        if self.hides:  # the three answers below from the two lists (``instant``)
+            view = narrow(got, self.policy, now, free, self.reservations, ask_settled=ask)
+        if view is None:
+            view = plainly(got, self.policy, now, free, self.reservations, self.config.prune, ask)
+        jobs, live = view.jobs, view.live
+        keys = view.keys if self.fixed_key is not None else None
         # A waiting job left out cannot start (``shown``), so nothing can where none shown can.
-        if (
-            self.settles
-            and not self._holding(now)
-            and settled(jobs, self.policy, now, free, live=live, keys=keys)
-        ):
+        if view.settled:
             self.skipped += 1
             self.reservations = ()  # what the plan would return: no hold is left
             # Keys that change only at wake-ups: ``_still_settled`` may then be asked.
@@ -395,7 +382,9 @@ class Engine:
                 return
         occupied = None
         if self.hides and keys is not None:
-            jobs, occupied = split(jobs, live, keys, self.policy, self.node_of, self.node_used)
+            jobs, occupied = split(
+                jobs, live, keys, self.policy, self.node_of, self.node_used, best=view.best
+            )
         snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
         result: Plan = plan(

@@ -47,6 +47,8 @@ def split(
     policy: Policy,
     node_of: dict[str, int],
     used: Sequence[Sequence[int]] | None = None,
+    *,
+    best: tuple[Key | None] | None = None,
 ) -> tuple[list[Job], tuple[Resources, ...] | None]:
     """The jobs the planner must see (in the order of ``jobs``), and what the others take
     per node (indexed as ``node_of``; None where none is left out). ``live`` and ``keys``:
@@ -54,16 +56,20 @@ def split(
     [gpu, cpu, memory] that the live workers of ``jobs`` take; what the left-out jobs take
     is then that less what the shown running ones take (most running jobs are left out).
     Every job with parameter servers, leaving by its spec, or not exactly at its size is
-    shown."""
+    shown. ``best``: ``(key,)`` of the best-ranked job below its size (None: none), where
+    the caller found it already (``instant.narrow``)."""
     elastic = policy.elastic
     top: Key | None = None  # the best-ranked job below its size
-    for j, n, k in zip(jobs, live, keys, strict=True):
-        if n:
-            w = j.worker
-            if n >= (w.min_replicas if elastic else j.rigid_size):
-                continue
-        if top is None or k < top:
-            top = k
+    if best is not None:
+        top = best[0]
+    else:
+        for j, n, k in zip(jobs, live, keys, strict=True):
+            if n:
+                w = j.worker
+                if n >= (w.min_replicas if elastic else j.rigid_size):
+                    continue
+            if top is None or k < top:
+                top = k
     if top is None:
         return list(jobs), None
     shown: list[Job] = []

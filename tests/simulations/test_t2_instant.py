@@ -1,0 +1,186 @@
+"""The engine's one-go answers (``simulations.instant.narrow``) against ``pruning.shown``,
+``pruning.settled`` and ``hiding.split``'s own search for the best-ranked short job.
+
+Aspects:
+- on every snapshot the ``60_job.csv`` simulations plan on (every preset and the LAS
+  variants, ticks and event-driven), at the snapshot's free GPUs and at others, with its
+  reservations and one more: ``narrow`` shows the jobs ``shown`` shows (same Jobs, live
+  counts and keys, same order), answers ``settled`` as it does over them (and False where
+  not asked), and finds the best-ranked shown job below its size that ``split`` finds; it
+  answers None exactly where a premise fails (strict FIFO, a policy hiding does not serve,
+  a running job that may not be preempted);
+- in the engine (hiding on), every instant's ``narrow`` equals those answers, with the
+  records, timeline and plan count of the engine without hiding; its sweep fallback is
+  reached (low queue thresholds, ``tiresias-pollux``);
+- a running job short of its size, ranked above the waiting ones, is ``split``'s best.
+Seen to fail with ``reach`` taken as ``pool`` whatever the best-ranked short job, and with
+a running job short of its size left out of ``split``'s best.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from edl_scheduler.core import Admission, Job, Policy, Reservation, Role, Snapshot, preset
+from edl_scheduler.core.ordering import sort_key
+from simulations import engine as engine_module
+from simulations import instant
+from simulations.engine import Engine, simulate
+from simulations.hiding import hides
+from simulations.instant import Collected, Narrowed, narrow, plainly
+from tests.core.builders import job, node, snapshot
+from tests.simulations.recording import recorded
+from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _free, _jobs
+
+Key = tuple[float | str, ...]
+TIRESIAS = preset("tiresias")
+
+
+def _live(job: Job) -> int:
+    return sum(1 for r in job.replicas if r.role is Role.WORKER and not r.draining)
+
+
+def _best_short(jobs: list[Job], live: list[int], keys: list[Key], policy: Policy) -> Key | None:
+    """``split``'s rule, plainly: the least key of a job with no worker or below its size."""
+    found = [
+        k
+        for j, n, k in zip(jobs, live, keys, strict=True)
+        if n == 0 or n < (j.worker.min_replicas if policy.elastic else j.rigid_size)
+    ]
+    return min(found) if found else None
+
+
+def _serves(policy: Policy) -> bool:
+    return hides(policy) and policy.admission is not Admission.HEAD_OF_LINE
+
+
+def _check(
+    c: Collected,
+    policy: Policy,
+    now: float,
+    free: int,
+    holds: tuple[Reservation, ...],
+    swept: list[int],
+) -> Narrowed | None:
+    """``narrow`` against the reference answers, asked with and without ``settled``;
+    ``swept`` counts the calls to ``settled`` (``narrow``'s fallback)."""
+    found = None
+    for ask in (True, False):
+        before = len(swept)
+        got = narrow(c, policy, now, free, holds, ask_settled=ask)
+        swept[0] += len(swept) > before
+        if got is None:
+            assert not _serves(policy) or any(not c.jobs[i].preemptible for i in c.running)
+            return None
+        want = plainly(c, policy, now, free, holds, True, ask)
+        assert (got.jobs, got.live, got.keys) == (want.jobs, want.live, want.keys), (now, free)
+        assert got.settled == want.settled, (now, free, ask)
+        assert got.best == (_best_short(got.jobs, got.live, got.keys, policy),), (now, free)
+        found = got if ask else found
+    return found
+
+
+def _collected(snap: Snapshot, policy: Policy, now: float) -> Collected:
+    jobs = list(snap.jobs)
+    key = sort_key(policy, now)
+    live, keys = [_live(j) for j in jobs], [key(j) for j in jobs]
+    running = [i for i, n in enumerate(live) if n]
+    waiting = [i for i, n in enumerate(live) if not n]
+    top = min((keys[i] for i in waiting), default=None)
+    return Collected(jobs, live, keys, running, waiting, top)
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_narrow_equals_the_three_rules_on_every_snapshot(
+    name: str, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = POLICIES[name]
+    unpruned = replace(CONFIGS[config], prune=False)
+    sequence = recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
+    assert sequence
+    answered = settles = 0
+    swept = [0]  # [narrow's calls that reached the sweep, then one entry per settled call]
+    real = instant.settled
+
+    def counting(*args: object, **kw: object) -> bool:
+        swept.append(0)
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(instant, "settled", counting)
+    for snap, now in sequence:
+        c = _collected(snap, policy, now)
+        holds: list[tuple[Reservation, ...]] = [snap.reservations]
+        if snap.jobs:
+            extra = Reservation(snap.jobs[-1].name, snap.nodes[0].name, Role.WORKER, 1, 1e9)
+            holds.append((*snap.reservations, extra))
+        base = _free(snap)
+        for free in (base, base + 3, 0, -1):
+            for reservations in holds:
+                got = _check(c, policy, now, free, reservations, swept)
+                answered += got is not None
+                settles += got is not None and got.settled
+    monkeypatch.undo()
+    if _serves(policy):
+        assert answered > 0 and settles > 0
+        if name in ("low-thresholds", "tiresias-pollux"):  # (others decide early)
+            assert swept[0] > 0
+    else:
+        assert answered == 0
+
+
+@pytest.mark.parametrize("config", sorted(CONFIGS))
+@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if _serves(p)))
+def test_the_engine_narrows_as_the_rules_do(
+    name: str, config: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy, cfg = POLICIES[name], replace(CONFIGS[config], hide=True)
+    seen: list[Narrowed] = []
+    real_narrow = instant.narrow
+
+    def checked(
+        c: Collected, pol: Policy, now: float, free: int, holds: tuple[Reservation, ...], **kw: bool
+    ) -> Narrowed | None:
+        got = real_narrow(c, pol, now, free, holds, **kw)
+        want = plainly(c, pol, now, free, holds, True, kw["ask_settled"])
+        assert got is not None
+        assert (got.jobs, got.live, got.keys, got.settled) == (
+            want.jobs,
+            want.live,
+            want.keys,
+            want.settled,
+        )
+        assert got.best == (_best_short(got.jobs, got.live, got.keys, pol),)
+        seen.append(got)
+        return got
+
+    monkeypatch.setattr(engine_module, "narrow", checked)
+    engine = Engine(_jobs(policy), CLUSTER, policy, cfg)
+    fast = engine.run()
+    monkeypatch.undo()
+    reference = simulate(_jobs(policy), CLUSTER, policy, CONFIGS[config])
+    assert fast.jobs == reference.jobs and fast.timeline == reference.timeline
+    assert fast.plans == reference.plans
+    if name != "starving":  # (its rank keys are not kept: nothing is hidden)
+        assert seen and any(v.settled for v in seen) and any(not v.settled for v in seen)
+
+
+def test_a_running_job_short_of_its_size_is_the_best_short_job() -> None:
+    # "s" runs 2 of its 4 workers in queue 0 and ranks above the waiting "w".
+    snap = snapshot(
+        [node("n0").gpus(4), node("n1").gpus(4)],
+        [
+            job("r").min(2).max(2).attained(9000).running(("n1", 2)),
+            job("s").min(4).max(4).requested(4).running(("n0", 2)),
+            job("w").min(1).max(1).submitted(20),
+        ],
+    )
+    for policy in (TIRESIAS, preset("fifo-backfill")):
+        c = _collected(snap, policy, 100.0)
+        for free in (0, 2, 4):
+            got = _check(c, policy, 100.0, free, (), [0])
+            assert got is not None
+            s_key = c.keys[1]
+            assert got.best == (s_key,)
