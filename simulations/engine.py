@@ -56,8 +56,7 @@ from edl_scheduler.core import (
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.hiding import hides, split
-from simulations.instant import collect, narrow, plainly
-from simulations.pruning import settled
+from simulations.instant import arrivals_settled, collect, narrow, plainly
 from simulations.runs import JobRecord, Run
 from simulations.workload import ClusterSpec, SimJob
 
@@ -406,21 +405,19 @@ class Engine:
         """After a settled instant, when only ``arrived`` came since: free GPUs, running jobs
         and rank keys are as they were, so every job that waited still cannot start; the
         rule asks about the arrivals alone (against the running jobs). Under LAS queues, only
-        while every running job's attained GPU-time stays in the band its Job was built in."""
-        runs = list(self.running.values())
-        if any(r.cached is None for r in runs):
-            return False  # (not after a settled instant: every Job was built there)
-        if self.queue_only and not all(r.in_queue_band(now) for r in runs):
-            # A running job crossed a queue threshold since (a wake-up may land a hair
-            # before it, and the crossing then comes with no wake of its own): its key is
-            # not the cached one, so the full path rebuilds it.
-            return False
-        runs += [self.active[name] for name in arrived]
-        jobs = [r.cached if r.cached is not None else self._snapshot_job(r, now) for r in runs]
-        live = [len(j.replicas) for j in jobs]
-        keys = [r.rank_key for r in runs]
+        while every running job's attained GPU-time stays in the band its Job was built in
+        (a wake-up may land a hair before a threshold, and the crossing then comes with no
+        wake of its own: its key is not the cached one, so the full path rebuilds it)."""
         free = self.cluster.gpus - self.allocated
-        return settled(jobs, self.policy, now, free, live=live, keys=keys)
+        return arrivals_settled(
+            self.running.values(),
+            [self.active[name] for name in arrived],
+            now,
+            self._snapshot_job,
+            self.policy,
+            free,
+            queue_only=self.queue_only,
+        )
 
     def _holding(self, now: float) -> bool:
         """Whether a reservation still holds room for a job below its size (a plan would

@@ -273,3 +273,39 @@ def _settled(
     if least_lack > reach:
         return True
     return settled(out.jobs, policy, now, free_gpus, live=out.live, keys=out.keys)
+
+
+def arrivals_settled(
+    running: Iterable[Run],
+    arrived: Iterable[Run],
+    now: float,
+    rebuild: Callable[[Run, float], Job],
+    policy: Policy,
+    free_gpus: int,
+    *,
+    queue_only: bool,
+) -> bool:
+    """``settled`` over the running jobs and the ``arrived`` ones (the engine's question after
+    a settled instant), in one loop over the running jobs: False at once where one has no
+    Job yet or, under LAS queues (``queue_only``), left the band its Job was built in
+    (``Run.in_queue_band``, inlined)."""
+    jobs: list[Job] = []
+    live: list[int] = []
+    keys: list[Key] = []
+    for r in running:
+        job = r.cached
+        if job is None:
+            return False  # (not after a settled instant: every Job was built there)
+        if queue_only:
+            n = len(r.replicas)
+            if not r.queue_low <= r.attained + n * (now - r.last) < r.queue_high:
+                return False
+        jobs.append(job)
+        live.append(len(job.replicas))
+        keys.append(r.rank_key)
+    for r in arrived:
+        job = r.cached if r.cached is not None else rebuild(r, now)
+        jobs.append(job)
+        live.append(len(job.replicas))
+        keys.append(r.rank_key)
+    return settled(jobs, policy, now, free_gpus, live=live, keys=keys)
