@@ -62,21 +62,39 @@ class Grower:
         self.statements: dict[str, Statement] = {}
         self.start: dict[str, tuple[int, int]] = {}
         self.rebalanced = False
+        #: The jobs rebalancing may find eligible, in rank order (``candidates``).
+        self.pool: list[JobState] = []
 
     def candidates(self) -> list[JobState]:
+        """The running jobs that may grow now, in rank order; holds the others for their
+        cool-down or for a higher-ranked waiting job.
+
+        On the way it gathers ``pool``: these jobs and the running ones at their maximum
+        (not suspended), in rank order, which is every job rebalancing can find eligible
+        after this round's growth (``rebalancing._eligible``), so that its step visits
+        those alone. Each job left out here stays ineligible until then: it runs no worker
+        or fewer than its minimum (and growth changes only the sizes of the jobs returned
+        here, parameter servers aside, and a job with servers never takes part), it is
+        suspended, or it gets a hold reason here (its cool-down, unless it was started or
+        shrunk this cycle, which rules it out as well; a higher-ranked waiting job), which
+        nothing before rebalancing takes back."""
         s = self.s
         # The highest-ranked waiting job, found on the way: jobs come in rank order, and a
         # job's reason is read before this loop changes it, so this is the rank the whole
         # list would give wherever it is compared with a lower-ranked job's.
         first_waiting: int | None = None
         found = []
+        pool = self.pool = []
         for js in s.jobs:
             if first_waiting is None and js.reason in WAITING:
                 first_waiting = js.rank
             workers = js.workers  # (``size()``, read once: this loop sees every job)
-            if not workers or workers < js.lo or workers >= js.hi:
+            if not workers or workers < js.lo:
                 continue
             if js.suspended or js.job.suspended:
+                continue
+            if workers >= js.hi:
+                pool.append(js)  # at its maximum: it may give in rebalancing
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
@@ -100,6 +118,7 @@ class Grower:
                 js.hold(Reason.HELD_FOR_WAITING, "below maximum, held: a higher-ranked job waits")
                 continue
             found.append(js)
+            pool.append(js)
         return found
 
     def _hand_out(self, jobs: list[JobState]) -> None:
@@ -177,7 +196,7 @@ class Grower:
         self._servers_to_their_rule()
         if not self.rebalanced:  # once per cycle, after the first round's growth
             self.rebalanced = True
-            Rebalancer(s).run()
+            Rebalancer(s, self.pool).run()
 
     def _say_if_held(self, js: JobState) -> None:
         """A job left below its maximum although a node it may use has room, because that

@@ -112,3 +112,26 @@ def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
         least = (u_at - u_below) * horizon_s + pause
     growth = -round(above - at, 9)
     return Margins(model, limit, nodes, workers, at, above, below, pause, growth, best, least)
+
+
+def first_gain(kept: Margins, factor: float, horizon_s: float) -> float:
+    """The value rebalancing gives the job's first extra worker at restart factor
+    ``factor`` (``Rebalancer._gain`` of an unmoved member below its explored limit): the
+    same operations on the same floats, so the very value, not a bound. Unmoved, the member
+    is at ``workers`` on ``nodes``, where its speed-ups are the kept ones."""
+    up = kept.above * factor  # (``_Member.utility`` at a changed size)
+    u_above = -1.0 / up if up > 0 else -_INF
+    at = kept.at
+    u_at = -1.0 / at if at > 0 else -_INF
+    return (u_above - u_at) * horizon_s - kept.pause
+
+
+def first_loss(kept: Margins, factor: float, horizon_s: float) -> float:
+    """The cost rebalancing gives the job's first lost worker at restart factor ``factor``
+    (``Rebalancer._loss`` of an unmoved member above one worker and its minimum): the very
+    value, as ``first_gain``."""
+    at = kept.at
+    u_at = -1.0 / at if at > 0 else -_INF
+    down = kept.below * factor
+    u_below = -1.0 / down if down > 0 else -_INF
+    return (u_at - u_below) * horizon_s + kept.pause

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import heapq
 
-from edl_scheduler.core.margins import explored_limit, margins
+from edl_scheduler.core.margins import explored_limit, first_gain, first_loss, margins
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
@@ -62,6 +62,7 @@ from edl_scheduler.core.stability import (
 from edl_scheduler.core.throughput import ThroughputModel
 
 _W = Role.WORKER
+_INF = float("inf")
 #: Donors tried for one recipient before it is given up (the cheapest first); bounds a
 #: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
 _DONORS_TRIED = 8
@@ -154,37 +155,58 @@ def _eligible(js: JobState) -> bool:
 
 
 def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
-    """Whether the kept bounds (``margins``) prove that the step makes no move. The step's
-    recipients are ``takers``; its donors are the jobs of either list that may shrink now
-    (above their minimum, preemptible, ``may_shrink_voluntarily``). A step makes its first
-    move only for a recipient whose first gain is positive and exceeds some donor's first
-    loss (``_best_move``), and without a first move there is none. Every first gain is at
-    most the job's ``best_gain`` and every first loss at least its ``least_loss``, whatever
-    ``now`` is (``margins``), so a best bound of at most 0, or at most the least loss bound,
-    proves that no move is made; priorities only narrow the pairs further."""
-    best_gain = -float("inf")
+    """Whether the step provably makes no move. The step's recipients are ``takers``; its
+    donors are the jobs of either list that may shrink now (above their minimum and one
+    worker, preemptible, ``may_shrink_voluntarily``). A step makes its first move only for
+    a recipient whose first gain is positive and exceeds some donor's first loss
+    (``_best_move``: recipients come best first, donors cheapest first, and ``gain - loss
+    <= 0`` ends a recipient's search), and without a first move there is none; priorities
+    only narrow the pairs further. So the step is moveless when the best first gain is at
+    most 0 or at most every donor's first loss.
+
+    Those first values are computed here as the step would compute them (``first_gain``,
+    ``first_loss``: the kept speed-ups of an unmoved member and this plan's restart factor,
+    the same operations on the same floats), but only where the kept bounds (``margins``:
+    ``best_gain`` never below the first gain, ``least_loss`` never above the first loss,
+    at any ``now``) leave the answer open: a taker whose bound is no higher than the best
+    gain found so far cannot raise it, and a donor whose loss bound is at least the best
+    gain cannot be paid. A NaN value (a speed-up of 0 at a job's live size) proves
+    nothing."""
+    horizon = session.policy.gain_horizon_s
+    best_gain = -_INF
     for js in takers:
-        gain = (js.margins or margins(js, session)).best_gain
+        kept = js.margins or margins(js, session)
+        if kept.best_gain <= best_gain:
+            continue
+        gain = first_gain(kept, restart_factor(session, js), horizon)
+        if gain != gain:
+            return False
         if gain > best_gain:
             best_gain = gain
     if best_gain <= 0:
         return True
-    least_loss = float("inf")
     for group in (takers, givers):
         for js in group:
-            if js.size() <= max(1, js.lo) or not js.job.preemptible:
+            # (``least_loss`` is infinite at one worker or at the job's minimum)
+            kept = js.margins or margins(js, session)
+            if kept.least_loss >= best_gain or not js.job.preemptible:
                 continue
-            loss = (js.margins or margins(js, session)).least_loss
-            if loss < least_loss and may_shrink_voluntarily(session, js):
-                least_loss = loss
-    return best_gain <= least_loss
+            if not may_shrink_voluntarily(session, js):
+                continue
+            loss = first_loss(kept, restart_factor(session, js), horizon)
+            if not loss >= best_gain:  # (below it, or NaN)
+                return False
+    return True
 
 
 class Rebalancer:
     """One rebalancing step over a session (after admission and growth)."""
 
-    def __init__(self, session: Session) -> None:
+    def __init__(self, session: Session, pool: list[JobState] | None = None) -> None:
+        """``pool``: the jobs that may be eligible, in rank order (``growing.Grower``'s
+        candidate scan gathers them); every running job when not given."""
         self.s = session
+        self.pool = pool
         self.moves = 0
         #: (loss, rank, version, member), cheapest first; a giver not valued yet stands in
         #: as (its kept loss bound, rank, 0, its JobState) until it is reached (``_best_move``).
@@ -198,20 +220,7 @@ class Rebalancer:
             return 0
         if s.policy.gain_horizon_s <= 0:
             return 0
-        # Who may give and who may take, decided before any model is fitted: a job at its
-        # maximum gains nothing from a worker, and one at its minimum (or one worker) has
-        # none to give, so leaving them out changes no move, only the cost of the step.
-        takers: list[JobState] = []
-        givers: list[JobState] = []
-        for js in s.jobs:
-            if not js.workers or not _eligible(js):
-                continue
-            kept = js.margins
-            limit = kept.limit if kept is not None else explored_limit(js)
-            if js.size() < limit and cooling_until(s, js) is None:
-                takers.append(js)
-            elif js.size() > max(1, js.lo) and js.job.preemptible:
-                givers.append(js)  # (takers are tested as givers below, once needed)
+        takers, givers = self.split(s.jobs if self.pool is None else self.pool)
         if not takers:
             return 0
         if USE_KEPT_BOUNDS and _no_move_can_pay(takers, givers, s):
@@ -239,6 +248,27 @@ class Rebalancer:
             if not self._best_move():
                 break
         return self.moves
+
+    def split(self, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
+        """The step's takers (eligible, below their explored limit, past their cool-down)
+        and givers (the other eligible jobs above one worker and their minimum, and
+        preemptible) among ``jobs``, in their order. Decided before any model is fitted: a
+        job at its maximum gains nothing from a worker, and one at its minimum (or one
+        worker) has none to give, so leaving them out changes no move, only the step's
+        cost. (Takers are tested as donors in ``run``, once needed.)"""
+        s = self.s
+        takers: list[JobState] = []
+        givers: list[JobState] = []
+        for js in jobs:
+            if not js.workers or not _eligible(js):
+                continue
+            kept = js.margins
+            limit = kept.limit if kept is not None else explored_limit(js)
+            if js.workers < limit and cooling_until(s, js) is None:
+                takers.append(js)
+            elif js.workers > max(1, js.lo) and js.job.preemptible:
+                givers.append(js)
+        return takers, givers
 
     # -- values -------------------------------------------------------------------------------
 
