@@ -168,15 +168,20 @@ class Admitter:
         )
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
-        # Ranking puts each priority level in one run of ranks: only its ends are read.
+        # Ranking puts each priority level in one run of ranks: only its ends are read, and
+        # only by a pool of jobs of other levels (shrinking equals, or suspending by
+        # priority): under other policies no level is read and none is found.
         level: int | None = None
-        for js in session.jobs:
+        reads = (self.shrink_ok and policy.reclaim_equal_priority) or (
+            self.suspend_ok and policy.use_priority
+        )
+        for js in session.jobs if reads else ():
             if js.priority != level:
                 level = js.priority
                 self.level_start.setdefault(level, js.rank)
                 if js.rank:
                     self.level_end[session.jobs[js.rank - 1].priority] = js.rank
-        if session.jobs:
+        if session.jobs and reads:
             self.level_end[session.jobs[-1].priority] = len(session.jobs)
         self.refresh_pools()
 
