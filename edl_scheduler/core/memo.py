@@ -11,9 +11,10 @@ What must stay true: a plan made with a memo equals the plan made without one, w
 cycles came before (``tests/core/test_memo.py``). That holds because every entry is keyed by
 the identity of an immutable ``Job`` (the entry keeps the object alive, so the identity
 cannot be reused), and the whole memo is dropped when the policy or the nodes tuple is not
-the one it was built for. Entries of jobs absent from a cycle's snapshot are dropped after
-it, so the memo never holds more than one snapshot's jobs. The memo is the caller's: the
-planner reads no clock and does no I/O whether one is given or not.
+the one it was built for. Entries of jobs absent from a cycle's snapshot leave it, parked
+(``parked``, taken back if the same object comes back; at most four snapshots' worth). The
+memo is the caller's: the planner reads no clock and does no I/O whether one is given or
+not.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class PlanMemo:
         "moved",
         "node_names",
         "nodes_valid",
+        "parked",
         "ranked",
         "states",
         "steady",
@@ -88,6 +90,10 @@ class PlanMemo:
         #: last cycle's statements touched, by rank) before it acts.
         self.states: dict[int, JobState] = {}
         self.moved: dict[int, JobState] = {}
+        #: id(job) -> (what was derived, its kept state) for a job that left the snapshot,
+        #: taken back if the same Job object comes back (``ranking.kept_ranking``); at most
+        #: four times the last snapshot's jobs, the longest parked dropped first.
+        self.parked: dict[int, tuple[Derived, JobState | None]] = {}
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -102,6 +108,7 @@ class PlanMemo:
             self.steady = {}
             self.states = {}
             self.moved = {}
+            self.parked = {}
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""

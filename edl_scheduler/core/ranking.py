@@ -5,7 +5,10 @@ one cycle to the next; the session's ranking and the replicas' use per node are 
 last cycle's (``PlanMemo.ranked``, ``PlanMemo.used``), patched for the jobs that left and
 the jobs not seen before. The cost of a cycle here follows those jobs: which ones they are
 is found with set operations over the jobs' identities, a job that left is found in the
-ranking by binary search on its kept key, and a new one goes in the same way.
+ranking by binary search on its kept key, and a new one goes in the same way. A job that
+left is parked (``PlanMemo.parked``): where the same Job object comes back (the simulator
+leaves out jobs no plan can change and shows them again later), what was derived from it
+and its kept ``JobState`` are taken back instead of derived again.
 
 What must stay true: the result equals a ranking and count made from scratch. Every key
 ends in the job's name, so the order is total and a key finds exactly its entry; a kept
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
+from itertools import islice
 
 from edl_scheduler.core.memo import Derived, PlanMemo
 from edl_scheduler.core.snapshot import Job, Snapshot
@@ -24,6 +28,9 @@ from edl_scheduler.core.snapshot import Job, Snapshot
 Key = tuple[float | str, ...]
 Ranked = list[tuple[Key, Derived]]
 
+#: Whether a job that left the snapshot and comes back as the same Job object takes back
+#: what was derived from it (``PlanMemo.parked``); off only in tests, for the reference.
+USE_PARKED = True
 #: Jobs not seen before that a kept ranking takes one by one (binary search); more are
 #: merged in by one sort of the two runs.
 _INSERTS = 8
@@ -56,21 +63,33 @@ def kept_ranking(
     assert ranked is not None
     used = memo.used
     fresh = [job for job in jobs if id(job) not in known]
+    parked = memo.parked
     # Each removal and insertion is on its own entry and sums: their order changes nothing.
     if len(jobs) - len(fresh) < len(known):  # some jobs left: found by set difference
-        for i in known.keys() - set(map(id, jobs)):
+        gone = known.keys() - set(map(id, jobs))
+        for i in gone:
             d = known.pop(i)
             memo.steady.pop(i, None)
-            memo.states.pop(i, None)
+            parked[i] = (d, memo.states.pop(i, None))
             count(used, d, -1)
             assert d.key is not None  # a kept ranking's keys do not vary
             at = bisect.bisect_left(ranked, d.key, key=first)
             assert ranked[at][1] is d  # keys are unique: the key finds its entry
             del ranked[at]
+        # At most four snapshots' worth of jobs stay parked, the longest parked leaving
+        # first (a job that finished never comes back; one left out while it runs does).
+        for i in list(islice(parked, max(0, len(parked) - 4 * len(jobs)))):
+            del parked[i]
     if fresh:
         added: Ranked = []
         for job in fresh:
-            d = derive(job)
+            found = parked.pop(id(job), None) if USE_PARKED else None
+            if found is not None and found[0].job is job:  # left and came back: the same Job
+                d, state = found
+                if state is not None:
+                    memo.states[id(job)] = state
+            else:
+                d = derive(job)
             known[id(job)] = d
             count(used, d, 1)
             assert d.key is not None  # the key does not vary: it is kept
