@@ -70,15 +70,16 @@ class Grower:
         cool-down or for a higher-ranked waiting job.
 
         On the way it gathers ``pool``: these jobs and the running ones at their maximum
-        (not suspended), in rank order, which is every job rebalancing can find eligible
-        after this round's growth (``rebalancing._eligible``), so that its step visits
-        those alone. Each job left out here stays ineligible until then: it runs no worker
-        or fewer than its minimum (and growth changes only the sizes of the jobs returned
-        here, parameter servers aside, and a job with servers never takes part), it is
-        suspended, or it gets a hold reason here (its cool-down, unless it was started or
-        shrunk this cycle, which rules it out as well; a higher-ranked waiting job), which
-        nothing before rebalancing takes back."""
+        past their cool-down (not suspended), in rank order, which is every job that
+        rebalancing can find eligible after this round's growth and past its cool-down
+        (``rebalancing.Rebalancer.split``), so that its step visits those alone. Each job
+        left out here stays out until then: it runs no worker or fewer than its minimum
+        (growth changes only the sizes of the jobs returned here, parameter servers aside,
+        and a job with servers never takes part), it is suspended, it cools down (a time
+        that this plan does not change), or it gets a hold reason here (a higher-ranked
+        waiting job), which nothing before rebalancing takes back."""
         s = self.s
+        cooldown, now = s.policy.cooldown_s, s.now
         # The highest-ranked waiting job, found on the way: jobs come in rank order, and a
         # job's reason is read before this loop changes it, so this is the rank the whole
         # list would give wherever it is compared with a lower-ranked job's.
@@ -91,16 +92,28 @@ class Grower:
             workers = js.workers  # (``size()``, read once: this loop sees every job)
             if not workers or workers < js.lo:
                 continue
-            if js.suspended or js.job.suspended:
+            job = js.job
+            if js.suspended or job.suspended:
                 continue
+            # When its cool-down ends, if it has not ended (``cooling_until``, written out:
+            # this loop sees every job).
+            live = js.live[_W]
+            last = job.last_resize_time
+            if last is None:
+                last = job.start_time
+            until = None
+            if last is not None and live:
+                end = last + cooldown
+                if end > now:
+                    until = end
             if workers >= js.hi:
-                pool.append(js)  # at its maximum: it may give in rebalancing
+                if until is None:
+                    pool.append(js)  # at its maximum: it may give in rebalancing
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
-            live, removed = js.live[_W], js.removed[_W]
-            resized_now = (js.started and not live) or bool(removed)  # (``newly_started``)
-            until = None if resized_now else cooling_until(s, js)
+            if until is not None and ((js.started and not live) or js.removed[_W]):
+                until = None  # (``newly_started``, or shrunk)
             if until is not None:
                 if js.reason is Reason.COOLING_DOWN:
                     pass  # held so in an earlier round (``hold`` would return at once)
@@ -112,9 +125,9 @@ class Grower:
                     # job per plan.
                     js.reason, js.message, js.cooling_end = Reason.COOLING_DOWN, "", until
                 else:
-                    js.hold(Reason.COOLING_DOWN, cooling_message(until, s.now))
+                    js.hold(Reason.COOLING_DOWN, cooling_message(until, now))
                 continue
-            if not js.job.preemptible and first_waiting is not None and first_waiting < js.rank:
+            if not job.preemptible and first_waiting is not None and first_waiting < js.rank:
                 js.hold(Reason.HELD_FOR_WAITING, "below maximum, held: a higher-ranked job waits")
                 continue
             found.append(js)

@@ -54,7 +54,6 @@ from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import (
-    cooling_until,
     may_shrink_voluntarily,
     restart_factor,
     worth_the_pause,
@@ -141,17 +140,6 @@ class _Member:
 #: ``HOLD_REASONS`` by identity (enum members are singletons; hashing one runs Python code,
 #: and this test runs for every running job at every plan).
 _HELD = frozenset(id(reason) for reason in HOLD_REASONS)
-
-
-def _eligible(js: JobState) -> bool:
-    job = js.job
-    if js.suspended or js.started or job.suspended or job.pserver is not None:
-        return False
-    if js.for_job is not None or js.added[_W] or js.removed[_W]:
-        return False  # resized in this cycle already
-    if id(js.reason) in _HELD:
-        return False
-    return js.workers > 0 and js.workers >= js.lo and job.worker.resources.gpu > 0
 
 
 def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
@@ -250,23 +238,39 @@ class Rebalancer:
         return self.moves
 
     def split(self, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
-        """The step's takers (eligible, below their explored limit, past their cool-down)
-        and givers (the other eligible jobs above one worker and their minimum, and
-        preemptible) among ``jobs``, in their order. Decided before any model is fitted: a
-        job at its maximum gains nothing from a worker, and one at its minimum (or one
-        worker) has none to give, so leaving them out changes no move, only the step's
-        cost. (Takers are tested as donors in ``run``, once needed.)"""
+        """The step's takers (eligible, past their cool-down, below their explored limit)
+        and givers (the other eligible jobs past their cool-down, above one worker and
+        their minimum, and preemptible) among ``jobs``, in their order. Decided before any
+        model is fitted: a job at its maximum gains nothing from a worker, one at its
+        minimum (or one worker) has none to give, and one cooling down may neither grow
+        nor shrink voluntarily (``may_shrink_voluntarily``), so leaving them out changes
+        no move, only the step's cost. (Takers are tested as donors in ``run``, once
+        needed.)"""
         s = self.s
+        cooldown, now, held = s.policy.cooldown_s, s.now, _HELD
         takers: list[JobState] = []
         givers: list[JobState] = []
-        for js in jobs:
-            if not js.workers or not _eligible(js):
+        for js in jobs:  # (attribute reads only: this loop runs at every plan)
+            workers = js.workers
+            if not workers or workers < js.lo:
+                continue
+            job = js.job
+            if js.suspended or js.started or job.suspended or job.pserver is not None:
+                continue
+            if js.for_job is not None or js.added[_W] or js.removed[_W]:
+                continue  # resized in this cycle already
+            if id(js.reason) in held or job.worker.resources.gpu <= 0:
+                continue
+            last = job.last_resize_time  # (``cooling_until``, written out)
+            if last is None:
+                last = job.start_time
+            if last is not None and js.live[_W] and last + cooldown > now:
                 continue
             kept = js.margins
             limit = kept.limit if kept is not None else explored_limit(js)
-            if js.workers < limit and cooling_until(s, js) is None:
+            if workers < limit:
                 takers.append(js)
-            elif js.workers > max(1, js.lo) and js.job.preemptible:
+            elif workers > max(1, js.lo) and job.preemptible:
                 givers.append(js)
         return takers, givers
 
