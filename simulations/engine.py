@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from edl_scheduler.core import (
     Action,
+    Admission,
     Growth,
     Job,
     JobDecision,
@@ -55,6 +56,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.snapshot import Efficiency
+from simulations.active import Active
 from simulations.hiding import hides, split
 from simulations.instant import arrivals_settled, collect, narrow, plainly
 from simulations.runs import JobRecord, Run
@@ -169,6 +171,9 @@ class Engine:
         self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
         #: Whether running jobs no plan could change are left out of the snapshot.
         self.hides = config.hide and self.settles and self.fixed_key is not None and hides(policy)
+        #: The active jobs kept as running and waiting (``active``), where ``narrow`` serves.
+        narrows = self.hides and policy.admission is not Admission.HEAD_OF_LINE
+        self.kept = Active(policy.elastic) if narrows else None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -223,6 +228,8 @@ class Engine:
             while next_arrival < n and jobs[next_arrival].submit_time <= now:
                 job = jobs[next_arrival]
                 self.active[job.name] = Run(job, next_arrival, job.work, last=now)
+                if self.kept is not None:
+                    self.kept.arrive(self.active[job.name])
                 arrived.append(job.name)
                 next_arrival += 1
                 dirty = True
@@ -273,6 +280,8 @@ class Engine:
         self.allocated -= run.workers
         self._set_useful(run, 0.0)
         del self.running[run.job.name]
+        if self.kept is not None:
+            self.kept.finish(run)
         del self.active[run.job.name]
         self.records.append(run.record(now))
 
@@ -347,23 +356,24 @@ class Engine:
             self.settled = True
             self.skipped += 1
             return
-        # The cached Job of a waiting job (most of them) is taken without a call; under LAS
-        # queues so is a running job's while its attained GPU-time (``attained_at``, the same
-        # sum) stays between the thresholds around the one its Job was built with.
-        got = collect(
-            self.active.values(),
-            now,
-            self._snapshot_job,
-            queue_only=self.queue_only,
-            fresh=self.fresh_attained,
-            keyed=self.fixed_key is not None,
-        )
+        # (A cached Job is taken where it holds: ``instant.collect``, ``active``.)
         free = self.cluster.gpus - self.allocated
         ask = self.settles and not self._holding(now)
         view = None
-        if self.hides:  # the three answers below from the two lists (``instant``)
-            view = narrow(got, self.policy, now, free, self.reservations, ask_settled=ask)
+        if self.kept is not None:  # the three answers from the kept lists (``instant``)
+            listed = self.kept.listing(
+                now, self._snapshot_job, self.queue_only, self.fresh_attained
+            )
+            view = narrow(*listed, self.policy, now, free, self.reservations, ask_settled=ask)
         if view is None:
+            got = collect(
+                self.active.values(),
+                now,
+                self._snapshot_job,
+                queue_only=self.queue_only,
+                fresh=self.fresh_attained,
+                keyed=self.fixed_key is not None,
+            )
             view = plainly(got, self.policy, now, free, self.reservations, self.config.prune, ask)
         jobs, live = view.jobs, view.live
         keys = view.keys if self.fixed_key is not None else None
@@ -478,7 +488,8 @@ class Engine:
         action, change = decision.action, decision.workers
         run.advance(now)
         self._use(run, -1)
-        self.allocated -= run.workers
+        before = run.workers
+        self.allocated -= before
         self._set_useful(run, 0.0)
         gone = set(change.remove)
         run.replicas = [r for r in run.replicas if r.name not in gone]
@@ -513,6 +524,8 @@ class Engine:
         else:
             run.rate = profile.rate(run.placement, run.done) if after else 0.0
         run.cached = None
+        if self.kept is not None:
+            self.kept.place(run, before, after)
         self.allocated += after
         self._use(run, 1)
         if after:

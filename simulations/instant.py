@@ -4,9 +4,11 @@ Before every plan the engine lists the active jobs (their snapshot ``Job``, live
 rank key), then ``pruning.shown`` leaves out the waiting jobs that cannot start,
 ``pruning.settled`` asks whether the plan would change anything, and ``hiding.split`` finds
 the running jobs no plan can change. Each is a pass over every job, where an instant
-changes about one. ``collect`` builds the list and sorts it into running and waiting jobs
-in the same loop (with the best-ranked waiting job's key); ``narrow`` then answers all
-three questions from those, looping over the running jobs and the waiting jobs once each.
+changes about one. ``narrow`` answers all three questions from the running jobs and the
+waiting jobs (``Running``, ``Waiting``), looping over each once; the engine keeps those
+lists from instant to instant (``active``). ``collect`` builds the list afresh and sorts it
+into running and waiting jobs in the same loop, for the policies ``narrow`` does not serve
+(``plainly`` then asks ``shown`` and ``settled`` themselves).
 
 What must stay true: ``narrow``'s answers are exactly those of ``shown``, ``settled`` and the
 first loop of ``split`` (the best-ranked shown job below its size), on every instant
@@ -131,8 +133,31 @@ def plainly(
     return Narrowed(jobs, live, keys if keys is not None else [], quiet, None)
 
 
+#: A running job: (arrival index, Job, live workers, rank key).
+Running = tuple[int, Job, int, Key]
+#: A waiting job: (arrival index, Job, rank key, size, GPUs of its gang, name, whether it
+#: may change although waiting: leaving by its spec, or with parameter servers).
+Waiting = tuple[int, Job, Key, int, int, str, bool]
+
+
+def waiting_entry(index: int, job: Job, key: Key, elastic: bool) -> Waiting:
+    w = job.worker
+    size = w.min_replicas if elastic else job.rigid_size
+    flagged = job.suspended or job.pserver is not None
+    return (index, job, key, size, size * w.resources.gpu, job.name, flagged)
+
+
+def entries(c: Collected, elastic: bool) -> tuple[list[Running], list[Waiting]]:
+    """``c``'s running and waiting jobs as ``narrow`` reads them (keys kept)."""
+    jobs, live, keys = c.jobs, c.live, c.keys
+    running = [(i, jobs[i], live[i], keys[i]) for i in c.running]
+    return running, [waiting_entry(i, jobs[i], keys[i], elastic) for i in c.waiting]
+
+
 def narrow(
-    c: Collected,
+    running: Sequence[Running],
+    waiting: Sequence[Waiting],
+    top_w: Key | None,
     policy: Policy,
     now: float,
     free_gpus: int,
@@ -141,26 +166,24 @@ def narrow(
     ask_settled: bool,
 ) -> Narrowed | None:
     """``shown``, ``settled`` (where ``ask_settled``) and ``split``'s best-ranked short job
-    from ``c`` (see the module); None where a premise fails: hiding's (``hiding.hides``),
-    admission not strict FIFO, every running job preemptible, rank keys kept."""
-    if policy.admission is Admission.HEAD_OF_LINE or not hides(policy) or (not c.keys and c.jobs):
+    over the active jobs, given as their running and waiting ones (each in arrival order;
+    ``top_w``: the best-ranked waiting key). See the module. None where a premise fails:
+    hiding's (``hiding.hides``), admission not strict FIFO, every running job preemptible."""
+    if policy.admission is Admission.HEAD_OF_LINE or not hides(policy):
         return None
-    jobs, live, keys = c.jobs, c.live, c.keys
     held = {r.job for r in reservations}
     suspends = policy.preemption is Preemption.SUSPEND
     elastic = policy.elastic
     free = max(0, free_gpus)
-    top_w = c.top_waiting
     pool = free
     may_change = False  # a shown job above its size, leaving by its spec, or with servers
     short_top: Key | None = None  # the best-ranked running job below its size
     short_lack = 0
     least_lack: int | None = None  # the least any shown job below its size lacks
-    for i in c.running:
-        j = jobs[i]
+    for _, j, n, k in running:
         if not j.preemptible:
             return None  # (``shown`` then shows everything)
-        n, k, w = live[i], keys[i], j.worker
+        w = j.worker
         size = (
             w.min_replicas
             if elastic
@@ -176,60 +199,45 @@ def narrow(
             may_change = True
         if suspends and top_w is not None and k > top_w:
             pool += n * w.resources.gpu
-    shown_w: list[int] = []
+    shown_w: list[Running] = []
     fits_top: Key | None = None  # the best-ranked shown waiting job (``split``'s)
     gang_top: Key | None = None  # ... and of those with a gang (``settled``'s)
     gang_lack = 0
-    for i in c.waiting:
-        j = jobs[i]
-        w = j.worker
-        size = (
-            w.min_replicas
-            if elastic
-            else (j.requested if j.requested is not None else w.max_replicas)
-        )
-        gpus = size * w.resources.gpu
-        if gpus > pool and j.name not in held:
+    for i, j, k, size, gpus, name, flagged in waiting:
+        if gpus > pool and name not in held:
             continue
-        shown_w.append(i)
-        k = keys[i]
+        shown_w.append((i, j, 0, k))
         if fits_top is None or k < fits_top:
             fits_top = k
-        if j.suspended or j.pserver is not None:
+        if flagged:
             may_change = True
         elif size > 0:
             if gang_top is None or k < gang_top:
                 gang_top, gang_lack = k, gpus
             if least_lack is None or gpus < least_lack:
                 least_lack = gpus
-    if len(shown_w) == len(c.waiting):
-        at = None  # every job
-    elif not shown_w:
-        at = c.running
-    else:
-        at = sorted(c.running + shown_w)
     # ``split``'s best-ranked shown job below its size: waiting, or running short.
     if short_top is None or (fits_top is not None and fits_top < short_top):
         best = (fits_top,)
     else:
         best = (short_top,)
-    if at is None:
-        out = Narrowed(jobs, live, keys, False, best)
+    # Both runs are in arrival order, and indices are unique: the sort merges them.
+    merged = sorted([*running, *shown_w]) if shown_w else list(running)
+    if merged:
+        _, jobs, live, keys = zip(*merged, strict=True)
+        out = Narrowed(list(jobs), list(live), list(keys), False, best)
     else:
-        out = Narrowed(
-            [jobs[i] for i in at], [live[i] for i in at], [keys[i] for i in at], False, best
-        )
+        out = Narrowed([], [], [], False, best)
     if ask_settled and not may_change:
         out.settled = _settled(
             out,
-            c,
+            running,
+            top_w,
             policy,
             now,
             free_gpus,
-            short_top,
-            short_lack,
-            gang_top,
-            gang_lack,
+            (short_top, short_lack),
+            (gang_top, gang_lack),
             least_lack,
             pool,
         )
@@ -238,19 +246,20 @@ def narrow(
 
 def _settled(
     out: Narrowed,
-    c: Collected,
+    running: Sequence[Running],
+    top_w: Key | None,
     policy: Policy,
     now: float,
     free_gpus: int,
-    short_top: Key | None,
-    short_lack: int,
-    gang_top: Key | None,
-    gang_lack: int,
+    short: tuple[Key | None, int],
+    gang: tuple[Key | None, int],
     least_lack: int | None,
     pool: int,
 ) -> bool:
     """``settled`` over the shown jobs, from what ``narrow`` counted (no job above its size,
-    leaving by its spec, or with servers)."""
+    leaving by its spec, or with servers): ``short`` and ``gang``, the best-ranked running
+    job below its size and waiting job with a gang, with what each lacks."""
+    (short_top, short_lack), (gang_top, gang_lack) = short, gang
     if gang_top is None or (short_top is not None and short_top < gang_top):
         top, lack = short_top, short_lack
     else:
@@ -260,14 +269,13 @@ def _settled(
     assert least_lack is not None
     if policy.preemption is not Preemption.SUSPEND:
         reach = max(0, free_gpus)
-    elif top == c.top_waiting:
+    elif top == top_w:
         reach = pool  # the same free GPUs and running jobs ranked below the same key
     else:
-        jobs, live, keys = c.jobs, c.live, c.keys
         reach = max(0, free_gpus)
-        for i in c.running:
-            if keys[i] > top:
-                reach += live[i] * jobs[i].worker.resources.gpu
+        for _, j, n, k in running:
+            if k > top:
+                reach += n * j.worker.resources.gpu
     if lack <= reach:
         return False
     if least_lack > reach:

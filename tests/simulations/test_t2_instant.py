@@ -29,7 +29,15 @@ from simulations import engine as engine_module
 from simulations import instant
 from simulations.engine import Engine, simulate
 from simulations.hiding import hides
-from simulations.instant import Collected, Narrowed, narrow, plainly
+from simulations.instant import (
+    Collected,
+    Narrowed,
+    Running,
+    Waiting,
+    entries,
+    narrow,
+    plainly,
+)
 from tests.core.builders import job, node, snapshot
 from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _free, _jobs
@@ -69,7 +77,8 @@ def _check(
     found = None
     for ask in (True, False):
         before = len(swept)
-        got = narrow(c, policy, now, free, holds, ask_settled=ask)
+        running, waiting = entries(c, policy.elastic)
+        got = narrow(running, waiting, c.top_waiting, policy, now, free, holds, ask_settled=ask)
         swept[0] += len(swept) > before
         if got is None:
             assert not _serves(policy) or any(not c.jobs[i].preemptible for i in c.running)
@@ -80,6 +89,25 @@ def _check(
         assert got.best == (_best_short(got.jobs, got.live, got.keys, policy),), (now, free)
         found = got if ask else found
     return found
+
+
+def _rebuilt(running: list[Running], waiting: list[Waiting]) -> Collected:
+    """The Collected whose entries these are (arrival order by index)."""
+    rows = sorted(
+        [(i, j, n, k) for i, j, n, k in running] + [(w[0], w[1], 0, w[2]) for w in waiting]
+    )
+    jobs = [r[1] for r in rows]
+    live = [r[2] for r in rows]
+    keys = [r[3] for r in rows]
+    top = min((r[3] for r in rows if not r[2]), default=None)
+    return Collected(
+        jobs,
+        live,
+        keys,
+        [i for i, n in enumerate(live) if n],
+        [i for i, n in enumerate(live) if not n],
+        top,
+    )
 
 
 def _collected(snap: Snapshot, policy: Policy, now: float) -> Collected:
@@ -141,9 +169,18 @@ def test_the_engine_narrows_as_the_rules_do(
     real_narrow = instant.narrow
 
     def checked(
-        c: Collected, pol: Policy, now: float, free: int, holds: tuple[Reservation, ...], **kw: bool
+        running: list[Running],
+        waiting: list[Waiting],
+        top: Key | None,
+        pol: Policy,
+        now: float,
+        free: int,
+        holds: tuple[Reservation, ...],
+        **kw: bool,
     ) -> Narrowed | None:
-        got = real_narrow(c, pol, now, free, holds, **kw)
+        got = real_narrow(running, waiting, top, pol, now, free, holds, **kw)
+        c = _rebuilt(running, waiting)
+        assert top == c.top_waiting
         want = plainly(c, pol, now, free, holds, True, kw["ask_settled"])
         assert got is not None
         assert (got.jobs, got.live, got.keys, got.settled) == (
