@@ -5,6 +5,7 @@ Aspects:
 - group commits: only the next samples of todo, only by rank 0 of the current generation
   (a stale generation is fenced), reverting steps rank 0's state lacks;
 - shard leases: todo / doing / done, a failed worker's leases back to todo, epoch advance;
+  a size's throughput (independent mode) recorded once each of its members has a rate;
 - membership: oldest member is rank 0, the join window batches newcomers into one
   generation, the planned count closes it early, departures open a generation at once,
   drains, lease expiry;
@@ -164,6 +165,39 @@ def test_shard_leases_move_todo_doing_done_and_failures_return_them() -> None:
         state.committing_leases("a", [lease.lease_id], 0.1)
     assert state.ledger.finished
     assert state.ledger.samples_done == 10
+
+
+def test_a_size_is_measured_once_every_member_has_committed() -> None:
+    """In independent mode a size's throughput is the sum of its members' rates: a commit
+    made before a newcomer's first one records nothing, instead of the grown size as no
+    faster than the old one (which held the job's next growth as not worth its pause)."""
+    state = CoordinatorState.starting(
+        plan(samples=4000, shard=10, epochs=1), mode=ConsumptionMode.INDEPENDENT
+    )
+
+    def committing(worker: str) -> None:
+        lease = state.leasing_shard(worker, state.membership.generation)
+        assert lease is not None
+        state.committing_leases(worker, [lease.lease_id], 0.1)  # 10 samples in 0.1 s
+
+    def measured() -> dict[int, float]:
+        return {r.workers: r.samples_per_s for r in state.throughput.values()}
+
+    for worker in ("w0", "w1"):
+        state.registering(worker, "n", "", 0.0)
+    state.ticking(1.0)
+    committing("w0")
+    assert measured() == {}, "w1 has no rate yet"
+    committing("w1")
+    assert measured() == {2: pytest.approx(200.0)}
+    for worker in ("w2", "w3"):
+        state.registering(worker, "n", "", 2.0)
+    state.ticking(3.0)
+    committing("w0")
+    committing("w2")
+    assert 4 not in measured(), "w3 has not committed at size 4"
+    committing("w3")
+    assert measured()[4] == pytest.approx(400.0)
 
 
 def test_join_window_batches_newcomers_into_one_generation() -> None:

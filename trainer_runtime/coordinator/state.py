@@ -283,9 +283,14 @@ class CoordinatorState:
         samples = self.ledger.committing_leases(worker_id, lease_ids)
         if step_time_s > 0:
             self.worker_rates[worker_id] = samples / step_time_s
-        members = [w.worker_id for w in self.membership.members()]
-        total = sum(self.worker_rates.get(w, 0.0) for w in members)
-        self.recording_throughput(total * step_time_s, step_time_s)
+        # The size's throughput is the sum of its members' rates, recorded only once each
+        # member has one: a worker that just joined has not committed yet, and counting it
+        # as 0 recorded a grown size as no faster than the old one (the planner then held
+        # the job's next growth as not worth its pause).
+        rates = [self.worker_rates.get(w.worker_id) for w in self.membership.members()]
+        known = [rate for rate in rates if rate is not None]
+        if len(known) == len(rates):
+            self.recording_throughput(sum(known) * step_time_s, step_time_s)
 
     # ----- throughput -----
 
