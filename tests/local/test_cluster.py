@@ -74,7 +74,23 @@ class Harness:
             key: [(round(e.time - first, 1), e.reason, e.message) for e in rows]
             for key, rows in told.items()
         }
-        raise AssertionError(f"timed out waiting for {what}; events: {events}")
+        # Events tell only phase changes: what each job's last plan said of it (a job held
+        # below its maximum says why), its worker rows and the throughput it planned on.
+        now = {
+            r.key: {
+                "phase": r.job.status.phase.value,
+                "replicas": r.job.status.replicas,
+                "message": r.job.status.message,
+                "workers": [
+                    (w.name, w.pid, w.slots, w.draining) for w in self.store.workers(r.key)
+                ],
+                "throughput": [
+                    (t.workers, round(t.samples_per_second)) for t in r.job.status.throughput
+                ],
+            }
+            for r in self.store.jobs()
+        }
+        raise AssertionError(f"timed out waiting for {what}; events: {events}; now: {now}")
 
     def close(self) -> None:
         self.supervisor.close(grace_s=5)
