@@ -196,8 +196,9 @@ class Grower:
         jobs = self.candidates()
         while True:
             self._hand_out(jobs)
-            # (only a job that grew in this round can be reverted)
-            reverted = [js for js in jobs if self.start and self._revert_if_unpaid(js)]
+            # (only a job that grew in this round can be reverted: no call for the others)
+            grew = self.start
+            reverted = [js for js in jobs if js.job.name in grew and self._revert_if_unpaid(js)]
             if not reverted:
                 break
             jobs = [js for js in jobs if js not in reverted]
