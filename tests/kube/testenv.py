@@ -481,12 +481,26 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
+def _libc_prctl() -> Callable[..., int] | None:
+    try:
+        prctl: Callable[..., int] = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return prctl
+
+
+#: Looked up here, in the parent: the forked child of a process with threads (the kubelet
+#: in miniature's, a client's pools) must not dlopen, which takes the loader's lock another
+#: thread may have held at the fork; it only calls the function.
+_PRCTL = _libc_prctl()
+
+
 def _die_with_parent() -> None:
     """In the child: SIGKILL when the test process dies, even by SIGKILL, so no etcd or API
     server outlives a killed test run."""
     pr_set_pdeathsig = 1
-    with suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _tail(text: str, lines: int) -> str:
