@@ -139,6 +139,7 @@ class MiniKubelet:
         self._finishers = ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet-delete")
         self._reporters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet-status")
         self._reporting: set[str] = set()  # uids whose status write is in flight
+        self._syncs = 0  # syncs completed, for `quiet`
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -203,6 +204,30 @@ class MiniKubelet:
                     pids[container] = status.pid
         return pids
 
+    def sees(self, namespace: str, name: str) -> bool:
+        """Whether its watch has shown it a pod of that name bound to a node."""
+        with self._lock:
+            return any(
+                (o["metadata"]["namespace"], o["metadata"]["name"]) == (namespace, name)
+                for o in self._seen.values()
+            )
+
+    def quiet(self, syncs: int = 2, timeout_s: float = 20.0) -> None:
+        """Returns once `syncs` more syncs have run and no status write is in flight: what
+        it would do of what it sees now is done by then (a test that asserts it did nothing
+        waits for this, not for a fixed time that a loaded machine may not give a sync)."""
+        with self._lock:
+            wanted = self._syncs + syncs
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._wake.set()
+            with self._lock:
+                if self._syncs >= wanted and not self._reporting:
+                    return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the kubelet did not sync {syncs} times in {timeout_s} s")
+            time.sleep(0.02)
+
     def fail_node(self, name: str) -> None:
         """Plays a node that dies: its processes are SIGKILLed, its Lease and its pods'
         statuses are no longer updated (the pods stay as last reported, as they would)."""
@@ -245,6 +270,8 @@ class MiniKubelet:
                 self._sync()
             except Exception:
                 log.exception("kubelet sync failed; retrying")
+            with self._lock:
+                self._syncs += 1
 
     def _sync(self) -> None:
         self.environment.forget_services()  # listed afresh, once per namespace and sync

@@ -153,7 +153,7 @@ def test_running_pod_is_reported_then_deleted(
     core: kubernetes.client.CoreV1Api, kubelet: MiniKubelet
 ) -> None:
     core.create_namespaced_pod(
-        NAMESPACE, python_pod("sleeper", "import time; time.sleep(600)", grace_s=20)
+        NAMESPACE, python_pod("sleeper", "import time; time.sleep(600)", grace_s=60)
     )
     pod = phase_of(core, "sleeper", {"Running"})
     assert pod.status.pod_ip == "127.0.0.1"
@@ -165,10 +165,11 @@ def test_running_pod_is_reported_then_deleted(
     assert pid_exists(pid)
     started = time.monotonic()
     core.delete_namespaced_pod("sleeper", NAMESPACE)
-    eventually(lambda: gone(core, "sleeper"), 20, "the deleted pod to be removed")
+    eventually(lambda: gone(core, "sleeper"), 40, "the deleted pod to be removed")
     assert not pid_exists(pid)
-    # SIGTERM ended it at once: nowhere near the 20 s grace period.
-    assert time.monotonic() - started < 10
+    # SIGTERM ended it at once: nowhere near the 60 s grace period (a bound with room for
+    # a loaded machine's watch and sync; a process left to its grace takes twice that).
+    assert time.monotonic() - started < 30
 
 
 def test_sigterm_ignored_is_killed_after_the_grace_period(
@@ -296,13 +297,16 @@ def test_node_is_ready_untainted_and_leased(kube_api: KubeAPI, core: Any) -> Non
     assert lease.metadata.owner_references[0].name == NODE
 
 
-def test_unlabelled_node_is_left_alone(kube_api: KubeAPI, core: Any) -> None:
+def test_unlabelled_node_is_left_alone(kube_api: KubeAPI, core: Any, kubelet: MiniKubelet) -> None:
     create_node(kube_api.api_client, "by-hand-node", gpus=1)
     pod = python_pod("by-hand", "print('must not run')")
     pod["spec"]["nodeName"] = "by-hand-node"
     core.create_namespaced_pod(NAMESPACE, pod)
-    # Long enough for several syncs of the kubelet, which would run and report it at once.
-    time.sleep(1.5)
+    # Seen, then synced twice: a kubelet serving the node would have run it and reported
+    # it by then.
+    eventually(lambda: kubelet.sees(NAMESPACE, "by-hand"), 20, "the kubelet to see the pod")
+    kubelet.quiet()
+    assert kubelet.logs(NAMESPACE, "by-hand") == "", "it ran"
     assert core.read_namespaced_pod("by-hand", NAMESPACE).status.phase == "Pending"
 
 
@@ -317,6 +321,6 @@ def test_failed_node_loses_its_processes_and_goes_silent(
     pid = kubelet.pids(NAMESPACE, "doomed")["main"]
     kubelet.fail_node("doomed-node")
     eventually(lambda: not pid_exists(pid), 10, "the node's process to die")
-    # A live kubelet would report the killed container (exit 137) within one sync (0.1 s).
-    time.sleep(1.5)
+    # A live kubelet would report the killed container (exit 137) at its next sync.
+    kubelet.quiet()
     assert core.read_namespaced_pod("doomed", NAMESPACE).status.phase == "Running"
