@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kube.controller_harness import job_keys, remove_jobs
 from tests.kube.kubelet import MiniKubelet, running_kubelet
 from tests.kube.nodes import KUBELET_LABELS
 from tests.kube.testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
@@ -77,3 +78,18 @@ def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iter
             yield running
     finally:
         client.close()
+
+
+@pytest.fixture(autouse=True)
+def _test_jobs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test on the session's API server has the TrainingJobs it created removed after
+    it, passed or failed (`controller_harness.remove_jobs`): every later test runs a
+    cluster-wide operator, which would plan them (and refuses to start while unfinished ones
+    of other namespaces are there: `controller_harness.refuse_other_tests_jobs`)."""
+    if "kube_api" not in request.fixturenames:
+        yield
+        return
+    api: KubeAPI = request.getfixturevalue("kube_api")
+    before = job_keys(api)
+    yield
+    remove_jobs(api, job_keys(api) - before)

@@ -35,6 +35,7 @@ from edl_scheduler.controller.naming import coordinator_name
 from edl_scheduler.local.processes import ProcessSpec, ProcessSupervisor, UnknownProcess
 
 from .kubelet import MiniKubelet
+from .nodes import KUBELET_LABELS
 from .pod_environment import ContainerEnvironment, container_argv
 from .testenv import REPO, KubeAPI
 
@@ -92,6 +93,98 @@ def apply_crd(api: KubeAPI) -> None:
     eventually(established, 30, "the TrainingJob CRD to become Established")
 
 
+def all_jobs(api: KubeAPI) -> list[dict[str, Any]]:
+    """Every TrainingJob on the API server, in all namespaces (none before the CRD exists)."""
+    custom = kubernetes.client.CustomObjectsApi(api.api_client)
+    try:
+        found = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+    except ApiException as error:
+        if error.status == 404:
+            return []
+        raise
+    return list(found["items"])
+
+
+def _key(job: dict[str, Any]) -> tuple[str, str]:
+    return (job["metadata"]["namespace"], job["metadata"]["name"])
+
+
+def job_keys(api: KubeAPI) -> set[tuple[str, str]]:
+    """(namespace, name) of every TrainingJob on the API server."""
+    return {_key(job) for job in all_jobs(api)}
+
+
+class OtherTestsJobs(AssertionError):
+    """Unfinished TrainingJobs of another test are on the API server."""
+
+
+def refuse_other_tests_jobs(api: KubeAPI, namespace: str) -> None:
+    """Fails at once, naming them, when unfinished TrainingJobs outside ``namespace`` exist.
+
+    The operator is cluster-wide: it plans every TrainingJob, so another test's left-over
+    jobs would take this test's GPUs, preempt its jobs or be preempted by them, and the
+    failure would show far from its cause (a test that failed before cleaning up, or one
+    that does not delete its jobs; ``tests/conftest.py`` removes each test's jobs after it).
+    """
+    others = sorted(
+        f"{ns}/{name} ({job.get('status', {}).get('phase') or 'no status'})"
+        for job in all_jobs(api)
+        for ns, name in [_key(job)]
+        if ns != namespace and job.get("status", {}).get("phase") not in ("Succeeded", "Failed")
+    )
+    if others:
+        raise OtherTestsJobs(
+            f"the controller for namespace {namespace} would also plan {len(others)} "
+            f"unfinished TrainingJob(s) of other tests: {', '.join(others)}; whatever it then "
+            "did would not be this test's doing. The test that created them failed to remove "
+            "them: fix its cleanup (see remove_jobs), or delete them before this test."
+        )
+
+
+def remove_jobs(api: KubeAPI, keys: set[tuple[str, str]], timeout_s: float = 60) -> None:
+    """Deletes the TrainingJobs ``keys`` and their pods, and waits, bounded, until both are
+    gone. What a test leaves behind otherwise stays planned by every later cluster-wide
+    operator of the session.
+
+    A pod on a node the kubelet in miniature serves is deleted with a short grace: the
+    kubelet stops its processes (SIGTERM, SIGKILL after 5 s) before it removes the pod, so
+    once the pods are gone their ports are free (the next test's job may be given the same
+    coordinator port: all pods share 127.0.0.1). A pod no kubelet runs has no process (a
+    played coordinator is stopped here) and is removed at once, as is one still there when
+    the wait runs out."""
+    if not keys:
+        return
+    cluster = Cluster(api)
+    selector = ",".join(f"{k}={v}" for k, v in KUBELET_LABELS.items())
+    served = {n.metadata.name for n in cluster.core.list_node(label_selector=selector).items}
+
+    def pods_left() -> list[Any]:
+        return [p for ns, name in sorted(keys) for p in cluster.pods(ns, name)]
+
+    for ns, name in sorted(keys):
+        with suppress(ApiException):  # already gone
+            cluster.delete_job(ns, name)
+    for pod in pods_left():
+        grace = 5 if pod.spec.node_name in served else 0
+        with suppress(ApiException):
+            cluster.core.delete_namespaced_pod(
+                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=grace
+            )
+    if _played is not None:
+        for ns in {ns for ns, _ in keys}:
+            live = cluster.core.list_namespaced_pod(ns).items
+            _played.stop_all_but(ns, {p.metadata.uid for p in live})
+    try:
+        eventually(lambda: not pods_left(), timeout_s, "the removed jobs' pods to go")
+    except AssertionError:
+        for pod in pods_left():
+            with suppress(ApiException):
+                cluster.core.delete_namespaced_pod(
+                    pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
+                )
+    eventually(lambda: not keys & job_keys(api), 30, f"{len(keys)} TrainingJob(s) removed")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,6 +229,8 @@ class ControllerProcess:
         self.api = api
         self.workdir = workdir
         self.identity = identity
+        #: The namespace of this test's jobs too (``refuse_other_tests_jobs``).
+        self.lease_namespace = lease_namespace
         self.metrics_port = free_port()
         key = workdir / "token-key"
         if not key.exists():
@@ -165,6 +260,7 @@ class ControllerProcess:
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
+        refuse_other_tests_jobs(self.api, self.lease_namespace)
         log = self.log_path.open("ab")
         self.popen = subprocess.Popen(
             self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
@@ -321,10 +417,9 @@ def plain_worker(ledgers: Path, step_time_s: float = 0.05) -> list[str]:
     ]  # fmt: skip
 
 
-def trained(ledgers: Path) -> Counter[int]:
-    """How often each sample was trained (one epoch), from the workers' ledger files: the
-    commits the coordinator acknowledged, plus unacknowledged ones (a worker stopped between
-    its commit and the answer) that no one trained again."""
+def _ledgers(ledgers: Path) -> tuple[dict[tuple[str, int], range], set[tuple[str, int]]]:
+    """The workers' ledger files: each commit's samples by (worker, lease), and the
+    commits the coordinator acknowledged."""
     intents: dict[tuple[str, int], range] = {}
     acked: set[tuple[str, int]] = set()
     for path in ledgers.glob("*.ledger"):
@@ -334,6 +429,21 @@ def trained(ledgers: Path) -> Counter[int]:
                 intents[(path.stem, int(lease))] = range(int(rest[1]), int(rest[2]))
             elif kind == "done":
                 acked.add((path.stem, int(lease)))
+    return intents, acked
+
+
+def acknowledged(ledgers: Path) -> int:
+    """How many samples the coordinator acknowledged to the workers (their ledger files):
+    once no worker runs, the least its ``samplesDone`` is."""
+    intents, acked = _ledgers(ledgers)
+    return sum(len(intents[key]) for key in acked)
+
+
+def trained(ledgers: Path) -> Counter[int]:
+    """How often each sample was trained (one epoch), from the workers' ledger files: the
+    commits the coordinator acknowledged, plus unacknowledged ones (a worker stopped between
+    its commit and the answer) that no one trained again."""
+    intents, acked = _ledgers(ledgers)
     counts: Counter[int] = Counter()
     for key in acked:
         counts.update(intents[key])
