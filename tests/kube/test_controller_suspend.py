@@ -37,6 +37,7 @@ from .controller_harness import (
     POOL,
     Cluster,
     ControllerProcess,
+    acknowledged,
     assert_exactly_once,
     controller_fixtures,
     eventually,
@@ -82,14 +83,17 @@ def test_suspend_keeps_the_ledger_and_resume_continues_from_it(
     state = cluster.core.read_namespaced_config_map("nap-coordinator-state", NS)
     assert state.metadata.owner_references[0].name == "nap"
 
-    def settled() -> int | None:
-        # The status shows the coordinator's progress of up to a poll (1 s) ago: the last
-        # shards the drained workers committed may show after their pods have gone.
-        before = cluster.samples_done(NS, "nap")
-        time.sleep(1.5)
-        return before if cluster.samples_done(NS, "nap") == before else None
-
-    at_suspension = eventually(settled, 30, "the progress of the drained workers shown")
+    # The status shows the coordinator's progress of up to a poll and a cycle ago: the last
+    # shards the drained workers committed may show after their pods have gone. Their
+    # processes have exited, so their ledgers hold every commit acknowledged to them (a
+    # value that stayed put for a while told that apart only on an unloaded machine).
+    done = acknowledged(tmp_path)
+    eventually(
+        lambda: cluster.samples_done(NS, "nap") >= done,
+        30,
+        f"the {done} samples the drained workers committed shown",
+    )
+    at_suspension = cluster.samples_done(NS, "nap")
     assert 0 < at_suspension < samples, "the suspension was to land mid-run"
     time.sleep(3)  # three more progress polls: nothing trains while suspended
     assert cluster.samples_done(NS, "nap") == at_suspension
