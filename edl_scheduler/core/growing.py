@@ -52,6 +52,27 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     return (-js.priority, -round(gain, 9), fulfilled, js.rank)
 
 
+def _scored(
+    jobs: list[JobState], session: Session
+) -> list[tuple[tuple[float, ...], int, JobState]]:
+    """``(_score(js, session), i, js)`` for each of ``jobs`` (growth's heap before it is
+    ordered). Asked of every candidate at every plan with idle GPUs, so an unmoved job with
+    kept margins under the marginal-gain rule gets ``_score``'s tuple written out: the same
+    values, ``fulfillment`` included."""
+    if session.policy.growth is Growth.FULFILLMENT:
+        return [(_score(js, session), i, js) for i, js in enumerate(jobs)]
+    out: list[tuple[tuple[float, ...], int, JobState]] = []
+    for i, js in enumerate(jobs):
+        kept = js.margins
+        if kept is None or js.added[_W] or js.removed[_W]:
+            out.append((_score(js, session), i, js))
+            continue
+        span = js.hi - js.lo
+        fulfilled = 1.0 if span <= 0 else (js.workers - js.lo) / span
+        out.append(((-js.priority, kept.growth_score, fulfilled, js.rank), i, js))
+    return out
+
+
 def cooling_message(until: float, now: float) -> str:
     return f"below maximum, cooling down for {until - now:.0f}s more (until t={until:.0f})"
 
@@ -150,7 +171,7 @@ class Grower:
         s, policy = self.s, self.s.policy
         if s.cluster.free_gpu <= 0 and all(js.job.worker.resources.gpu for js in jobs):
             return
-        heap = [(_score(js, s), i, js) for i, js in enumerate(jobs)]
+        heap = _scored(jobs, s)
         heapq.heapify(heap)
         limit = policy.max_load * s.cluster.capacity_gpu
         all_gpu: bool | None = None  # whether every job's worker takes a GPU (asked once)

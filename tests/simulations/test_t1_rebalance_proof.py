@@ -12,8 +12,12 @@ synthetic workload with two priority levels on 4 x 8):
   step run in full (no proof, no kept bounds) makes no move. The first values are also
   checked to be the very floats the step computes for an unmoved member.
 
-Seen to fail: with the jobs at their maximum left out of the pool (the givers differ), and
-with ``first_loss`` counting the pause twice (a step it called moveless moved a worker).
+Growth's heap (``growing._scored``, ``_score`` written out for unmoved jobs) is checked
+against ``_score`` at every hand-out of the same runs.
+
+Seen to fail: with the jobs at their maximum left out of the pool (the givers differ), with
+``first_loss`` counting the pause twice (a step it called moveless moved a worker), and with
+``_scored``'s fulfillment taken from one worker more.
 """
 
 from __future__ import annotations
@@ -24,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from edl_scheduler.core import preset, rebalancing
+from edl_scheduler.core import growing, preset, rebalancing
 from edl_scheduler.core.margins import first_gain, first_loss, margins
-from edl_scheduler.core.session import JobState
+from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.stability import restart_factor
 from simulations.engine import SimConfig, simulate
 from simulations.synthetic import SyntheticSpec, generate
@@ -45,6 +49,7 @@ class _Seen:
     proven: int = 0
     unproven_moves: int = 0
     values: int = 0
+    scored: int = 0
 
 
 def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) -> int:
@@ -90,7 +95,18 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
             counts.unproven_moves += 1
         return moves
 
+    scored = growing._scored
+
+    def checked_scored(
+        jobs: list[JobState], session: Session
+    ) -> list[tuple[tuple[float, ...], int, JobState]]:
+        found = scored(jobs, session)
+        assert found == [(growing._score(js, session), i, js) for i, js in enumerate(jobs)]
+        counts.scored += len(jobs)
+        return found
+
     monkeypatch.setattr(rebalancing.Rebalancer, "run", checked_run)
+    monkeypatch.setattr(growing, "_scored", checked_scored)
     yield counts
 
 
@@ -100,6 +116,7 @@ def _run(jobs: Sequence[SimJob], cluster: ClusterSpec, seen: _Seen) -> None:
     # The checks mean something only where the proof fired and steps still moved workers.
     assert seen.pooled == seen.steps > 0
     assert seen.proven > 0 and seen.unproven_moves > 0 and seen.values > 0
+    assert seen.scored > 0
 
 
 def test_philly_prefix_under_contention(seen: _Seen) -> None:
