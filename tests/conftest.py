@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube.controller_harness import job_keys, remove_jobs
+from tests.kube.controller_harness import remove_jobs
 from tests.kube.kubelet import MiniKubelet, running_kubelet
+from tests.kube.leftovers import job_keys
 from tests.kube.nodes import KUBELET_LABELS
 from tests.kube.testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
 
@@ -85,7 +86,7 @@ def _test_jobs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test on the session's API server has the TrainingJobs it created removed after
     it, passed or failed (`controller_harness.remove_jobs`): every later test runs a
     cluster-wide operator, which would plan them (and refuses to start while unfinished ones
-    of other namespaces are there: `controller_harness.refuse_other_tests_jobs`)."""
+    of other namespaces are there: `leftovers.refuse_other_tests_jobs`)."""
     if "kube_api" not in request.fixturenames:
         yield
         return

@@ -1,8 +1,8 @@
 """Running the operator under test: ``python -m edl_scheduler.controller`` as a subprocess
 against the session's API server, plus what the controller test modules share: their
 ``cluster`` and ``controller`` fixtures (``controller_fixtures``), the job builder
-(``training_job``: a scenario's differences as arguments), the status readers of ``Cluster``,
-the framework-free worker's ledger check and small waits.
+(``training_job``: a scenario's differences as arguments), the status readers of ``Cluster``
+and small waits (the framework-free worker's ledgers are read in ``ledgers.py``).
 
 The controller runs as a real process (so that tests can SIGKILL it) with the test
 kubeconfig, a token key, coordinators reached at 127.0.0.1 on per-job ports (all pods of the
@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -35,11 +34,11 @@ from edl_scheduler.controller.naming import coordinator_name
 from edl_scheduler.local.processes import ProcessSpec, ProcessSupervisor, UnknownProcess
 
 from .kubelet import MiniKubelet
+from .leftovers import GROUP, PLURAL, VERSION, job_keys, refuse_other_tests_jobs
 from .nodes import KUBELET_LABELS
 from .pod_environment import ContainerEnvironment, container_argv
 from .testenv import REPO, KubeAPI
 
-GROUP, VERSION, PLURAL = "edl.dev", "v1alpha1", "trainingjobs"
 #: The node label that keeps each test's jobs on its own nodes (``training_job(pool=...)``).
 POOL = "edl.test/pool"
 CRD_FILE = REPO / "manifests" / "crd" / "trainingjobs.edl.dev.yaml"
@@ -91,54 +90,6 @@ def apply_crd(api: KubeAPI) -> None:
         )
 
     eventually(established, 30, "the TrainingJob CRD to become Established")
-
-
-def all_jobs(api: KubeAPI) -> list[dict[str, Any]]:
-    """Every TrainingJob on the API server, in all namespaces (none before the CRD exists)."""
-    custom = kubernetes.client.CustomObjectsApi(api.api_client)
-    try:
-        found = custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-    except ApiException as error:
-        if error.status == 404:
-            return []
-        raise
-    return list(found["items"])
-
-
-def _key(job: dict[str, Any]) -> tuple[str, str]:
-    return (job["metadata"]["namespace"], job["metadata"]["name"])
-
-
-def job_keys(api: KubeAPI) -> set[tuple[str, str]]:
-    """(namespace, name) of every TrainingJob on the API server."""
-    return {_key(job) for job in all_jobs(api)}
-
-
-class OtherTestsJobs(AssertionError):
-    """Unfinished TrainingJobs of another test are on the API server."""
-
-
-def refuse_other_tests_jobs(api: KubeAPI, namespace: str) -> None:
-    """Fails at once, naming them, when unfinished TrainingJobs outside ``namespace`` exist.
-
-    The operator is cluster-wide: it plans every TrainingJob, so another test's left-over
-    jobs would take this test's GPUs, preempt its jobs or be preempted by them, and the
-    failure would show far from its cause (a test that failed before cleaning up, or one
-    that does not delete its jobs; ``tests/conftest.py`` removes each test's jobs after it).
-    """
-    others = sorted(
-        f"{ns}/{name} ({job.get('status', {}).get('phase') or 'no status'})"
-        for job in all_jobs(api)
-        for ns, name in [_key(job)]
-        if ns != namespace and job.get("status", {}).get("phase") not in ("Succeeded", "Failed")
-    )
-    if others:
-        raise OtherTestsJobs(
-            f"the controller for namespace {namespace} would also plan {len(others)} "
-            f"unfinished TrainingJob(s) of other tests: {', '.join(others)}; whatever it then "
-            "did would not be this test's doing. The test that created them failed to remove "
-            "them: fix its cleanup (see remove_jobs), or delete them before this test."
-        )
 
 
 def remove_jobs(api: KubeAPI, keys: set[tuple[str, str]], timeout_s: float = 60) -> None:
@@ -407,56 +358,6 @@ def training_job(
         },
         "spec": spec,
     }
-
-
-def plain_worker(ledgers: Path, step_time_s: float = 0.05) -> list[str]:
-    """The framework-free worker, appending what it trained to ``<ledgers>/<pod>.ledger``."""
-    return [
-        "python", "-m", "trainer_runtime.plain_worker", "--step-time-s", str(step_time_s),
-        "--ledger-file", f"{ledgers}/$(EDL_WORKER_ID).ledger",
-    ]  # fmt: skip
-
-
-def _ledgers(ledgers: Path) -> tuple[dict[tuple[str, int], range], set[tuple[str, int]]]:
-    """The workers' ledger files: each commit's samples by (worker, lease), and the
-    commits the coordinator acknowledged."""
-    intents: dict[tuple[str, int], range] = {}
-    acked: set[tuple[str, int]] = set()
-    for path in ledgers.glob("*.ledger"):
-        for line in path.read_text().splitlines():
-            kind, lease, *rest = line.split()
-            if kind == "intent":
-                intents[(path.stem, int(lease))] = range(int(rest[1]), int(rest[2]))
-            elif kind == "done":
-                acked.add((path.stem, int(lease)))
-    return intents, acked
-
-
-def acknowledged(ledgers: Path) -> int:
-    """How many samples the coordinator acknowledged to the workers (their ledger files):
-    once no worker runs, the least its ``samplesDone`` is."""
-    intents, acked = _ledgers(ledgers)
-    return sum(len(intents[key]) for key in acked)
-
-
-def trained(ledgers: Path) -> Counter[int]:
-    """How often each sample was trained (one epoch), from the workers' ledger files: the
-    commits the coordinator acknowledged, plus unacknowledged ones (a worker stopped between
-    its commit and the answer) that no one trained again."""
-    intents, acked = _ledgers(ledgers)
-    counts: Counter[int] = Counter()
-    for key in acked:
-        counts.update(intents[key])
-    for key, samples in intents.items():
-        if key not in acked and all(counts[i] == 0 for i in samples):
-            counts.update(samples)
-    return counts
-
-
-def assert_exactly_once(ledgers: Path, samples: int) -> None:
-    counts = trained(ledgers)
-    assert set(counts) == set(range(samples)), f"{samples - len(counts)} samples never trained"
-    assert max(counts.values()) == 1, "some samples were trained twice"
 
 
 class Cluster:

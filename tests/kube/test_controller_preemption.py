@@ -26,12 +26,11 @@ from .controller_harness import (
     POOL,
     Cluster,
     ControllerProcess,
-    assert_exactly_once,
     controller_fixtures,
     eventually,
-    plain_worker,
     training_job,
 )
+from .ledgers import assert_exactly_once, plain_worker
 from .nodes import create_node
 from .testenv import KubeAPI
 

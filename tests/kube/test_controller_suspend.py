@@ -37,13 +37,11 @@ from .controller_harness import (
     POOL,
     Cluster,
     ControllerProcess,
-    acknowledged,
-    assert_exactly_once,
     controller_fixtures,
     eventually,
-    plain_worker,
     training_job,
 )
+from .ledgers import acknowledged, assert_exactly_once, plain_worker
 from .nodes import create_node
 from .testenv import KubeAPI
 
