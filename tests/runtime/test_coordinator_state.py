@@ -168,17 +168,17 @@ def test_shard_leases_move_todo_doing_done_and_failures_return_them() -> None:
 
 
 def test_a_size_is_measured_once_every_member_has_committed() -> None:
-    """In independent mode a size's throughput is the sum of its members' rates: a commit
-    made before a newcomer's first one records nothing, instead of the grown size as no
-    faster than the old one (which held the job's next growth as not worth its pause)."""
+    """In independent mode a size's throughput is the sum of its members' rates in the
+    current generation: a commit made before a newcomer's first one records nothing (it
+    undercounted the grown size), and a survivor's rate from the old size does not count."""
     state = CoordinatorState.starting(
         plan(samples=4000, shard=10, epochs=1), mode=ConsumptionMode.INDEPENDENT
     )
 
-    def committing(worker: str) -> None:
+    def committing(worker: str, step_time_s: float = 0.1) -> None:
         lease = state.leasing_shard(worker, state.membership.generation)
         assert lease is not None
-        state.committing_leases(worker, [lease.lease_id], 0.1)  # 10 samples in 0.1 s
+        state.committing_leases(worker, [lease.lease_id], step_time_s)  # 10 samples
 
     def measured() -> dict[int, float]:
         return {r.workers: r.samples_per_s for r in state.throughput.values()}
@@ -193,11 +193,13 @@ def test_a_size_is_measured_once_every_member_has_committed() -> None:
     for worker in ("w2", "w3"):
         state.registering(worker, "n", "", 2.0)
     state.ticking(3.0)
-    committing("w0")
-    committing("w2")
-    assert 4 not in measured(), "w3 has not committed at size 4"
-    committing("w3")
-    assert measured()[4] == pytest.approx(400.0)
+    # At size 4 each worker makes 50 samples/s (10 in 0.2 s), not its 100 of size 2.
+    for worker in ("w0", "w2", "w3"):
+        committing(worker, 0.2)
+    assert 4 not in measured(), "w1 has not committed at size 4 (its size-2 rate is stale)"
+    committing("w1", 0.2)
+    assert measured()[4] == pytest.approx(200.0)
+    assert measured()[2] == pytest.approx(200.0)
 
 
 def test_join_window_batches_newcomers_into_one_generation() -> None:

@@ -168,6 +168,9 @@ class CoordinatorState:
             changed = True
         if self.membership.opening_due(now):
             self.membership.opening()
+            # A rate belongs to the membership it was measured in: a new size's record
+            # waits until each of its members has committed in it.
+            self.worker_rates.clear()
             changed = True
         return changed
 
@@ -283,10 +286,11 @@ class CoordinatorState:
         samples = self.ledger.committing_leases(worker_id, lease_ids)
         if step_time_s > 0:
             self.worker_rates[worker_id] = samples / step_time_s
-        # The size's throughput is the sum of its members' rates, recorded only once each
-        # member has one: a worker that just joined has not committed yet, and counting it
-        # as 0 recorded a grown size as no faster than the old one (the planner then held
-        # the job's next growth as not worth its pause).
+        # The size's throughput is the sum of its members' rates in this generation,
+        # recorded only once each member has one: a worker that just joined has not
+        # committed yet (counted as 0, it undercounted a grown size and biased the planner's
+        # speed-ups), and a survivor's rate from the old size is not this size's (the rates
+        # are cleared when a generation opens).
         rates = [self.worker_rates.get(w.worker_id) for w in self.membership.members()]
         known = [rate for rate in rates if rate is not None]
         if len(known) == len(rates):
