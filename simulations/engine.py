@@ -168,6 +168,8 @@ class Engine:
         self.settles = config.prune and not (self.profiled and config.report_throughput)
         #: Whether the last instant that asked for a plan was proven settled.
         self.settled = False
+        #: Running jobs' Jobs rebuilt for attained time: in all, and as of the last plan made.
+        self.rekeyed = self.rekeyed_seen = 0
         self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
         #: Whether running jobs no plan could change are left out of the snapshot.
         self.hides = config.hide and self.settles and self.fixed_key is not None and hides(policy)
@@ -301,6 +303,7 @@ class Engine:
                 cached.attained_gpu_seconds
             ):
                 return cached
+            self.rekeyed += 1  # a running job's rank may have moved: see ``_plan``
             worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
             efficiency = cached.efficiency
         else:
@@ -352,7 +355,19 @@ class Engine:
         if self.profiled and self.config.report_throughput:
             self._remeasure(now)
         settled_before, self.settled = self.settled, False
-        if settled_before and arrived is not None and self._still_settled(now, arrived):
+        if (
+            settled_before
+            and arrived is not None
+            and arrivals_settled(
+                self.running.values(),
+                [self.active[name] for name in arrived],
+                now,
+                self._snapshot_job,
+                self.policy,
+                self.cluster.gpus - self.allocated,
+                queue_only=self.queue_only,
+            )
+        ):
             self.settled = True
             self.skipped += 1
             return
@@ -380,11 +395,14 @@ class Engine:
         # A waiting job left out cannot start (``shown``), so nothing can where none shown can.
         if view.settled:
             self.skipped += 1
+            self.rekeyed_seen = self.rekeyed
             self.reservations = ()  # what the plan would return: no hold is left
-            # Keys that change only at wake-ups: ``_still_settled`` may then be asked.
+            # Keys that change only at wake-ups: ``arrivals_settled`` may then be asked.
             self.settled = self.fixed_key is not None and not self.least_attained
             return
-        if self.config.prune and arrived is not None and len(jobs) < len(self.active):
+        # Not where a running job's rank may have moved (a LAS queue crossed at no wake-up).
+        moved = self.rekeyed != self.rekeyed_seen
+        if self.config.prune and arrived is not None and len(jobs) < len(self.active) and not moved:
             names = {j.name for j in jobs}
             if not any(name in names for name in arrived):
                 self.skipped += 1
@@ -406,28 +424,11 @@ class Engine:
         )
         self.plan_wall += time.perf_counter() - began
         self.plans += 1
+        self.rekeyed_seen = self.rekeyed
         self.reservations = result.reservations
         changes = result.changes
         for decision in changes:
             self._apply(self.active[decision.job], decision, now)
-
-    def _still_settled(self, now: float, arrived: list[str]) -> bool:
-        """After a settled instant, when only ``arrived`` came since: free GPUs, running jobs
-        and rank keys are as they were, so every job that waited still cannot start; the
-        rule asks about the arrivals alone (against the running jobs). Under LAS queues, only
-        while every running job's attained GPU-time stays in the band its Job was built in
-        (a wake-up may land a hair before a threshold, and the crossing then comes with no
-        wake of its own: its key is not the cached one, so the full path rebuilds it)."""
-        free = self.cluster.gpus - self.allocated
-        return arrivals_settled(
-            self.running.values(),
-            [self.active[name] for name in arrived],
-            now,
-            self._snapshot_job,
-            self.policy,
-            free,
-            queue_only=self.queue_only,
-        )
 
     def _holding(self, now: float) -> bool:
         """Whether a reservation still holds room for a job below its size (a plan would

@@ -293,10 +293,13 @@ def arrivals_settled(
     *,
     queue_only: bool,
 ) -> bool:
-    """``settled`` over the running jobs and the ``arrived`` ones (the engine's question after
-    a settled instant), in one loop over the running jobs: False at once where one has no
+    """``settled`` over the running jobs and the ``arrived`` ones: the engine's question after
+    a settled instant when only ``arrived`` came since. Free GPUs, running jobs and rank keys
+    are as they were, so every job that waited still cannot start, and the rule asks about
+    the arrivals alone, in one loop over the running jobs: False at once where one has no
     Job yet or, under LAS queues (``queue_only``), left the band its Job was built in
-    (``Run.in_queue_band``, inlined)."""
+    (``Run.in_queue_band``, inlined; a wake-up may land a hair before a threshold, and the
+    crossing then comes with no wake-up of its own: the full path rebuilds its Job)."""
     jobs: list[Job] = []
     live: list[int] = []
     keys: list[Key] = []

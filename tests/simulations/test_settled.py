@@ -43,8 +43,16 @@ from simulations.engine import Engine, SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN
 from simulations.pruning import settled
 from simulations.runs import Run
+from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import load_tiresias
-from simulations.workload import ClusterSpec, Elasticity, SimJob, with_elasticity
+from simulations.workload import (
+    ClusterSpec,
+    Elasticity,
+    ScalingRule,
+    SimJob,
+    shape,
+    with_elasticity,
+)
 from tests.core.builders import job, node, snapshot
 from tests.simulations.recording import recorded
 
@@ -236,3 +244,27 @@ def test_arrivals_after_a_settled_instant_see_a_queue_crossing() -> None:
         if fast.jobs != reference.jobs:
             differing.append(start)
     assert not differing, differing[:5]
+
+
+def test_arrivals_none_shown_see_a_queue_crossing_since_the_last_plan() -> None:
+    # Under tiresias a wake-up lands a hair before a running job's 3,250 GPU-s threshold
+    # (attained 3249.9999999999995), so the job stays in queue 0 at that plan and its
+    # crossing gets no wake-up of its own. The next instant brings only an arrival that
+    # cannot start; the crossed job may now be suspended for an older waiting one, so the
+    # plan must be made there, not left out as "only arrivals that cannot start".
+    cluster = ClusterSpec(4, 4)
+    spec = SyntheticSpec(jobs=150, arrivals_per_hour=60.0, priority_mix=((0, 0.7), (1, 0.3)))
+    generated = generate(spec, seed=1).jobs
+    jobs = shape(
+        generated,
+        elasticity=Elasticity.RIGID,
+        scaling=ScalingRule.parse("amdahl:0.1"),
+        cluster=cluster,
+        seed=1,
+    )
+    engine = Engine(jobs, cluster, TIRESIAS, SimConfig())
+    fast = engine.run()
+    reference = simulate(jobs, cluster, TIRESIAS, SimConfig(prune=False))
+    assert engine.skipped > 0
+    assert fast.jobs == reference.jobs
+    assert fast.timeline == reference.timeline
