@@ -182,7 +182,7 @@ def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Se
             if not may_shrink_voluntarily(session, js):
                 continue
             loss = first_loss(kept, restart_factor(session, js), horizon)
-            if not loss >= best_gain:  # (below it, or NaN)
+            if not best_gain - loss <= 0:  # as the step compares them (NaN: not proven)
                 return False
     return True
 
@@ -192,7 +192,7 @@ class Rebalancer:
 
     def __init__(self, session: Session, pool: list[JobState] | None = None) -> None:
         """``pool``: the jobs that may be eligible, in rank order (``growing.Grower``'s
-        candidate scan gathers them); every running job when not given."""
+        candidate scan gathers them); every job of the session when not given."""
         self.s = session
         self.pool = pool
         self.moves = 0
