@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from edl_scheduler.core import growing, preset, rebalancing
-from edl_scheduler.core.margins import first_gain, first_loss, margins
+from edl_scheduler.core.margins import explored_limit, first_gain, first_loss, margins
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.stability import restart_factor
+from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, restart_factor
 from simulations.engine import SimConfig, simulate
 from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import load_cluster, load_philly
@@ -65,6 +65,36 @@ def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) ->
     return checked
 
 
+def _reference_split(s: Session, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
+    """``Rebalancer.split`` written from the rules it inlines (``cooling_until``,
+    ``explored_limit``, the cycle's own moves and holds), as the step split its jobs before
+    it read growth's pool; a cooling job it leaves out of the givers must be one that
+    ``may_shrink_voluntarily`` refuses (so it never gave)."""
+    w = rebalancing._W
+    takers: list[JobState] = []
+    givers: list[JobState] = []
+    for js in jobs:
+        job = js.job
+        if not js.workers or js.workers < js.lo or js.suspended or js.started:
+            continue
+        if job.suspended or job.pserver is not None or job.worker.resources.gpu <= 0:
+            continue
+        if js.for_job is not None or js.added[w] or js.removed[w]:
+            continue
+        if id(js.reason) in rebalancing._HELD:
+            continue
+        cooling = cooling_until(s, js) is not None
+        if js.size() < explored_limit(js):
+            if not cooling:
+                takers.append(js)
+        elif js.size() > max(1, js.lo) and job.preemptible:
+            if cooling:
+                assert not may_shrink_voluntarily(s, js), js.name
+            else:
+                givers.append(js)
+    return takers, givers
+
+
 @pytest.fixture
 def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
     """Wraps every step: the pool against every job, the proof against the full step."""
@@ -76,7 +106,7 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
         pooled = self.pool is not None
         if pooled:
             assert self.pool is not None
-            assert self.split(self.pool) == self.split(s.jobs)
+            assert self.split(self.pool) == self.split(s.jobs) == _reference_split(s, s.jobs)
             counts.pooled += 1
         takers, givers = self.split(s.jobs)
         proven = bool(takers) and rebalancing._no_move_can_pay(takers, givers, s)
