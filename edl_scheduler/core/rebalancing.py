@@ -54,6 +54,7 @@ from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import (
+    cooling_until,
     may_shrink_voluntarily,
     restart_factor,
     worth_the_pause,
@@ -246,11 +247,10 @@ class Rebalancer:
         nor shrink voluntarily (``may_shrink_voluntarily``), so leaving them out changes
         no move, only the step's cost. (Takers are tested as donors in ``run``, once
         needed.)"""
-        s = self.s
-        cooldown, now, held = s.policy.cooldown_s, s.now, _HELD
+        s, held = self.s, _HELD
         takers: list[JobState] = []
         givers: list[JobState] = []
-        for js in jobs:  # (attribute reads only: this loop runs at every plan)
+        for js in jobs:  # (growth's pool: a few dozen jobs a plan)
             workers = js.workers
             if not workers or workers < js.lo:
                 continue
@@ -261,10 +261,7 @@ class Rebalancer:
                 continue  # resized in this cycle already
             if id(js.reason) in held or job.worker.resources.gpu <= 0:
                 continue
-            last = job.last_resize_time  # (``cooling_until``, written out)
-            if last is None:
-                last = job.start_time
-            if last is not None and js.live[_W] and last + cooldown > now:
+            if cooling_until(s, js) is not None:
                 continue
             kept = js.margins
             limit = kept.limit if kept is not None else explored_limit(js)

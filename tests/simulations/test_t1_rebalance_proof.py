@@ -66,10 +66,10 @@ def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) ->
 
 
 def _reference_split(s: Session, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
-    """``Rebalancer.split`` written from the rules it inlines (``cooling_until``,
-    ``explored_limit``, the cycle's own moves and holds), as the step split its jobs before
-    it read growth's pool; a cooling job it leaves out of the givers must be one that
-    ``may_shrink_voluntarily`` refuses (so it never gave)."""
+    """``Rebalancer.split`` as the step split its jobs before it read growth's pool and
+    left cooling jobs out (``explored_limit`` where the split reads the kept limit; the
+    cycle's own moves and holds); a cooling job it leaves out of the givers must be one
+    that ``may_shrink_voluntarily`` refuses (so it never gave)."""
     w = rebalancing._W
     takers: list[JobState] = []
     givers: list[JobState] = []
