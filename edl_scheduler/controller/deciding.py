@@ -103,15 +103,23 @@ def decide(
     attained_due: Callable[[str], float] = lambda _key: 0.0,
     nodes: NodeStates | None = None,
     quiet: QuietJobs | None = None,
+    held_ports: Iterable[int] = (),
 ) -> Decisions:
     """The intents of one cycle. ``namer(job, role)`` names a new replica pod;
     ``attained_due(key)`` is the time since the job's attained GPU-time was last written, when
     it is due to be written again (else 0). With ``quiet``, jobs whose inputs did not change
-    since a cycle in which they produced nothing are not decided again."""
+    since a cycle in which they produced nothing are not decided again.
+
+    ``held_ports`` are the ports of coordinator pods that no view shows: a deleted job's pods
+    stay until the garbage collector and their kubelet have removed them, and its coordinator
+    listens until then. A new coordinator is never given a port one of them holds: where
+    coordinators share a network (``--coordinator-ports`` ranges), it could not listen, and
+    whatever still answers there would be taken for it."""
     out = Decisions()
     used_ports = [
         p for v in views.values() if (p := coordinator_port_of(v.coordinator)) is not None
     ]
+    used_ports.extend(held_ports)
     decisions = {d.job: d for d in plan.decisions} if plan is not None else {}
     for key, view in sorted(views.items()):
         if view.tj is None:

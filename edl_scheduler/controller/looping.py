@@ -254,7 +254,14 @@ class PlanningLoop:
         for change in result.changes:
             log.info("plan: %s", change)
         priorities = {j.name: j.priority for j in observation.snapshot.jobs}
-        views = self._views(bodies, pods, observation.jobs, observation.rejected, priorities)
+        grouped = group_pods(pods)
+        views = self._views(bodies, grouped, observation.jobs, observation.rejected, priorities)
+        # Coordinators of jobs gone (deleted, their pods not yet collected) keep their ports.
+        held = [
+            port
+            for key, (_, pod) in grouped.items()
+            if key not in views and (port := coordinator_port_of(pod)) is not None
+        ]
         usage = _replica_usage(pods, self.memo)
         node_states = NodeStates(
             frozenset(n.name for n in observation.snapshot.nodes),
@@ -263,7 +270,15 @@ class PlanningLoop:
         )
         self._attained_left = ATTAINED_WRITES_PER_CYCLE
         decisions = decide(
-            views, result, self.config, now, new_name, self._attained_due, node_states, self.quiet
+            views,
+            result,
+            self.config,
+            now,
+            new_name,
+            self._attained_due,
+            node_states,
+            self.quiet,
+            held,
         )
         phases.done("decide")
         if not self.elector.is_leader():
@@ -327,12 +342,11 @@ class PlanningLoop:
     def _views(
         self,
         bodies: Sequence[Obj],
-        pods: Sequence[Obj],
+        grouped: Mapping[str, tuple[list[Obj], Obj | None]],
         parsed: Mapping[str, TrainingJob],
         rejected: Mapping[str, str],
         priorities: Mapping[str, int],
     ) -> dict[str, JobView]:
-        grouped = group_pods(pods)
         views: dict[str, JobView] = {}
         for body in bodies:
             meta = body.get("metadata", {})
@@ -437,25 +451,33 @@ class PlanningLoop:
 
     def _probe_forever(self) -> None:
         """Asks each coordinator that has not answered yet (its pod just created or replaced)
-        every ``ready_probe_period_s``, on threads of its own: its first answer starts a
-        cycle at once, which creates the job's waiting workers. Apart from the progress
-        rounds, so that a round over hundreds of jobs never holds a probe back."""
+        every ``ready_probe_period_s`` once its pod is Running, on threads of its own: its
+        first answer starts a cycle at once, which creates the job's waiting workers. Apart
+        from the progress rounds, so that a round over hundreds of jobs never holds a probe
+        back."""
         pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ready-probe")
         try:
             while not self.stopping.wait(self.config.ready_probe_period_s):
                 if not self.elector.is_leader():
                     continue
                 jobs = [
-                    k for k, c in dict(self._coordinated).items() if self._answered.get(k) != c.uid
+                    k
+                    for k, c in dict(self._coordinated).items()
+                    if c.running and self._answered.get(k) != c.uid
                 ]
                 list(pool.map(self._poll_one, jobs))
         finally:
             pool.shutdown(wait=False)
 
     def _poll_one(self, key: str) -> None:
-        client = self._client_of(key)
         asked = self._coordinated.get(key)
-        if client is None or asked is None:
+        if asked is None or not asked.running:
+            # A pod not Running has no process yet: whatever answers at its address is
+            # another (one that held the port before it), and its answer must not count
+            # for this pod, nor its snapshot be kept as this job's state.
+            return
+        client = self._client_of(key)
+        if client is None:
             return
         try:
             progress = client.progress()

@@ -15,7 +15,8 @@ Aspects:
 - an invalid job gets Valid=False and one Warning Event, and no second write when nothing
   changed;
 - phases follow JobPhase's diagram (Suspended -> Pending -> Running);
-- status is written only when it changed; per-job coordinator ports are unique;
+- status is written only when it changed; per-job coordinator ports are unique, also against
+  the coordinator pods of deleted jobs (``held_ports``);
 - a job whose inputs did not change since a cycle in which it produced nothing is not decided
   again (``QuietJobs``), and skipping it never changes what a cycle produces: a changed
   object, progress, node or plan decision, a draining replica or a due attained-time write
@@ -377,6 +378,9 @@ def test_each_new_coordinator_takes_a_free_port() -> None:
     out = decide(views, Plan(NOW, decisions), CONFIG, NOW, names())
     ports = sorted(i.port for i in of(CreateCoordinator, out.intents))
     assert ports == [21001, 21002]
+    # A deleted job's coordinator, its pod not yet collected, keeps its port too.
+    out = decide(views, Plan(NOW, decisions), CONFIG, NOW, names(), held_ports=[21001])
+    assert sorted(i.port for i in of(CreateCoordinator, out.intents)) == [21002, 21003]
 
 
 def test_written_status_stays_until_the_watch_shows_that_write() -> None:

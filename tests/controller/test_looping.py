@@ -12,7 +12,11 @@ Aspects:
 - a coordinator is told the job's size once after its first answer, and a replacement again;
 - a coordinator that has not answered yet is probed apart from the progress rounds: a round
   held up by a slow coordinator does not hold its probe back;
-- each step of a cycle is timed in ``edl_planner_cycle_phase_seconds``.
+- a coordinator whose pod is not Running is not asked: what answers at its address is
+  another process, whose answer must not count for it nor its snapshot become the job's state;
+- each step of a cycle is timed in ``edl_planner_cycle_phase_seconds``;
+- a new coordinator is not given the port of a deleted job's coordinator pod that is still
+  there (its job is gone from the watch, its pod not yet collected);
 - ``edl_planner_quiet_cycles`` counts the cycles since the last one that wanted a move.
 """
 
@@ -24,6 +28,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any, cast
 
 import pytest
@@ -36,7 +41,7 @@ from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.looping import ATTAINED_WRITES_PER_CYCLE, PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.naming import ANNOTATION_DRAINING
-from edl_scheduler.controller.podstate import left_for_good
+from edl_scheduler.controller.podstate import group_pods, left_for_good
 
 PERIOD = 15.0
 
@@ -154,7 +159,7 @@ def test_a_coordinator_is_told_the_size_once_after_its_first_answer(loop: Any) -
     def due(uid: str) -> bool:
         pod = coordinator_pod()
         pod["metadata"]["uid"] = uid
-        return planning._views([body], [pod], parsed, {}, {})["ns/j"].target_due
+        return planning._views([body], group_pods([pod]), parsed, {}, {})["ns/j"].target_due
 
     assert not due("u1")  # not answered yet: nothing is asked of it
     planning._answered["ns/j"] = "u1"
@@ -224,6 +229,35 @@ def test_a_coordinators_first_answer_starts_a_cycle_at_once() -> None:
         assert answering.asked == 2
 
     running(planning, scenario)
+
+
+class StatefulCoordinator(AnsweringCoordinator):
+    def snapshot(self) -> str:
+        return '{"format": "other"}'
+
+
+def test_only_a_running_coordinator_pod_is_asked() -> None:
+    """Its pod Pending (or Failed: its process could not listen), the job's coordinator is
+    not there to answer: an answer at its address came from whatever held the port before
+    it. Counted, it made the pod ready and its snapshot was kept as the job's saved state,
+    from which every replacement then failed to start."""
+    planning = new_loop(ControllerConfig(token_key=b"k" * 32, snapshot_period_s=0.0))
+    saved: list[str] = []
+    planning.actuator.save_state = lambda ns, name, manifest: saved.append(name)  # type: ignore[method-assign]
+    other = StatefulCoordinator()
+    tj = cast(Any, SimpleNamespace(metadata=SimpleNamespace(namespace="ns", name="j")))
+    planning._clients["ns/j"] = ("127.0.0.1:1", other)
+    try:
+        for phase_running in (False, True):
+            planning._coordinated["ns/j"] = looping._Coordinated(
+                tj, "127.0.0.1:1", phase_running, "u1"
+            )
+            planning._poll_one("ns/j")
+            if not phase_running:
+                assert other.asked == 0 and "ns/j" not in planning._answered and not saved
+        assert other.asked == 1 and planning._answered["ns/j"] == "u1" and saved == ["j"]
+    finally:
+        planning.actuator.close()
 
 
 def test_a_draining_replica_gone_is_what_an_admission_waits_for() -> None:
@@ -342,3 +376,39 @@ def test_quiet_cycles_count_the_cycles_since_the_last_move(
     planning.elector.is_leader = lambda: False
     planning.cycle(World((), (), (), {}))
     assert quiet() == 0
+
+
+def test_a_deleted_jobs_lingering_coordinator_keeps_its_port(loop: Any) -> None:
+    """A job deleted by its user leaves its pods to the garbage collector, and its
+    coordinator listens until its pod is gone. A job placed meanwhile must not get that
+    port: where coordinators share a network its own could not listen, and the old one,
+    still answering there, was taken for it (its snapshot kept as the new job's state)."""
+    from edl_scheduler.controller.config import PortRange
+    from edl_scheduler.controller.intents import CreateCoordinator
+    from tests.controller.test_deciding import coordinator as coordinator_pod
+    from tests.controller.test_deciding import job_body
+
+    planning, clock = loop
+    planning.config = dataclasses.replace(
+        planning.config, coordinator_host="127.0.0.1", coordinator_ports=PortRange(21000, 21010)
+    )
+    planning.elector.is_leader = lambda: True
+    planning._holds_loaded = True
+    planning.store.save = lambda _reservations: None
+    acted: list[Any] = []
+    planning.actuator.run = acted.extend
+    clock.now = 1_800_000_000.0
+    node = {
+        "metadata": {"name": "n0"},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": "4"},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+    lingering = coordinator_pod("gone", port=21000)
+    lingering["metadata"]["deletionTimestamp"] = "2027-01-01T00:00:05Z"
+    planning.cycle(World((node,), (lingering,), (job_body("new"),), {}))
+    created = [i for i in acted if isinstance(i, CreateCoordinator)]
+    assert [c.job.metadata.name for c in created] == ["new"]
+    assert created[0].port == 21001
