@@ -12,7 +12,11 @@ time of the process over the same run (on a shared machine the fairer number: wa
 grows with the others' load).
 
     python benchmarks/sim_speed.py [--traces ../shared/traces] [--limit N] [--skip-full|--skip-3d]
-        [--progress]
+        [--progress] [--compile]
+
+``build`` says whether the planner and the simulator ran compiled (``native``: the mypyc
+build of these sources, ``edl-sim compile`` or ``--compile`` makes it) or as Python (why);
+``EDL_PURE=1`` runs Python where a build exists, for a pair.
 
 ``--progress`` prints to stderr, every 1,000 finished jobs of the full trace, a JSON line
 with the CPU time so far and over the last 1,000 jobs (a run too long to finish still says
@@ -22,12 +26,15 @@ how far it got and whether the cost per job grows).
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
 import click
 
+from edl_scheduler import native
 from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN
@@ -65,8 +72,15 @@ class _Progress:
 @click.option("--skip-full", is_flag=True, help="Only philly_3d.")
 @click.option("--skip-3d", is_flag=True, help="Only the full trace.")
 @click.option("--progress", is_flag=True, help="CPU time per 1,000 finished jobs, to stderr.")
-def main(traces: Path, limit: int | None, skip_full: bool, skip_3d: bool, progress: bool) -> None:
-    line: dict[str, object] = {"cluster": "64x8"}
+@click.option("--compile", "build", is_flag=True, help="Build the compiled modules first.")
+def main(
+    traces: Path, limit: int | None, skip_full: bool, skip_3d: bool, progress: bool, build: bool
+) -> None:
+    if build and native.mode() is not native.Mode.NATIVE:
+        # Built, then run in a fresh process: this one has loaded the Python modules.
+        native.build()
+        os.execv(sys.executable, [sys.executable, *[a for a in sys.argv if a != "--compile"]])
+    line: dict[str, object] = {"cluster": "64x8", "build": native.mode().value}
     if not skip_full:
         cluster = load_cluster("64x8")
         workload = load_philly(traces / "pollux" / "traces" / "philly.csv", cluster, limit=limit)

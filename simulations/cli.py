@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
+from edl_scheduler import native
 from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
 from simulations.reporting import markdown_table, write_reports
@@ -153,6 +154,18 @@ def fidelity(traces: Path, names: tuple[str, ...], as_json: bool) -> None:
             click.echo(json.dumps(line))
         return
     click.echo(markdown(rows), nl=False)
+
+
+@main.command(name="compile")
+def compile_() -> None:
+    """Compiles the planner and the simulator's hot modules with mypyc (about two minutes):
+    later runs of these same sources take the build and run about twice as fast, with the
+    same results. EDL_PURE=1 runs pure Python anyway."""
+    try:
+        where = native.build()
+    except native.BuildError as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"built {len(native.modules())} modules into {where}")
 
 
 if __name__ == "__main__":  # pragma: no cover

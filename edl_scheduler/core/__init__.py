@@ -6,9 +6,10 @@ checks it); the clock and any seed are arguments.
 """
 
 from edl_scheduler.core.applying import apply_plan
+from edl_scheduler.core.errors import PlanningError
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
-from edl_scheduler.core.planning import PlanningError, plan
+from edl_scheduler.core.planning import plan
 from edl_scheduler.core.policy import (
     PRESETS,
     Admission,

@@ -30,6 +30,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from edl_scheduler.core.admitting import Admitter, rounds_start_nothing, suspend_by_spec
+from edl_scheduler.core.errors import PlanningError
 from edl_scheduler.core.growing import WAITING, Grower, cooling_message
 from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
@@ -44,10 +45,6 @@ from edl_scheduler.core.validating import validate
 _EXTRA_ROUNDS = 3
 #: (An enum class attribute read costs about 0.17 us; ``_untouched`` runs once per job.)
 _W, _P = Role.WORKER, Role.PSERVER
-
-
-class PlanningError(RuntimeError):
-    """The planner broke one of its own guarantees: always a bug, never bad input."""
 
 
 def _role_change(

@@ -1,0 +1,231 @@
+"""The planner's and the simulator's hot modules compiled to C with mypyc, used where a build
+of these exact sources exists: the same code and the same results, about twice as fast.
+
+Why: a trace replay spends nearly all its time in ``plan()`` and in the simulator's event
+loop, pure Python that is fully typed (``mypy --strict``). mypyc (part of mypy) compiles such
+modules to C extensions with no change to their source, so a researcher who replays long
+traces builds once (``edl-sim compile``, about two minutes) and every later process picks
+the build up: ``import edl_scheduler`` calls ``activate`` before any planner module loads,
+so the controller's and the local backend's cycles run it too where a build exists.
+
+What must stay true:
+- A build is keyed by the bytes of every module it compiles and the interpreter's ABI, and
+  is used only under that key: an edited source never runs from a stale build; it runs as
+  Python until it is built again.
+- All or nothing: compiled classes are C structs that compiled callers read directly, so a
+  compiled module handed an object of the same class from the pure module fails.
+  ``activate`` takes the build only while none of ``modules()`` is imported yet; otherwise
+  the process stays pure.
+- Pure Python is always the fallback (no build, ``EDL_PURE=1``, a module imported first),
+  and ``mode()`` says which runs, so that a reported timing names what it timed.
+- Package ``__init__`` modules and ``NOT_COMPILED`` stay Python; everything else in
+  ``PACKAGES`` must compile (``tests/simulations/test_native.py`` builds all of it).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import sysconfig
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+#: The packages (module directory, dotted name) whose modules are compiled.
+PACKAGES: tuple[tuple[str, ...], ...] = (("edl_scheduler", "core"), ("simulations",))
+#: Modules left as Python: the command line, reports and plots (click, rich, matplotlib:
+#: nothing hot), trace loading (once per run), the Pollux profiles (not on the
+#: benchmarks' paths; mypyc refuses one of their int-or-float locals), and the planner's
+#: PlanningError (mypyc cannot subclass RuntimeError).
+NOT_COMPILED = frozenset(
+    {
+        "simulations.__main__",
+        "simulations.cli",
+        "simulations.fidelity",
+        "simulations.plotting",
+        "simulations.profiles",
+        "simulations.reporting",
+        "simulations.scenario",
+        "simulations.synthetic",
+        "simulations.traces",
+        "edl_scheduler.core.errors",
+    }
+)
+#: Bumped when the layout of a build directory changes.
+_FORMAT = "1"
+_MANIFEST = "manifest.json"
+#: Set (to anything but "" or "0") to run pure Python even where a build exists.
+PURE_ENV = "EDL_PURE"
+#: Where builds are kept (default: $XDG_CACHE_HOME/edl/native, else ~/.cache/edl/native).
+DIR_ENV = "EDL_NATIVE_DIR"
+
+
+class Mode(enum.Enum):
+    """Which code a process runs, and why."""
+
+    NATIVE = "native"
+    PURE_NO_BUILD = "pure: no build of these sources (run `edl-sim compile`)"
+    PURE_ASKED = f"pure: {PURE_ENV} is set"
+    PURE_IMPORTED = "pure: the planner was imported before the build could be taken"
+
+
+class BuildError(RuntimeError):
+    """mypyc or the C compiler failed; the message carries their output."""
+
+
+_mode = Mode.PURE_NO_BUILD
+
+
+def _package_dir(parts: tuple[str, ...]) -> Path:
+    """A package's directory, found without importing it (the simulator's may be importing)."""
+    spec = importlib.util.find_spec(parts[0])
+    if spec is None or not spec.submodule_search_locations:
+        raise BuildError(f"package {parts[0]} not found")
+    return Path(next(iter(spec.submodule_search_locations))).joinpath(*parts[1:])
+
+
+def modules() -> dict[str, Path]:
+    """Every compiled module's dotted name and source file, in a stable order."""
+    found: dict[str, Path] = {}
+    for parts in PACKAGES:
+        if importlib.util.find_spec(parts[0]) is None:  # (an install without the simulator)
+            continue
+        for source in sorted(_package_dir(parts).glob("*.py")):
+            name = ".".join((*parts, source.stem))
+            if source.stem != "__init__" and name not in NOT_COMPILED:
+                found[name] = source
+    return found
+
+
+def source_key(sources: dict[str, Path] | None = None) -> str:
+    """The build's key: the modules' names and bytes, the interpreter's ABI and platform."""
+    digest = hashlib.sha256(f"{_FORMAT}|{sys.implementation.cache_tag}|".encode())
+    digest.update(sysconfig.get_platform().encode())
+    for name, source in (sources or modules()).items():
+        digest.update(f"|{name}|".encode())
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:24]
+
+
+def cache_root() -> Path:
+    """Where builds are kept (``EDL_NATIVE_DIR`` overrides)."""
+    if os.environ.get(DIR_ENV):
+        return Path(os.environ[DIR_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "edl" / "native"
+
+
+def build_dir(key: str | None = None) -> Path:
+    """The directory of the build for these sources (it may not exist yet)."""
+    return cache_root() / (key or source_key())
+
+
+def _read_manifest(directory: Path) -> dict[str, Path] | None:
+    """The build's module -> extension file map; None where it is missing or incomplete."""
+    try:
+        names: dict[str, str] = json.loads((directory / _MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    files = {name: directory / rel for name, rel in names.items()}
+    return files if all(f.is_file() for f in files.values()) else None
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Answers the compiled modules' imports from the build; every other import falls
+    through to the usual finders."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        file = self.files.get(fullname)
+        return None if file is None else importlib.util.spec_from_file_location(fullname, file)
+
+
+def activate() -> Mode:
+    """Takes the build of these sources where one exists and nothing compiled is imported
+    yet (see the module docstring); returns, and remembers for ``mode()``, what runs."""
+    global _mode
+    if any(isinstance(finder, _Finder) for finder in sys.meta_path):
+        return _mode
+    if os.environ.get(PURE_ENV, "") not in ("", "0"):
+        _mode = Mode.PURE_ASKED
+        return _mode
+    if not cache_root().is_dir():  # no build anywhere: nothing to hash
+        _mode = Mode.PURE_NO_BUILD
+        return _mode
+    sources = modules()
+    files = _read_manifest(build_dir(source_key(sources)))
+    if files is None:
+        _mode = Mode.PURE_NO_BUILD
+    elif any(name in sys.modules for name in sources):
+        _mode = Mode.PURE_IMPORTED
+    else:
+        sys.meta_path.insert(0, _Finder(files))
+        _mode = Mode.NATIVE
+    return _mode
+
+
+def mode() -> Mode:
+    """What this process runs (as ``activate`` found it)."""
+    return _mode
+
+
+def build(*, echo: bool = False) -> Path:
+    """Compiles ``modules()`` with mypyc into ``build_dir()`` and returns it; a build that is
+    already there is kept. The sources are copied to a scratch directory first, so nothing
+    is written beside them, and the finished build is moved in whole (a concurrent or
+    interrupted build never leaves a half one under the key)."""
+    import shutil  # (the build's imports stay out of every import of the package)
+    import subprocess
+    import tempfile
+
+    sources = modules()
+    key = source_key(sources)
+    target = build_dir(key)
+    if _read_manifest(target) is not None:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="edl-native-") as scratch:
+        work = Path(scratch)
+        for parts in PACKAGES:
+            # The whole package tree, for type checking; only ``sources`` are compiled.
+            top = _package_dir(parts[:1])
+            shutil.copytree(top, work / parts[0], dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.so"))  # fmt: skip
+        # mypyc type-checks what it compiles; pydantic's plugin types the API models that
+        # the planner's building module reads.
+        (work / "mypy.ini").write_text("[mypy]\nplugins = pydantic.mypy\n")
+        files = [name.replace(".", "/") + ".py" for name in sources]
+        command = [sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", *files]
+        done = subprocess.run(command, cwd=work, capture_output=not echo, text=True, check=False)
+        if done.returncode != 0:
+            raise BuildError(
+                f"mypyc failed ({done.returncode}): {' '.join(command)}\n"
+                f"{done.stdout or ''}{done.stderr or ''}"
+            )
+        suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        manifest: dict[str, str] = {}
+        for name in sources:
+            rel = name.replace(".", "/") + suffix
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(work / rel, staging / rel)
+            manifest[name] = rel
+        for shared in work.glob(f"*__mypyc{suffix}"):  # the group's runtime, imported by name
+            shutil.copy2(shared, staging / shared.name)
+            manifest[shared.name.removesuffix(suffix)] = shared.name
+        (staging / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        try:
+            staging.rename(target)
+        except OSError:  # another build finished first: keep it
+            shutil.rmtree(staging, ignore_errors=True)
+    return target

@@ -1,0 +1,113 @@
+"""The compiled build (``edl_scheduler/native.py``) against the Python it is built from.
+
+Aspects:
+- ``python -m simulations compile`` builds every module of the planner and the simulator's
+  hot path (a module that mypyc cannot compile fails here), and a process started beside
+  the build runs it: the planner is loaded from the extension, ``mode()`` says ``NATIVE``;
+- that process and this one (Python, as the whole suite runs: ``tests/__init__.py``) give
+  the same job records, timelines and plan counts on every run of ``native_runs``;
+- the build is taken only under its sources' key: a build filed under another key (the
+  sources changed since) or an incomplete one is not taken, ``EDL_PURE`` is obeyed, and a
+  process whose planner modules were imported before ``activate`` stays Python;
+- the key changes with any byte of any compiled source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edl_scheduler import native
+from tests.simulations import native_runs
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(build_root: Path, **extra: str) -> dict[str, str]:
+    env = os.environ | {native.PURE_ENV: "0", native.DIR_ENV: str(build_root)}
+    return env | {"PYTHONPATH": str(ROOT)} | extra
+
+
+def _python(code: str, env: dict[str, str], timeout: float = 300) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=timeout, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def build_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    root = tmp_path_factory.mktemp("native")
+    done = subprocess.run(
+        [sys.executable, "-m", "simulations", "compile"], cwd=ROOT, env=_env(root),
+        capture_output=True, text=True, timeout=1200, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_build_gives_the_results_of_the_python_it_is_built_from(build_root: Path) -> None:
+    assert native.mode() is native.Mode.PURE_ASKED  # this process: the Python modules
+    code = "from tests.simulations import native_runs; native_runs.main()"
+    out = json.loads(_python(code, _env(build_root), timeout=900))
+    assert out["build"]["mode"] == "NATIVE"
+    assert out["build"]["planning"].endswith(".so"), out["build"]
+    compiled: dict[str, Any] = out["runs"]
+    pure = json.loads(json.dumps(native_runs.runs()))
+    assert sorted(compiled) == sorted(pure)
+    for name in pure:
+        assert compiled[name] == pure[name], name
+    assert any(r[2] is not None for r in pure["philly_3d-400/tiresias"]["jobs"])
+
+
+_MODE = "from edl_scheduler import native; print(native.mode().name)"
+
+
+def test_a_build_is_taken_only_under_its_sources_key(build_root: Path, tmp_path: Path) -> None:
+    (built,) = [p for p in build_root.iterdir() if (p / "manifest.json").is_file()]
+    assert _python(_MODE, _env(build_root)).strip() == "NATIVE"
+    assert _python(_MODE, _env(build_root, EDL_PURE="1")).strip() == "PURE_ASKED"
+    # The sources changed since the build: it is filed under a key they no longer have.
+    moved = tmp_path / "other"
+    shutil.copytree(built, moved / "0123456789abcdef01234567")
+    assert _python(_MODE, _env(moved)).strip() == "PURE_NO_BUILD"
+    # A build missing one of its extensions is not taken.
+    partial = tmp_path / "partial"
+    shutil.copytree(built, partial / built.name)
+    next((partial / built.name / "simulations").glob("engine.*")).unlink()
+    assert _python(_MODE, _env(partial)).strip() == "PURE_NO_BUILD"
+    # Planner modules imported before the build could be taken: the process stays Python.
+    late = (
+        "import os; from edl_scheduler import native; import edl_scheduler.core; "
+        "os.environ.pop('EDL_PURE'); native._mode = native.Mode.PURE_NO_BUILD; "
+        "print(native.activate().name)"
+    )
+    assert _python(late, _env(build_root, EDL_PURE="1")).strip() == "PURE_IMPORTED"
+
+
+def test_the_key_changes_with_any_byte_of_any_compiled_source(tmp_path: Path) -> None:
+    sources = native.modules()
+    assert "edl_scheduler.core.planning" in sources and "simulations.engine" in sources
+    copies = {}
+    for name, source in sources.items():
+        copies[name] = tmp_path / f"{name}.py"
+        shutil.copyfile(source, copies[name])
+    key = native.source_key(copies)
+    assert key == native.source_key(sources)
+    for name in ("edl_scheduler.core.growing", "simulations.instant"):
+        original = copies[name].read_bytes()
+        copies[name].write_bytes(original + b"\n")
+        assert native.source_key(copies) != key, name
+        copies[name].write_bytes(original)
+    assert native.source_key(copies) == key
