@@ -4,6 +4,8 @@
 # This is the README's test command; .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# tests/simulations/test_native.py compiles the planner with mypyc: it needs a C compiler.
+command -v cc >/dev/null || { apt-get update -q && apt-get install -y -q gcc; }
 python3 -m venv .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate
