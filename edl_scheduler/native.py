@@ -117,7 +117,8 @@ def cache_root() -> Path:
     """Where builds are kept (``EDL_NATIVE_DIR`` overrides)."""
     if os.environ.get(DIR_ENV):
         return Path(os.environ[DIR_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    # (expanduser, unlike Path.home, never raises where no home is known, as in some pods)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "edl" / "native"
 
 
