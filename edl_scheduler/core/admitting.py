@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason
@@ -26,7 +27,7 @@ from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import may_shrink_voluntarily
 
-_W = Role.WORKER
+_W: Final = Role.WORKER
 
 
 class _Suffixes:

@@ -19,6 +19,7 @@ would use them better, when the gain pays for both pauses.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from edl_scheduler.core.margins import margins
 from edl_scheduler.core.placing import place
@@ -30,10 +31,12 @@ from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
 
 #: (Reading ``Role.WORKER`` costs an enum class lookup; the loops over every job use this.)
-_W = Role.WORKER
+_W: Final = Role.WORKER
 
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
-WAITING = frozenset({Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM})
+WAITING: Final = frozenset(
+    {Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM}
+)
 
 
 def _score(js: JobState, session: Session) -> tuple[float, ...]:

@@ -32,12 +32,13 @@ What must stay true:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.throughput import ThroughputModel, job_model
 
-_INF = float("inf")
+_INF: Final = float("inf")
 
 
 @dataclass(frozen=True, slots=True)

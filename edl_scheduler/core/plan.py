@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Final
 
 from edl_scheduler.core.snapshot import Reservation, Role
 
@@ -57,10 +58,14 @@ class Reason(Enum):
     USER_SUSPENDED = "UserSuspended"
     BELOW_MINIMUM = "BelowMinimum"
 
+    # Identity hashing, C-level, as ``snapshot.Role``'s: growth asks whether every job's
+    # reason is in a set at every plan. No set of reasons is iterated for an output.
+    __hash__ = object.__hash__
+
 
 #: Reasons that explain why a running job below its maximum was not grown although some GPU
 #: it could use is idle: the exceptions invariant 5 allows, each said in the plan.
-HOLD_REASONS = frozenset(
+HOLD_REASONS: Final = frozenset(
     {
         Reason.COOLING_DOWN,
         Reason.GAIN_BELOW_PAUSE,

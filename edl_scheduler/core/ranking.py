@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from itertools import islice
+from typing import Final
 
 from edl_scheduler.core.memo import Derived, PlanMemo
 from edl_scheduler.core.snapshot import Job, Snapshot
@@ -33,7 +34,7 @@ Ranked = list[tuple[Key, Derived]]
 USE_PARKED = True
 #: Jobs not seen before that a kept ranking takes one by one (binary search); more are
 #: merged in by one sort of the two runs.
-_INSERTS = 8
+_INSERTS: Final = 8
 
 
 def first(pair: tuple[Key, Derived]) -> Key:

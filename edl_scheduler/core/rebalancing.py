@@ -47,6 +47,7 @@ donor was shrunk for a named job (``for_job``), with the predicted speed-ups.
 from __future__ import annotations
 
 import heapq
+from typing import Final
 
 from edl_scheduler.core.margins import explored_limit, first_gain, first_loss, margins
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
@@ -61,11 +62,11 @@ from edl_scheduler.core.stability import (
 )
 from edl_scheduler.core.throughput import ThroughputModel
 
-_W = Role.WORKER
-_INF = float("inf")
+_W: Final = Role.WORKER
+_INF: Final = float("inf")
 #: Donors tried for one recipient before it is given up (the cheapest first); bounds a
 #: step to O(moves x log jobs) however many donors a priority rule or placement rules out.
-_DONORS_TRIED = 8
+_DONORS_TRIED: Final = 8
 #: Whether the kept bounds (``margins``) spare work: a step they prove moveless is left
 #: out (``Rebalancer.run``) and a giver is valued only when reached (``_best_move``). The
 #: step's result is the same either way (tests turn it off to show that).
@@ -140,7 +141,7 @@ class _Member:
 
 #: ``HOLD_REASONS`` by identity (enum members are singletons; hashing one runs Python code,
 #: and this test runs for every running job at every plan).
-_HELD = frozenset(id(reason) for reason in HOLD_REASONS)
+_HELD: Final = frozenset(id(reason) for reason in HOLD_REASONS)
 
 
 def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:

@@ -8,6 +8,7 @@ placements that fit on paper cannot over-commit a node through rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,4 +51,4 @@ class Resources:
         return f"{self.gpu} GPU, {self.cpu_milli}m CPU, {gib:.3g}Gi memory"
 
 
-NO_RESOURCES = Resources()
+NO_RESOURCES: Final = Resources()

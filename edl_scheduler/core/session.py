@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from edl_scheduler.core.layout import Layout, layout_of
 from edl_scheduler.core.matching import allowed_on
@@ -30,7 +30,8 @@ from edl_scheduler.core.snapshot import Constraints, Job, Node, Replica, Role, S
 if TYPE_CHECKING:  # the margins module imports this one
     from edl_scheduler.core.margins import Margins
 
-_W, _P = Role.WORKER, Role.PSERVER
+_W: Final = Role.WORKER
+_P: Final = Role.PSERVER
 
 
 def _occupy(used: list[list[int]], occupied: Sequence[Resources], nodes: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Final
 
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
 from edl_scheduler.gradients import FieldNames, statistics_problem
@@ -94,7 +95,7 @@ class Constraints:
     tolerations: tuple[Toleration, ...] = ()
 
 
-NO_CONSTRAINTS = Constraints()
+NO_CONSTRAINTS: Final = Constraints()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +141,11 @@ class ThroughputSample:
     workers: int
     samples_per_second: float
     batch: int = 0
+
+    def __hash__(self) -> int:
+        # The dataclass's own hash, written here so that it compiles: the fit's cache
+        # (``throughput.fit``) hashes every sample of each new Job object it is asked for.
+        return hash((self.nodes, self.workers, self.samples_per_second, self.batch))
 
 
 @dataclass(frozen=True, slots=True)

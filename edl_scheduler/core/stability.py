@@ -8,11 +8,13 @@ higher-ranked job's gang never asks these functions (see ``admitting._may_shrink
 
 from __future__ import annotations
 
+from typing import Final
+
 from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Role
 
-_W = Role.WORKER  # (asked for every running job at every plan: no enum class lookup)
+_W: Final = Role.WORKER  # (asked for every running job at every plan: no enum class lookup)
 
 
 def cooling_until(session: Session, js: JobState) -> float | None:

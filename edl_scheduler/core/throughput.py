@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final
 
 import numpy as np
 
@@ -57,8 +58,8 @@ class ThroughputModel:
 #: Parameters relative to compute time: synchronization is cheap on one node and a little
 #: dearer across nodes, so extra workers help with diminishing returns.
 _PRIOR = (1.0, 0.05, 0.005, 0.15, 0.01)
-PRIOR_MODEL = ThroughputModel(*_PRIOR)
-_RIDGE = 0.05
+PRIOR_MODEL: Final = ThroughputModel(*_PRIOR)
+_RIDGE: Final = 0.05
 
 
 def _features(sample: ThroughputSample) -> tuple[float, float, float, float, float]:
