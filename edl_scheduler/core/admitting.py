@@ -17,7 +17,6 @@ like any waiting job of its rank, which moves it where it fits.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Final
 
 from edl_scheduler.core.placing import gang_fits, place_gang
@@ -66,15 +65,24 @@ class _Suffixes:
         return self.sums()[start]
 
 
-@dataclass(slots=True)
 class _Victim:
     """What is taken from one job: live replicas, or one worker that growth added to it
-    this cycle on ``withdrawn`` (node index), which is then simply not added."""
+    this cycle on ``withdrawn`` (node index), which is then simply not added. (A plain
+    class: compiled, its ``__init__`` is C, where a dataclass's is Python code.)"""
 
-    js: JobState
-    replicas: tuple[Replica, ...]
-    whole: bool
-    withdrawn: int | None = None
+    __slots__ = ("js", "replicas", "whole", "withdrawn")
+
+    def __init__(
+        self,
+        js: JobState,
+        replicas: tuple[Replica, ...],
+        whole: bool,
+        withdrawn: int | None = None,
+    ) -> None:
+        self.js = js
+        self.replicas = replicas
+        self.whole = whole
+        self.withdrawn = withdrawn
 
 
 def needs_of(js: JobState) -> dict[Role, int]:

@@ -31,7 +31,6 @@ What must stay true:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 
 from edl_scheduler.core.session import JobState, Session
@@ -41,28 +40,59 @@ from edl_scheduler.core.throughput import ThroughputModel, job_model
 _INF: Final = float("inf")
 
 
-@dataclass(frozen=True, slots=True)
 class Margins:
-    """A job's model and its values at its live size (``workers`` on ``nodes`` nodes)."""
+    """A job's model and its values at its live size (``workers`` on ``nodes`` nodes).
+    Nothing changes one once made. A plain class: compiled, its ``__init__`` is C, where a
+    dataclass's is generated Python code (one is made for every new Job object)."""
 
-    model: ThroughputModel
-    #: ``explored_limit``: the most workers a rebalancing move may give the job.
-    limit: int
-    #: Nodes its live workers are on (at least 1) and how many live workers it has.
-    nodes: int
-    workers: int
-    #: Speed-ups at ``workers`` on ``nodes`` (0 at none), one worker more, one fewer.
-    at: float
-    above: float
-    below: float
-    #: What one pause costs the job in the objective, horizon-weighted.
-    pause: float
-    #: Growth's rank term for one more worker (``growing._score``): ``-round(above - at, 9)``.
-    growth_score: float
-    #: Upper bound of the value of one more worker (``-inf`` at its explored limit).
-    best_gain: float
-    #: Lower bound of the cost of one worker fewer (``inf`` at one worker or its minimum).
-    least_loss: float
+    __slots__ = (
+        "above",
+        "at",
+        "below",
+        "best_gain",
+        "growth_score",
+        "least_loss",
+        "limit",
+        "model",
+        "nodes",
+        "pause",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        model: ThroughputModel,
+        limit: int,
+        nodes: int,
+        workers: int,
+        at: float,
+        above: float,
+        below: float,
+        pause: float,
+        growth_score: float,
+        best_gain: float,
+        least_loss: float,
+    ) -> None:
+        self.model = model
+        #: ``explored_limit``: the most workers a rebalancing move may give the job.
+        self.limit = limit
+        #: Nodes its live workers are on (at least 1) and how many live workers it has.
+        self.nodes = nodes
+        self.workers = workers
+        #: Speed-ups at ``workers`` on ``nodes`` (0 at none), one worker more, one fewer.
+        self.at = at
+        self.above = above
+        self.below = below
+        #: What one pause costs the job in the objective, horizon-weighted.
+        self.pause = pause
+        #: Growth's rank term for one more worker (``growing._score``):
+        #: ``-round(above - at, 9)``.
+        self.growth_score = growth_score
+        #: Upper bound of the value of one more worker (``-inf`` at its explored limit).
+        self.best_gain = best_gain
+        #: Lower bound of the cost of one worker fewer (``inf`` at one worker or its
+        #: minimum).
+        self.least_loss = least_loss
 
 
 def explored_limit(js: JobState) -> int:

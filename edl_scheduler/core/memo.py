@@ -19,7 +19,6 @@ not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from edl_scheduler.core.layout import Layout, layout_of
@@ -31,19 +30,34 @@ if TYPE_CHECKING:  # the session module imports this one
     from edl_scheduler.core.session import JobState
 
 
-@dataclass(frozen=True, slots=True)
 class Derived:
     """What a cycle derives from one job alone. ``live`` is read, never changed, by the
     planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
-    rank key when it does not depend on ``now`` (else None: computed each cycle)."""
+    rank key when it does not depend on ``now`` (else None: computed each cycle). Nothing
+    changes one once made.
 
-    job: Job
-    key: tuple[float | str, ...] | None
-    lo: int
-    hi: int
-    priority: int
-    live: dict[Role, list[Replica]]
-    usage: tuple[tuple[int, int, int, int], ...]
+    A plain class: compiled, its ``__init__`` is C, where a dataclass's is generated Python
+    code (one is made for every job not seen before)."""
+
+    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "usage")
+
+    def __init__(
+        self,
+        job: Job,
+        key: tuple[float | str, ...] | None,
+        lo: int,
+        hi: int,
+        priority: int,
+        live: dict[Role, list[Replica]],
+        usage: tuple[tuple[int, int, int, int], ...],
+    ) -> None:
+        self.job = job
+        self.key = key
+        self.lo = lo
+        self.hi = hi
+        self.priority = priority
+        self.live = live
+        self.usage = usage
 
 
 class PlanMemo:

@@ -12,8 +12,6 @@ and the caller can discard a gang that did not fit whole.
 
 from __future__ import annotations
 
-from collections import Counter
-
 from edl_scheduler.core.session import Cluster, JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 
@@ -69,9 +67,14 @@ def place(session: Session, stmt: Statement, js: JobState, role: Role, count: in
     cluster = session.cluster
     res = js.resources(role)
     remaining = count
-    own = Counter(js.nodes(Role.WORKER, cluster))
+    # Replicas per node (a dict: ``collections.Counter`` is Python code, and this runs for
+    # every placement; the sort below is total, so the count's order does not matter).
+    own: dict[int, int] = {}
+    for node in js.nodes(Role.WORKER, cluster):
+        own[node] = own.get(node, 0) + 1
     if role is not Role.WORKER:
-        own.update(js.nodes(role, cluster))
+        for node in js.nodes(role, cluster):
+            own[node] = own.get(node, 0) + 1
     for node, _ in sorted(own.items(), key=lambda kv: (-kv[1], kv[0])):
         if remaining == 0:
             break

@@ -14,7 +14,6 @@ Nothing here reads a clock or does I/O; the session dies with the ``plan()`` cal
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
 from edl_scheduler.core.layout import Layout, layout_of
@@ -46,16 +45,27 @@ def _occupy(used: list[list[int]], occupied: Sequence[Resources], nodes: int) ->
         u[2] += r.memory_bytes
 
 
-@dataclass(slots=True)
 class Hold:
-    """Room for ``count`` more replicas of ``job``'s ``role`` kept on one node."""
+    """Room for ``count`` more replicas of ``job``'s ``role`` kept on one node. (A plain
+    class: compiled, its ``__init__`` is C, where a dataclass's is Python code.)"""
 
-    job: str
-    rank: int
-    role: Role
-    count: int
-    per_replica: Resources
-    expires_at: float
+    __slots__ = ("count", "expires_at", "job", "per_replica", "rank", "role")
+
+    def __init__(
+        self,
+        job: str,
+        rank: int,
+        role: Role,
+        count: int,
+        per_replica: Resources,
+        expires_at: float,
+    ) -> None:
+        self.job = job
+        self.rank = rank
+        self.role = role
+        self.count = count
+        self.per_replica = per_replica
+        self.expires_at = expires_at
 
 
 class Cluster:
@@ -179,42 +189,79 @@ class Cluster:
         return best
 
 
-@dataclass(slots=True, eq=False)
 class JobState:
-    """A job inside the session: what it had, and what this cycle adds and removes."""
+    """A job inside the session: what it had, and what this cycle adds and removes.
+    Compared by identity. (A plain class: compiled, its ``__init__`` is C, where a
+    dataclass's is generated Python code; one is made for every new Job object.)"""
 
-    job: Job
-    rank: int
-    priority: int
-    lo: int
-    hi: int
-    classes: frozenset[int]
-    #: Replicas the job had (not draining). Never changed: with a ``PlanMemo`` the same
-    #: lists serve later cycles; moves go to ``added`` and ``removed``.
-    live: dict[Role, list[Replica]]
-    added: dict[Role, list[int]] = field(default_factory=lambda: {_W: [], _P: []})
-    removed: dict[Role, list[Replica]] = field(default_factory=lambda: {_W: [], _P: []})
-    #: Current size per role (live - removed + added), kept by ``Statement`` for speed.
-    workers: int = 0
-    pservers: int = 0
-    reason: Reason | None = None
-    message: str = ""
-    #: The job this one was shrunk, suspended or moved to admit.
-    for_job: str | None = None
-    #: Whether its new replicas stand on capacity taken from others, or it was started on
-    #: room held for it whose pods do not exist yet (so the plan holds it).
-    reserve: bool = False
-    #: When a hold carried over for it expires (None: a new hold, ``reservation_timeout_s``).
-    hold_expires_at: float | None = None
-    suspended: bool = False
-    started: bool = False
-    #: What a worker more or fewer is worth at its live size (``margins``): the job's
-    #: alone, so a kept state keeps it; derived when first asked for.
-    margins: Margins | None = None
-    #: When the cool-down of a job held for it ends, where a plan of changes only left
-    #: its message unwritten (``growing.Grower.candidates``); read only while its reason
-    #: is ``COOLING_DOWN`` and its message empty, which nothing else leaves.
-    cooling_end: float | None = None
+    __slots__ = (
+        "added",
+        "classes",
+        "cooling_end",
+        "for_job",
+        "hi",
+        "hold_expires_at",
+        "job",
+        "live",
+        "lo",
+        "margins",
+        "message",
+        "priority",
+        "pservers",
+        "rank",
+        "reason",
+        "removed",
+        "reserve",
+        "started",
+        "suspended",
+        "workers",
+    )
+
+    def __init__(
+        self,
+        job: Job,
+        rank: int,
+        priority: int,
+        lo: int,
+        hi: int,
+        classes: frozenset[int],
+        live: dict[Role, list[Replica]],
+        workers: int = 0,
+        pservers: int = 0,
+    ) -> None:
+        self.job = job
+        self.rank = rank
+        self.priority = priority
+        self.lo = lo
+        self.hi = hi
+        self.classes = classes
+        #: Replicas the job had (not draining). Never changed: with a ``PlanMemo`` the
+        #: same lists serve later cycles; moves go to ``added`` and ``removed``.
+        self.live = live
+        self.added: dict[Role, list[int]] = {_W: [], _P: []}
+        self.removed: dict[Role, list[Replica]] = {_W: [], _P: []}
+        #: Current size per role (live - removed + added), kept by ``Statement`` for speed.
+        self.workers = workers
+        self.pservers = pservers
+        self.reason: Reason | None = None
+        self.message = ""
+        #: The job this one was shrunk, suspended or moved to admit.
+        self.for_job: str | None = None
+        #: Whether its new replicas stand on capacity taken from others, or it was started
+        #: on room held for it whose pods do not exist yet (so the plan holds it).
+        self.reserve = False
+        #: When a hold carried over for it expires (None: a new hold,
+        #: ``reservation_timeout_s``).
+        self.hold_expires_at: float | None = None
+        self.suspended = False
+        self.started = False
+        #: What a worker more or fewer is worth at its live size (``margins``): the job's
+        #: alone, so a kept state keeps it; derived when first asked for.
+        self.margins: Margins | None = None
+        #: When the cool-down of a job held for it ends, where a plan of changes only left
+        #: its message unwritten (``growing.Grower.candidates``); read only while its
+        #: reason is ``COOLING_DOWN`` and its message empty, which nothing else leaves.
+        self.cooling_end: float | None = None
 
     @property
     def name(self) -> str:
