@@ -34,12 +34,13 @@ class Derived:
     """What a cycle derives from one job alone. ``live`` is read, never changed, by the
     planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
     rank key when it does not depend on ``now`` (else None: computed each cycle). Nothing
-    changes one once made.
+    changes one once made but ``seen``, the last kept ranking (``PlanMemo.cycle``) whose
+    snapshot showed its job (``ranking.kept_ranking``).
 
     A plain class: compiled, its ``__init__`` is C, where a dataclass's is generated Python
     code (one is made for every job not seen before)."""
 
-    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "usage")
+    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "seen", "usage")
 
     def __init__(
         self,
@@ -58,6 +59,7 @@ class Derived:
         self.priority = priority
         self.live = live
         self.usage = usage
+        self.seen = 0
 
 
 class PlanMemo:
@@ -67,6 +69,7 @@ class PlanMemo:
         "_layout",
         "_nodes",
         "_policy",
+        "cycle",
         "jobs",
         "moved",
         "node_names",
@@ -108,6 +111,9 @@ class PlanMemo:
         #: taken back if the same Job object comes back (``ranking.kept_ranking``); at most
         #: four times the last snapshot's jobs, the longest parked dropped first.
         self.parked: dict[int, tuple[Derived, JobState | None]] = {}
+        #: Kept rankings made so far; each marks the jobs its snapshot shows
+        #: (``Derived.seen``), so that the ones that left are found without a set of ids.
+        self.cycle = 0
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not

@@ -148,7 +148,7 @@ def _reservations(session: Session, jobs: list[JobState]) -> tuple[Reservation, 
     for js in jobs:
         if not js.reserve:
             continue
-        for role in Role:
+        for role in (_W, _P):  # (iterating the enum class is Python code)
             counts: dict[int, int] = {}
             for node in js.added[role]:
                 counts[node] = counts.get(node, 0) + 1
@@ -173,8 +173,8 @@ def _guard(session: Session, jobs: list[JobState]) -> None:
     touched = {
         n
         for js in jobs
-        if js.started or js.added[Role.WORKER] or js.added[Role.PSERVER]
-        for role in Role
+        if js.started or js.added[_W] or js.added[_P]
+        for role in (_W, _P)
         for n in js.added[role]
     }
     for n in touched:

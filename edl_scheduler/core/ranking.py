@@ -4,8 +4,9 @@ A driver that plans again and again (the simulator) shows mostly the same Job ob
 one cycle to the next; the session's ranking and the replicas' use per node are then the
 last cycle's (``PlanMemo.ranked``, ``PlanMemo.used``), patched for the jobs that left and
 the jobs not seen before. The cost of a cycle here follows those jobs: which ones they are
-is found with set operations over the jobs' identities, a job that left is found in the
-ranking by binary search on its kept key, and a new one goes in the same way. A job that
+is found by one look-up per shown job by its identity, which marks the kept ones (a job
+that left is one left unmarked), a job that left is found in the ranking by binary search
+on its kept key, and a new one goes in the same way. A job that
 left is parked (``PlanMemo.parked``): where the same Job object comes back (the simulator
 leaves out jobs no plan can change and shows them again later), what was derived from it
 and its kept ``JobState`` are taken back instead of derived again.
@@ -63,11 +64,19 @@ def kept_ranking(
     ranked = memo.ranked
     assert ranked is not None
     used = memo.used
-    fresh = [job for job in jobs if id(job) not in known]
+    memo.cycle += 1
+    cycle = memo.cycle
+    fresh: list[Job] = []
+    for job in jobs:
+        kept = known.get(id(job))
+        if kept is None:
+            fresh.append(job)
+        else:
+            kept.seen = cycle
     parked = memo.parked
     # Each removal and insertion is on its own entry and sums: their order changes nothing.
-    if len(jobs) - len(fresh) < len(known):  # some jobs left: found by set difference
-        gone = known.keys() - set(map(id, jobs))
+    if len(jobs) - len(fresh) < len(known):  # some jobs left: the ones left unmarked
+        gone = [i for i, d in known.items() if d.seen != cycle]
         for i in gone:
             d = known.pop(i)
             memo.steady.pop(i, None)

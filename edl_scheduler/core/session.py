@@ -315,7 +315,10 @@ class JobState:
         return len(set(self.nodes(_W, cluster)))
 
     def nodes(self, role: Role, cluster: Cluster) -> list[int]:
-        gone = {r.name for r in self.removed[role]}
+        removed = self.removed[role]
+        if not removed:  # (most calls: no set to build)
+            return [cluster.index[r.node] for r in self.live[role]] + self.added[role]
+        gone = {r.name for r in removed}
         used = [cluster.index[r.node] for r in self.live[role] if r.name not in gone]
         return used + self.added[role]
 
@@ -434,16 +437,18 @@ class Session:
         self.changes_only = changes_only
         #: Rank -> every job a statement of this cycle moved (``Statement``).
         self.touched: dict[int, JobState] = {}
-        index = {n.name: i for i, n in enumerate(snapshot.nodes)}
-        used = [[0, 0, 0] for _ in snapshot.nodes]
         self.jobs: list[JobState] = []
         key = sort_key(policy, now)
         varies = key_varies(policy)
         if memo is not None and memo.ranked is not None and not varies:
+            # Node name -> index: the memo's layout has the map (made once, not per cycle).
+            index = memo.layout(snapshot.nodes).index
             keyed, used = kept_ranking(
                 snapshot, memo, lambda job: Session._derive(job, policy, index, None, key, False)
             )
         else:
+            index = {n.name: i for i, n in enumerate(snapshot.nodes)}
+            used = [[0, 0, 0] for _ in snapshot.nodes]
             derived = [self._derive(job, policy, index, memo, key, varies) for job in snapshot.jobs]
             keyed = [(d.key if d.key is not None else key(d.job), d) for d in derived]
             keyed.sort(key=first)
