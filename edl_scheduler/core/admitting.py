@@ -399,10 +399,11 @@ class Admitter:
             for n in v.added[_W]:  # growth of this cycle goes back first
                 if cluster.node_class[n] in js.classes:
                     on_node.setdefault(n, []).append((v, None))
-            gone = set(map(id, v.removed[_W]))
+            removed = v.removed[_W]
+            gone = set(map(id, removed)) if removed else None  # (most jobs: none removed)
             for r in reversed(v.live[_W]):  # newest first: rank 0 stays longest
                 n = cluster.index[r.node]
-                if id(r) not in gone and cluster.node_class[n] in js.classes:
+                if (gone is None or id(r) not in gone) and cluster.node_class[n] in js.classes:
                     on_node.setdefault(n, []).append((v, r))
 
         def potential(n: int) -> int:

@@ -60,6 +60,9 @@ class ThroughputModel:
 _PRIOR = (1.0, 0.05, 0.005, 0.15, 0.01)
 PRIOR_MODEL: Final = ThroughputModel(*_PRIOR)
 _RIDGE: Final = 0.05
+#: The fit's constant terms, made once (the same values it would make at each fit).
+_RIDGE_EYE: Final = _RIDGE * np.eye(len(_PRIOR))
+_RIDGE_PRIOR: Final = _RIDGE * np.array(_PRIOR)
 
 
 def _features(sample: ThroughputSample) -> tuple[float, float, float, float, float]:
@@ -80,9 +83,8 @@ def fit(samples: tuple[ThroughputSample, ...]) -> ThroughputModel:
     singles = [v for s, v in zip(usable, y, strict=True) if s.workers == 1]
     scale = float(min(singles)) if singles else float(y.min())
     x = np.array([_features(s) for s in usable])
-    prior = np.array(_PRIOR)
-    lhs = x.T @ x + _RIDGE * np.eye(len(prior))
-    rhs = x.T @ (y / scale) + _RIDGE * prior
+    lhs = x.T @ x + _RIDGE_EYE
+    rhs = x.T @ (y / scale) + _RIDGE_PRIOR
     theta = np.clip(np.linalg.solve(lhs, rhs), 0.0, None) * scale
     compute = max(float(theta[0]), 1e-9 * scale)
     return ThroughputModel(compute, *(float(v) for v in theta[1:]))
