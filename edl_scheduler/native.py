@@ -9,9 +9,12 @@ the build up: ``import edl_scheduler`` calls ``activate`` before any planner mod
 so the controller's and the local backend's cycles run it too where a build exists.
 
 What must stay true:
-- A build is keyed by the bytes of every module it compiles and the interpreter's ABI, and
-  is used only under that key: an edited source never runs from a stale build; it runs as
-  Python until it is built again.
+- A build is keyed by the bytes of every module mypyc read to make it (``KEYED``: the
+  compiled packages whole and the API models and gradient rules they type against; a
+  compiled module carries their types and constants) and the interpreter's ABI, and is
+  used only under that key: an edited source never runs from a stale build; it runs as
+  Python until it is built again. The key is taken from the copies mypyc builds,
+  so a file saved during a build cannot be filed under the bytes it had before.
 - All or nothing: compiled classes are C structs that compiled callers read directly, so a
   compiled module handed an object of the same class from the pure module fails.
   ``activate`` takes the build only while none of ``modules()`` is imported yet; otherwise
@@ -25,15 +28,11 @@ What must stay true:
 from __future__ import annotations
 
 import enum
-import hashlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
-import json
 import os
 import sys
-import sysconfig
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -57,8 +56,15 @@ NOT_COMPILED = frozenset(
         "edl_scheduler.core.errors",
     }
 )
+#: What the key covers, relative to the directory that holds the packages: what mypyc reads.
+KEYED: tuple[str, ...] = (
+    "edl_scheduler/core",
+    "edl_scheduler/api",
+    "edl_scheduler/gradients.py",
+    "simulations",
+)
 #: Bumped when the layout of a build directory changes.
-_FORMAT = "1"
+_FORMAT = "2"
 _MANIFEST = "manifest.json"
 #: Set (to anything but "" or "0") to run pure Python even where a build exists.
 PURE_ENV = "EDL_PURE"
@@ -103,13 +109,32 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def source_key(sources: dict[str, Path] | None = None) -> str:
-    """The build's key: the modules' names and bytes, the interpreter's ABI and platform."""
+def keyed_files(root: Path | None = None) -> dict[str, Path]:
+    """``KEYED``'s Python files by their path relative to ``root`` (default: where the
+    packages are installed), sorted."""
+    if root is None:
+        root = _package_dir(("edl_scheduler",)).parent
+    found: dict[str, Path] = {}
+    for rel in KEYED:
+        path = root / rel
+        for file in [path] if path.suffix == ".py" else path.rglob("*.py"):
+            if file.is_file() and "__pycache__" not in file.parts:
+                found[file.relative_to(root).as_posix()] = file
+    return dict(sorted(found.items()))
+
+
+def source_key(files: Mapping[str, Path] | None = None) -> str:
+    """The build's key: ``files`` (default ``keyed_files()``) by path and bytes, and the
+    interpreter's ABI and platform. (Not mypy's version: a build by another mypyc is as
+    valid for the same sources, and reading it costs every import ~50 ms.)"""
+    import hashlib
+    import sysconfig
+
     digest = hashlib.sha256(f"{_FORMAT}|{sys.implementation.cache_tag}|".encode())
     digest.update(sysconfig.get_platform().encode())
-    for name, source in (sources or modules()).items():
-        digest.update(f"|{name}|".encode())
-        digest.update(source.read_bytes())
+    for rel, file in (keyed_files() if files is None else files).items():
+        digest.update(f"|{rel}|".encode())
+        digest.update(file.read_bytes())
     return digest.hexdigest()[:24]
 
 
@@ -117,7 +142,8 @@ def cache_root() -> Path:
     """Where builds are kept (``EDL_NATIVE_DIR`` overrides)."""
     if os.environ.get(DIR_ENV):
         return Path(os.environ[DIR_ENV])
-    # (expanduser, unlike Path.home, never raises where no home is known, as in some pods)
+    # (expanduser, unlike Path.home, never raises where no home is known, as in some pods;
+    # it then leaves "~" as it is, a relative path that no build is ever written to)
     base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
     return Path(base) / "edl" / "native"
 
@@ -129,6 +155,8 @@ def build_dir(key: str | None = None) -> Path:
 
 def _read_manifest(directory: Path) -> dict[str, Path] | None:
     """The build's module -> extension file map; None where it is missing or incomplete."""
+    import json
+
     try:
         names: dict[str, str] = json.loads((directory / _MANIFEST).read_text())
     except (OSError, ValueError):
@@ -137,9 +165,10 @@ def _read_manifest(directory: Path) -> dict[str, Path] | None:
     return files if all(f.is_file() for f in files.values()) else None
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
     """Answers the compiled modules' imports from the build; every other import falls
-    through to the usual finders."""
+    through to the usual finders. (A meta path finder needs only ``find_spec``; the
+    ``importlib.abc`` base would cost every import of the package ~50 ms.)"""
 
     def __init__(self, files: dict[str, Path]) -> None:
         self.files = files
@@ -163,11 +192,10 @@ def activate() -> Mode:
     if not cache_root().is_dir():  # no build anywhere: nothing to hash
         _mode = Mode.PURE_NO_BUILD
         return _mode
-    sources = modules()
-    files = _read_manifest(build_dir(source_key(sources)))
+    files = _read_manifest(build_dir())
     if files is None:
         _mode = Mode.PURE_NO_BUILD
-    elif any(name in sys.modules for name in sources):
+    elif any(name in sys.modules for name in files):
         _mode = Mode.PURE_IMPORTED
     else:
         sys.meta_path.insert(0, _Finder(files))
@@ -181,27 +209,34 @@ def mode() -> Mode:
 
 
 def build(*, echo: bool = False) -> Path:
-    """Compiles ``modules()`` with mypyc into ``build_dir()`` and returns it; a build that is
-    already there is kept. The sources are copied to a scratch directory first, so nothing
-    is written beside them, and the finished build is moved in whole (a concurrent or
-    interrupted build never leaves a half one under the key)."""
-    import shutil  # (the build's imports stay out of every import of the package)
+    """Compiles ``modules()`` with mypyc into ``build_dir()`` and returns it; a complete
+    build already there is kept. The packages are copied to a scratch directory first, so
+    nothing is written beside them, the key is taken from those copies, and the finished
+    build is moved in whole (a concurrent or interrupted build never leaves a half one
+    under the key; an incomplete one found there is replaced)."""
+    import json  # (the build's imports stay out of every import of the package)
+    import shutil
     import subprocess
     import tempfile
 
+    if not Path(os.path.expanduser("~")).is_absolute() and not os.environ.get(DIR_ENV):
+        raise BuildError(f"no home directory to keep builds in: set {DIR_ENV}")
+    root = cache_root()
+    if _read_manifest(build_dir()) is not None:
+        return build_dir()
     sources = modules()
-    key = source_key(sources)
-    target = build_dir(key)
-    if _read_manifest(target) is not None:
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BuildError(f"cannot create {root} ({error}): set {DIR_ENV}") from error
     with tempfile.TemporaryDirectory(prefix="edl-native-") as scratch:
         work = Path(scratch)
-        for parts in PACKAGES:
+        for top in sorted({parts[0] for parts in PACKAGES}):
             # The whole package tree, for type checking; only ``sources`` are compiled.
-            top = _package_dir(parts[:1])
-            shutil.copytree(top, work / parts[0], dirs_exist_ok=True,
+            shutil.copytree(_package_dir((top,)), work / top, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.so"))  # fmt: skip
+        key = source_key(keyed_files(work))
+        target = root / key
         # mypyc type-checks what it compiles; pydantic's plugin types the API models that
         # the planner's building module reads.
         (work / "mypy.ini").write_text("[mypy]\nplugins = pydantic.mypy\n")
@@ -214,7 +249,7 @@ def build(*, echo: bool = False) -> Path:
                 f"{done.stdout or ''}{done.stderr or ''}"
             )
         suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
-        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
         manifest: dict[str, str] = {}
         for name in sources:
             rel = name.replace(".", "/") + suffix
@@ -225,8 +260,12 @@ def build(*, echo: bool = False) -> Path:
             shutil.copy2(shared, staging / shared.name)
             manifest[shared.name.removesuffix(suffix)] = shared.name
         (staging / _MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        if target.exists() and _read_manifest(target) is None:
+            shutil.rmtree(target, ignore_errors=True)  # an incomplete build: replaced
         try:
             staging.rename(target)
         except OSError:  # another build finished first: keep it
             shutil.rmtree(staging, ignore_errors=True)
+        if _read_manifest(target) is None:
+            raise BuildError(f"the build in {target} is incomplete: remove it and build again")
     return target

@@ -4,8 +4,11 @@
 # This is the README's test command; .ci/run calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# tests/simulations/test_native.py compiles the planner with mypyc: it needs a C compiler.
+# tests/simulations/test_native.py compiles the planner with mypyc: it needs a C compiler
+# and Python's headers.
 command -v cc >/dev/null || { apt-get update -q && apt-get install -y -q gcc; }
+python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || { apt-get update -q && apt-get install -y -q python3-dev; }
 python3 -m venv .venv
 # shellcheck disable=SC1091
 . .venv/bin/activate

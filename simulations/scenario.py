@@ -9,18 +9,22 @@ processes; each is deterministic, so the result does not depend on how they were
 
 from __future__ import annotations
 
+import copyreg
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import Any
 
 from edl_scheduler.core import Policy, preset
 from simulations.engine import SimConfig, SimResult, simulate
+from simulations.runs import JobRecord
 from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import TraceError, load_philly, load_pollux, load_tiresias
 from simulations.workload import (
     ClusterSpec,
     Elasticity,
+    Scaling,
     ScalingRule,
     SimJob,
     Workload,
@@ -97,6 +101,23 @@ def _one(
     return simulate(jobs, cluster, run.policy, config, label=run.label)
 
 
+#: The frozen dataclasses that go to and come back from the pool's processes.
+_SENT = (Policy, SimJob, Scaling, ScalingRule, ClusterSpec, SimConfig, SimResult, JobRecord)
+
+
+def _by_fields(obj: Any) -> tuple[type, tuple[Any, ...]]:
+    return type(obj), tuple(getattr(obj, f.name) for f in fields(obj))
+
+
+def _picklable() -> None:
+    """Pickles ``_SENT`` by their constructor. Where the planner and the simulator run
+    compiled (``edl_scheduler/native.py``), mypyc's own pickling restores a frozen
+    dataclass's fields by assignment, which the class refuses; the constructor takes them
+    whole, compiled or not. Called in the parent and in each pool process (results)."""
+    for cls in _SENT:
+        copyreg.pickle(cls, _by_fields)
+
+
 def run_policies(
     jobs: Sequence[SimJob],
     cluster: ClusterSpec,
@@ -114,7 +135,8 @@ def run_policies(
             if done is not None:
                 done(run.label)
         return results
-    with ProcessPoolExecutor(max_workers=min(processes, len(runs))) as pool:
+    _picklable()
+    with ProcessPoolExecutor(max_workers=min(processes, len(runs)), initializer=_picklable) as pool:
         futures = {run.label: pool.submit(_one, jobs, cluster, run, config) for run in runs}
         for run in runs:
             results[run.label] = futures[run.label].result()

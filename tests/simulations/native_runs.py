@@ -1,9 +1,10 @@
 """The runs that ``test_native.py`` makes twice, in Python and compiled, as JSON.
 
-``python -m tests.simulations.native_runs`` prints one JSON object: which build ran
+``EDL_PURE=0 python -m tests.simulations.native_runs`` prints one JSON object: which build ran
 (``edl_scheduler.native.mode()`` and where the planner was loaded from) and every run's job
 records, timeline and plan count. Floats go through ``json`` (``repr``, exact both ways),
-so equal output is equal results.
+so equal output is equal results. (Without ``EDL_PURE=0`` it runs Python: importing
+``tests`` sets ``EDL_PURE=1``.)
 
 The runs cover what the benchmarks take and what they do not: every preset and the
 least-attained variants (queue demotions, a starvation limit) on ``60_job.csv``, ticks and
@@ -23,6 +24,7 @@ from edl_scheduler import native
 from edl_scheduler.core import planning, preset
 from simulations.engine import SimResult, simulate
 from simulations.fidelity import EVENT_DRIVEN
+from simulations.scenario import parse_policy, run_policies
 from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import load_cluster, load_philly, load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, ScalingRule, shape
@@ -63,6 +65,11 @@ def runs() -> dict[str, Any]:
     jobs = _elastic(generate(spec, seed=3).jobs, cluster, 3)
     for name in ("edl", "edl-fulfillment"):
         out[f"synthetic/{name}"] = _as_json(simulate(jobs, cluster, preset(name), EVENT_DRIVEN))
+    # Through a pool of processes, as `edl-sim run -j 2` runs policies (jobs, policies and
+    # results pickled both ways).
+    pool = [parse_policy(p) for p in ("edl", "tiresias@rigid")]
+    for label, result in run_policies(jobs[:60], cluster, pool, EVENT_DRIVEN, processes=2).items():
+        out[f"pool/{label}"] = _as_json(result)
     cluster = load_cluster("32x4")
     jobs = load_tiresias(PHILLY_3D, cluster).jobs[:400]
     config = replace(EVENT_DRIVEN, hide=True)
