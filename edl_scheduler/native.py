@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 
-#: The packages (module directory, dotted name) whose modules are compiled.
+#: The packages, as the parts of their dotted names, whose modules are compiled.
 PACKAGES: tuple[tuple[str, ...], ...] = (("edl_scheduler", "core"), ("simulations",))
 #: Modules left as Python: the command line, reports and plots (click, rich, matplotlib:
 #: nothing hot), trace loading (once per run), the Pollux profiles (not on the
