@@ -88,11 +88,15 @@ def test_a_step_that_timed_out_while_nobody_left_is_retried_in_the_same_generati
     w1 = cluster.processes["w1"].pid
 
     def steps_of_w1() -> int:
-        return sum(line.endswith(f" {w1}") for line in trace.read_text().splitlines())
+        """w1's steps in a group of both ('step TIME gGEN WORLD PID'): 'both workers' above
+        counts members, and w1 may step alone in a generation that w0 has not joined yet,
+        where stopping w1 would leave w0 no collective to time out."""
+        lines = trace.read_text().splitlines()
+        return sum(line.split()[3:] == ["2", str(w1)] for line in lines if line.startswith("step"))
 
     # past the group's first steps: DDP's forward rebuilds its buckets with a collective at
     # the second step, in the user's code, where the session cannot catch a failure (below)
-    waiting_for(lambda: steps_of_w1() >= 4, 60, "w1's first steps")
+    waiting_for(lambda: steps_of_w1() >= 4, 60, "w1's first steps beside w0")
     generation = client.progress().generation
 
     def w0_failures() -> int:
