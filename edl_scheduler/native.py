@@ -208,7 +208,7 @@ def mode() -> Mode:
     return _mode
 
 
-def build(*, echo: bool = False) -> Path:
+def build() -> Path:
     """Compiles ``modules()`` with mypyc into ``build_dir()`` and returns it; a complete
     build already there is kept. The packages are copied to a scratch directory first, so
     nothing is written beside them, the key is taken from those copies, and the finished
@@ -242,7 +242,7 @@ def build(*, echo: bool = False) -> Path:
         (work / "mypy.ini").write_text("[mypy]\nplugins = pydantic.mypy\n")
         files = [name.replace(".", "/") + ".py" for name in sources]
         command = [sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", *files]
-        done = subprocess.run(command, cwd=work, capture_output=not echo, text=True, check=False)
+        done = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(
                 f"mypyc failed ({done.returncode}): {' '.join(command)}\n"

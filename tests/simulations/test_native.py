@@ -90,7 +90,7 @@ def test_a_build_is_taken_only_under_its_sources_key(build_root: Path, tmp_path:
     # Planner modules imported before the build could be taken: the process stays Python.
     late = (
         "import os; from edl_scheduler import native; import edl_scheduler.core; "
-        "os.environ.pop('EDL_PURE'); native._mode = native.Mode.PURE_NO_BUILD; "
+        "os.environ.pop('EDL_PURE'); "
         "print(native.activate().name)"
     )
     assert _python(late, _env(build_root, EDL_PURE="1")).strip() == "PURE_IMPORTED"
