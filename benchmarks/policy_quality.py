@@ -34,10 +34,9 @@ from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.fidelity import POLLUX_ROUNDS
 from simulations.reporting import summarize
-from simulations.traces import load_cluster, load_pollux, load_tiresias
+from simulations.traces import default_traces, load_cluster, load_pollux, load_tiresias
 from simulations.workload import Elasticity, ScalingRule, shape
 
-_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 #: label -> (preset, elastic jobs, batch adaptation)
 POLLUX_RUNS = {
     "edl": ("edl", True, False),
@@ -191,7 +190,7 @@ def philly_table(lines: list[dict[str, Any]], labels: list[str]) -> str:
 
 
 @click.command()
-@click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
+@click.option("--traces", type=click.Path(path_type=Path), default=default_traces)
 @click.option("--load", "loads", multiple=True, default=("1.0", "2.0"))
 @click.option("--workload", "numbers", multiple=True, type=int, default=tuple(range(1, 9)))
 @click.option("--policy", "labels", multiple=True, default=tuple(POLLUX_RUNS))

@@ -12,12 +12,11 @@ from pathlib import Path
 import click
 
 from simulations.fidelity import REFERENCES, run_check
-
-_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+from simulations.traces import default_traces
 
 
 @click.command()
-@click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
+@click.option("--traces", type=click.Path(path_type=Path), default=default_traces)
 @click.option("--trace", "names", multiple=True, default=("philly_1d", "philly_3d"))
 def main(traces: Path, names: tuple[str, ...]) -> None:
     for ref in REFERENCES:

@@ -19,10 +19,9 @@ from edl_scheduler.core import preset
 from simulations.engine import simulate
 from simulations.fidelity import POLLUX_ROUNDS
 from simulations.reporting import summarize
-from simulations.traces import load_cluster, load_pollux
+from simulations.traces import default_traces, load_cluster, load_pollux
 from simulations.workload import Elasticity, ScalingRule, shape
 
-_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 #: (label, preset, elastic, adapt batch)
 RUNS = {
     "tiresias-pollux": ("tiresias-pollux", False, False),
@@ -36,7 +35,7 @@ def _folder(load: str) -> str:
 
 
 @click.command()
-@click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
+@click.option("--traces", type=click.Path(path_type=Path), default=default_traces)
 @click.option("--load", "loads", multiple=True, default=("1.0",))
 @click.option("--workload", "numbers", multiple=True, type=int, default=tuple(range(1, 9)))
 @click.option("--policy", "labels", multiple=True, default=tuple(RUNS))

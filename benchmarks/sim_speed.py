@@ -39,10 +39,8 @@ from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN
 from simulations.reporting import summarize
-from simulations.traces import load_cluster, load_philly, load_tiresias
+from simulations.traces import default_traces, load_cluster, load_philly, load_tiresias
 from simulations.workload import Elasticity, ScalingRule, shape
-
-_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 class _Progress:
@@ -67,7 +65,7 @@ class _Progress:
 
 
 @click.command()
-@click.option("--traces", type=click.Path(path_type=Path), default=_TRACES)
+@click.option("--traces", type=click.Path(path_type=Path), default=default_traces)
 @click.option("--limit", type=int, default=None, help="Only the first N Philly jobs.")
 @click.option("--skip-full", is_flag=True, help="Only philly_3d.")
 @click.option("--skip-3d", is_flag=True, help="Only the full trace.")

@@ -7,7 +7,6 @@ Parsing is click's; everything the commands do lives in ``scenario``, ``engine``
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -19,10 +18,8 @@ from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
 from simulations.reporting import markdown_table, write_reports
 from simulations.scenario import FORMATS, load_workload, parse_policy, prepare, run_policies
-from simulations.traces import TraceError, load_cluster
+from simulations.traces import TraceError, default_traces, load_cluster
 from simulations.workload import Elasticity, ScalingSpecError, parse_priorities
-
-_DEFAULT_TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 @click.group()
@@ -131,8 +128,8 @@ def run(
 @click.option(
     "--traces",
     type=click.Path(file_okay=False, path_type=Path),
-    default=lambda: os.environ.get("EDL_TRACES", str(_DEFAULT_TRACES)),
-    show_default="../shared/traces",
+    default=default_traces,
+    show_default="$EDL_TRACES, else ../shared/traces",
 )
 @click.option("--trace", "names", multiple=True, default=("philly_1d",), show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON line per check instead.")

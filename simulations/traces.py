@@ -21,6 +21,7 @@ in ``Workload.skipped_rows`` (the CLI prints the count as a warning).
 from __future__ import annotations
 
 import csv
+import os
 import re
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -28,6 +29,17 @@ from pathlib import Path
 
 from simulations.profiles import Application, ProfileSpeed, load_application
 from simulations.workload import ClusterSpec, SimJob, Workload
+
+#: Set to the folder of the shared traces where they are not beside the checkout.
+TRACES_ENV = "EDL_TRACES"
+
+
+def default_traces() -> Path:
+    """The shared traces' folder: ``$EDL_TRACES``, else ``shared/traces`` beside the checkout
+    (the one place that knows this layout; the CLI, the benchmarks and the tests ask here)."""
+    return Path(
+        os.environ.get(TRACES_ENV) or Path(__file__).resolve().parents[2] / "shared" / "traces"
+    )
 
 
 class TraceError(ValueError):

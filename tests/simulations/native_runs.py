@@ -26,12 +26,12 @@ from simulations.engine import SimResult, simulate
 from simulations.fidelity import EVENT_DRIVEN
 from simulations.scenario import parse_policy, run_policies
 from simulations.synthetic import SyntheticSpec, generate
-from simulations.traces import load_cluster, load_philly, load_tiresias
+from simulations.traces import default_traces, load_cluster, load_philly, load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, ScalingRule, shape
 from tests.simulations.test_rebalance_skip import PHILLY
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
-PHILLY_3D = PHILLY.parents[2] / "philly-derived" / "philly_3d.csv"
+PHILLY_3D = default_traces() / "philly-derived" / "philly_3d.csv"
 _FIELDS = ("name", "first_start", "end", "resizes", "preemptions", "gpu_seconds")
 
 

@@ -7,11 +7,11 @@ sync makes small steps dear."""
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 from simulations.profiles import ProfileSpeed, load_application
+from simulations.traces import default_traces
 
-POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
+POLLUX = default_traces() / "pollux"
 PROFILES = POLLUX / "traces"
 PLACEMENTS = ((1,), (2,), (4,), (1, 1), (2, 2), (1, 3), (4, 4), (4, 4, 4, 4))
 

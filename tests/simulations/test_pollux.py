@@ -12,18 +12,16 @@ Aspects:
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.profiles import ProfileSpeed, load_application
 from simulations.reporting import summarize
-from simulations.traces import load_pollux, pollux_bounds
+from simulations.traces import default_traces, load_pollux, pollux_bounds
 from simulations.workload import ClusterSpec, Elasticity, ScalingRule, SimJob, shape
 
-POLLUX = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux"
+POLLUX = default_traces() / "pollux"
 PROFILES = POLLUX / "traces"
 ROUNDS = SimConfig(
     tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0

@@ -29,7 +29,7 @@ from edl_scheduler.core import preset, rebalancing
 from edl_scheduler.core.session import Session
 from simulations.engine import SimConfig, SimResult, simulate
 from simulations.synthetic import SyntheticSpec, generate
-from simulations.traces import load_cluster, load_philly, load_tiresias
+from simulations.traces import default_traces, load_cluster, load_philly, load_tiresias
 from simulations.workload import (
     ClusterSpec,
     Elasticity,
@@ -40,9 +40,7 @@ from simulations.workload import (
 )
 
 DATA = Path(__file__).parent / "data" / "60_job.csv"
-PHILLY = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux" / "traces" / "philly.csv"
-)
+PHILLY = default_traces() / "pollux" / "traces" / "philly.csv"
 
 
 @dataclass

@@ -11,7 +11,6 @@ Aspects:
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +20,10 @@ from edl_scheduler.core.throughput import goodput
 from simulations import engine
 from simulations.engine import SimConfig, simulate
 from simulations.profiles import ProfileSpeed, load_application
+from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
 
-PROFILES = Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux" / "traces"
+PROFILES = default_traces() / "pollux" / "traces"
 ROUNDS = SimConfig(tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, start_delay_s=30.0)
 
 

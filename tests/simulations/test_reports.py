@@ -21,10 +21,11 @@ from edl_scheduler.core import preset
 from simulations.cli import main
 from simulations.engine import SimConfig, simulate
 from simulations.reporting import markdown_table, summarize
+from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
 
 DATA = Path(__file__).parent / "data"
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = default_traces()
 NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0)
 
 

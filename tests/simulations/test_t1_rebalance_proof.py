@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -34,12 +33,10 @@ from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, restart_factor
 from simulations.engine import SimConfig, simulate
 from simulations.synthetic import SyntheticSpec, generate
-from simulations.traces import load_cluster, load_philly
+from simulations.traces import default_traces, load_cluster, load_philly
 from simulations.workload import ClusterSpec, Elasticity, ScalingRule, SimJob, shape
 
-PHILLY = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / "pollux" / "traces" / "philly.csv"
-)
+PHILLY = default_traces() / "pollux" / "traces" / "philly.csv"
 
 
 @dataclass

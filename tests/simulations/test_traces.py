@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from simulations.traces import TraceError, load_cluster, load_philly, load_tiresias
+from simulations.traces import (
+    TRACES_ENV,
+    TraceError,
+    default_traces,
+    load_cluster,
+    load_philly,
+    load_tiresias,
+)
 from simulations.workload import (
     ClusterSpec,
     Elasticity,
@@ -47,6 +54,18 @@ def test_cluster_specs(tmp_path: Path) -> None:
     for bad in ("0x4", "16by4", str(tmp_path / "missing.csv")):
         with pytest.raises(TraceError):
             load_cluster(bad)
+
+
+def test_default_traces_beside_the_checkout_unless_the_environment_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv(TRACES_ENV, raising=False)
+    assert (default_traces() / "README.md").is_file()  # ../shared/traces, as CI has it
+    assert default_traces().parent.parent == Path(__file__).resolve().parents[3]
+    monkeypatch.setenv(TRACES_ENV, str(tmp_path))
+    assert default_traces() == tmp_path
+    monkeypatch.setenv(TRACES_ENV, "")
+    assert default_traces().parts[-2:] == ("shared", "traces")
 
 
 def test_tiresias_sample_trace() -> None:
