@@ -216,7 +216,6 @@ def build() -> Path:
     under the key; an incomplete one found there is replaced)."""
     import json  # (the build's imports stay out of every import of the package)
     import shutil
-    import subprocess
     import tempfile
 
     if not Path(os.path.expanduser("~")).is_absolute() and not os.environ.get(DIR_ENV):
@@ -242,12 +241,9 @@ def build() -> Path:
         (work / "mypy.ini").write_text("[mypy]\nplugins = pydantic.mypy\n")
         files = [name.replace(".", "/") + ".py" for name in sources]
         command = [sys.executable, "-m", "mypyc", "--config-file", "mypy.ini", *files]
-        done = subprocess.run(command, cwd=work, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise BuildError(
-                f"mypyc failed ({done.returncode}): {' '.join(command)}\n"
-                f"{done.stdout or ''}{done.stderr or ''}"
-            )
+        returncode, output = run_reaped(command, work)
+        if returncode != 0:
+            raise BuildError(f"mypyc failed ({returncode}): {' '.join(command)}\n{output}")
         suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
         staging = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
         manifest: dict[str, str] = {}
@@ -269,3 +265,37 @@ def build() -> Path:
         if _read_manifest(target) is None:
             raise BuildError(f"the build in {target} is incomplete: remove it and build again")
     return target
+
+
+def run_reaped(command: Sequence[str], cwd: Path) -> tuple[int, str]:
+    """Runs ``command`` in ``cwd`` and returns its exit status and its output (stdout, then
+    stderr). It runs in a process group of its own, which is killed whole if this process is
+    interrupted or sent SIGTERM meanwhile: mypyc runs the C compiler in further processes,
+    and a build stopped by a signal to this process alone left them compiling for minutes."""
+    import signal
+    import subprocess
+    import threading
+
+    def terminated(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    on_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, terminated) if on_main else None
+    try:
+        with subprocess.Popen(
+            list(command),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        ) as child:
+            try:
+                out, err = child.communicate()
+            except BaseException:
+                os.killpg(child.pid, signal.SIGKILL)  # (the Popen's exit then reaps it)
+                raise
+        return child.returncode, f"{out or ''}{err or ''}"
+    finally:
+        if on_main:  # (None: a handler not set from Python; the default is the nearest)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

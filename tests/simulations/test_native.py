@@ -9,7 +9,8 @@ Aspects:
 - the build is taken only under its sources' key: a build filed under another key (the
   sources changed since) or an incomplete one is not taken, ``EDL_PURE`` is obeyed, and a
   process whose planner modules were imported before ``activate`` stays Python;
-- the key changes with any byte of any compiled source or of what they type against.
+- the key changes with any byte of any compiled source or of what they type against;
+- a build sent SIGTERM stops the processes it started (mypyc's C compilers) with it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -118,3 +120,50 @@ def test_the_key_changes_with_any_byte_of_what_mypyc_reads(tmp_path: Path) -> No
         assert native.source_key(copies) != key, rel
         copies[rel].write_bytes(original)
     assert native.source_key(copies) == key
+
+
+_SPAWNS = """
+import subprocess, sys, time
+from pathlib import Path
+# Like mypyc running the C compiler: a process of its own, which says its pid.
+grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+Path(sys.argv[1]).write_text(str(grandchild.pid))
+time.sleep(120)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")  # (a zombie no one has reaped yet has stopped all the same)
+
+
+def test_a_build_stopped_by_sigterm_takes_its_compilers_with_it(tmp_path: Path) -> None:
+    said = tmp_path / "pid"
+    builder = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from pathlib import Path; from edl_scheduler import "
+         "native; native.run_reaped([sys.executable, '-c', sys.argv[1], sys.argv[2]], Path())",
+         _SPAWNS, str(said)],
+        cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    try:
+        for _ in range(200):
+            if said.exists() and said.read_text():
+                break
+            assert builder.poll() is None, "the builder ended before its child started"
+            time.sleep(0.05)
+        pid = int(said.read_text())
+        assert not _gone(pid)
+        builder.terminate()
+        assert builder.wait(timeout=10) == 128 + 15
+        for _ in range(100):
+            if _gone(pid):
+                break
+            time.sleep(0.05)
+        assert _gone(pid), "the compiler's process outlived the build that was stopped"
+    finally:
+        builder.kill()
+        if said.exists() and said.read_text() and not _gone(int(said.read_text())):
+            os.kill(int(said.read_text()), 9)
