@@ -233,7 +233,8 @@ class TrainingJobStatus(ApiModel):
     progress: dict[str, Any] = Field(default_factory=dict)
     """The runtime's progress report (epoch, step, ...), kept as reported."""
     restarts: int = Field(default=0, ge=0)
-    """Worker failures so far, compared with failurePolicy.maxRestarts."""
+    """Failures the job caused so far (its replicas' and its coordinator's), compared with
+    failurePolicy.maxRestarts."""
     resizes: int = Field(default=0, ge=0)
     """How often the planner changed the job's size since submission (one per lastResize);
     the planner charges a move of a job moved often more."""

@@ -18,7 +18,8 @@ The rules, per job, in order:
    ``failurePolicy.maxRestarts`` unless the kubelet refused it at admission (then the cluster
    changed under the plan: plan again, the job is not charged) or its job's coordinator has
    not answered yet (it gave up waiting for one that is still starting: not its fault).
-   Past the budget: Failed.
+   A failed coordinator counts too (unless refused at admission) and is replaced from its
+   saved state. Past the budget: Failed.
 5. A replica on a deleted node is deleted, one on a cordoned (or not Ready) node drains;
    the planner places their replacements elsewhere. A draining replica still there at its
    drain deadline is deleted.
@@ -333,7 +334,7 @@ def _decide_job(
             cycle,
             JobPhase.FAILED,
             EventReason.FAILED,
-            f"{cycle.restarts} replica failures exceed failurePolicy.maxRestarts "
+            f"{cycle.restarts} failures exceed failurePolicy.maxRestarts "
             f"({tj.spec.failure_policy.max_restarts})",
         )
         write_status(cycle, old_status)

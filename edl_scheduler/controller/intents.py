@@ -39,6 +39,7 @@ class EventReason(StrEnum):
     FAILED = "Failed"
     INVALID = "Invalid"
     REPLICA_FAILED = "ReplicaFailed"
+    COORDINATOR_FAILED = "CoordinatorFailed"
     REFUSED_AT_ADMISSION = "RefusedAtAdmission"
 
 

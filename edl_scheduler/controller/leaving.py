@@ -10,12 +10,14 @@ rule 6.
 Pure, like ``deciding``: each function reads one job's ``JobCycle`` and adds intents, status
 fields and counts to it. What must stay true: a pod is deleted at most once per cycle
 (``cycle.removed``), a running replica leaves gracefully (drained through its coordinator)
-wherever the rule allows it, and only a replica failure the job caused costs it a restart.
+wherever the rule allows it, and only a failure the job caused (a replica's, or its
+coordinator's) costs it a restart.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from edl_scheduler.api import JobPhase
 from edl_scheduler.controller.intents import (
@@ -27,6 +29,7 @@ from edl_scheduler.controller.intents import (
 )
 from edl_scheduler.controller.podstate import (
     draining_since,
+    exit_of,
     iso_time,
     meta_of,
     phase_of,
@@ -91,7 +94,7 @@ def finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) 
 def replace_finished(cycle: JobCycle) -> None:
     """Exited replica pods are removed (the planner places their replacements); a failure
     the job caused counts in ``cycle.restarts``. An exited coordinator is removed too and
-    replaced from its saved state."""
+    replaced from its saved state; its failure counts as well."""
     for pod in cycle.view.replicas:
         if terminating(pod) or phase_of(pod) not in ("Succeeded", "Failed"):
             continue
@@ -135,7 +138,32 @@ def replace_finished(cycle: JobCycle) -> None:
         and not terminating(coordinator)
         and phase_of(coordinator) in ("Succeeded", "Failed")
     ):
+        if phase_of(coordinator) == "Failed":
+            _coordinator_failed(cycle, coordinator)
         cycle.delete(coordinator)  # replaced below, from its saved state
+
+
+def _coordinator_failed(cycle: JobCycle, pod: dict[str, Any]) -> None:
+    """A failed coordinator costs its job a restart, as a replica's failure does, unless its
+    node refused it at admission: replaced from its saved state each time it fails, one that
+    keeps failing (a crash at start, a state it cannot load) would otherwise be replaced
+    forever, unseen. The Event says how it ended."""
+    name = str(meta_of(pod)["name"])
+    if refused_at_admission(pod):
+        cycle.emit(
+            EventType.WARNING,
+            EventReason.REFUSED_AT_ADMISSION,
+            f"{name} was refused by node {pod.get('spec', {}).get('nodeName')} "
+            f"({pod.get('status', {}).get('reason')}): replaced from its saved state",
+        )
+        return
+    cycle.restarts += 1
+    cycle.emit(
+        EventType.WARNING,
+        EventReason.COORDINATOR_FAILED,
+        f"{name} failed ({exit_of(pod)}): replaced from its saved state "
+        f"({cycle.restarts} of {cycle.tj.spec.failure_policy.max_restarts} restarts used)",
+    )
 
 
 def leave_lost_nodes(

@@ -87,6 +87,17 @@ def refused_at_admission(pod: Obj) -> bool:
     return reason in ADMISSION_REASONS or reason.startswith("OutOf")
 
 
+def exit_of(pod: Obj) -> str:
+    """How a pod's container ended, as an Event says it: "exit code 1: Error", or the pod's
+    own reason (Evicted, ...) where no container says."""
+    for container in pod.get("status", {}).get("containerStatuses") or ():
+        ended = (container.get("state") or {}).get("terminated")
+        if ended:
+            reason = f": {ended['reason']}" if ended.get("reason") else ""
+            return f"exit code {ended.get('exitCode')}{reason}"
+    return str(pod.get("status", {}).get("reason") or "no exit code reported")
+
+
 def step_toward(current: JobPhase, desired: JobPhase) -> JobPhase:
     """``desired`` if the diagram allows it from ``current``, else the phase one step on the
     way (a job goes Suspended -> Pending -> Running over two cycles)."""

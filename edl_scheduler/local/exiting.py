@@ -5,12 +5,12 @@ at a time and handles those that ended: a drained worker leaves, a worker that e
 undrained says the job is done, a failed worker is charged to the job's restart budget
 (``failurePolicy.maxRestarts``; past it the job fails), a drain that overran its deadline is
 ended, a coordinator that exited after the last epoch makes its job Succeeded and one that
-crashed is restarted from its state file.
+crashed is restarted from its state file, charged to the same budget.
 
-What must stay true: a worker is charged only when the job is to blame (not when it exits
-after the last epoch was committed, nor when it was adopted after a service restart and its
-exit code is unknown); a job's final status is written once, with an Event; nothing here
-decides what runs (that is the planner's, in ``controlling``).
+What must stay true: a worker or coordinator is charged only when the job is to blame (not
+when it exits after the last epoch was committed, nor when it was adopted after a service
+restart and its exit code is unknown); a job's final status is written once, with an Event;
+nothing here decides what runs (that is the planner's, in ``controlling``).
 """
 
 from __future__ import annotations
@@ -119,13 +119,26 @@ class Exits:
             return
         self.supervisor.forget(coordinator_name(key))
         self.store.set_coordinator(key, None, None)
-        code = "unknown" if status.exit_code is None else str(status.exit_code)
-        self.event(
-            key,
-            "Warning",
-            "CoordinatorExited",
-            f"coordinator exited ({code}); it restarts from its state file. {log_tail}".strip(),
-        )
+        if status.state is ProcessState.EXITED or self.ledger_finished(row):
+            # Adopted after a service restart (how it ended is unknown), or failed after the
+            # last epoch was committed (restarted to tell the workers): not the job's fault.
+            code = "unknown" if status.exit_code is None else str(status.exit_code)
+            self.event(
+                key,
+                "Warning",
+                "CoordinatorExited",
+                f"coordinator exited ({code}); it restarts from its state file, not charged "
+                f"to the restart budget. {log_tail}".strip(),
+            )
+        else:
+            # Charged like a worker: one that keeps failing would otherwise restart forever.
+            why = _why(status.exit_code, status.message)
+            detail = f"coordinator failed ({why}); it restarts from its state file"
+            row = self.charge(
+                row, "CoordinatorFailed", detail + (f": {log_tail}" if log_tail else "")
+            )
+            if row.job.status.phase.final:
+                return
         self.ensure_coordinator(row)
 
     def ledger_finished(self, row: JobRow) -> bool:
@@ -142,24 +155,27 @@ class Exits:
         self, row: JobRow, worker: WorkerRow, code: int | None, message: str, tail: str
     ) -> None:
         """Charge a failed worker to its job's restart budget; past it, the job fails."""
+        detail = f"{worker.name} failed ({_why(code, message)})" + (f": {tail}" if tail else "")
+        self.charge(row, "WorkerFailed", detail)
+
+    def charge(self, row: JobRow, reason: str, detail: str) -> JobRow:
+        """One failure the job caused (a worker's or its coordinator's) against its restart
+        budget, with a Warning Event; past the budget the job fails. Returns the job's row
+        as saved."""
         restarts = row.job.status.restarts + 1
         budget = row.job.spec.failure_policy.max_restarts
-        why = f"exit code {code}" if code is not None else "exit code unknown"
-        if message:
-            why += f", {message}"
-        detail = f"{worker.name} failed ({why})" + (f": {tail}" if tail else "")
-        self.event(row.key, "Warning", "WorkerFailed", f"{detail} [{restarts}/{budget}]")
+        self.event(row.key, "Warning", reason, f"{detail} [{restarts}/{budget}]")
         status = row.job.status.model_copy(update={"restarts": restarts})
-        job = row.job.model_copy(update={"status": status})
-        self.store.save_job(row.key, job)
+        row = replace(row, job=row.job.model_copy(update={"status": status}))
+        self.store.save_job(row.key, row.job)
         if restarts > budget:
             self.finish(
-                replace(row, job=job),
+                row,
                 JobPhase.FAILED,
-                f"{restarts} worker failures exceed failurePolicy.maxRestarts ({budget}); "
-                f"last: {detail}",
+                f"{restarts} failures exceed failurePolicy.maxRestarts ({budget}); last: {detail}",
                 self.clock(),
             )
+        return self.store.job(row.key) or row
 
     def finish(self, row: JobRow, phase: JobPhase, message: str, now: float) -> None:
         """The job ends in ``phase``: its workers are stopped (a failed job's coordinator
@@ -176,3 +192,8 @@ class Exits:
         self.store.set_coordinator(row.key, None, None)
         kind = "Normal" if phase is JobPhase.SUCCEEDED else "Warning"
         self.event(row.key, kind, phase.value, message)
+
+
+def _why(code: int | None, message: str) -> str:
+    why = f"exit code {code}" if code is not None else "exit code unknown"
+    return f"{why}, {message}" if message else why

@@ -8,8 +8,8 @@ Aspects:
 - a shrink drains running victims (annotation + coordinator drain) and deletes ones that never
   started; a draining pod past its deadline is deleted; victims are named in the Event;
 - a failed worker is charged, one refused at admission or failed before its coordinator
-  answered is not; past maxRestarts the job
-  Fails and keeps no pods;
+  answered is not; a failed coordinator is charged (unless refused at admission) with a
+  CoordinatorFailed Event, and replaced; past maxRestarts the job Fails and keeps no pods;
 - the coordinator's "finished" makes the job Succeeded; its pods go as they exit, the rest
   at the drain deadline, the coordinator last;
 - an invalid job gets Valid=False and one Warning Event, and no second write when nothing
@@ -275,6 +275,43 @@ def test_failures_are_charged_refusals_are_not_and_the_budget_ends_the_job() -> 
     assert status["phase"] == "Failed" and status["restarts"] == 2
     assert {i.name for i in of(DeletePod, out.intents)} == {"b", "c", "j-coordinator"}
     assert "Failed" in [e.reason.value for e in of(Emit, out.intents)]
+
+
+def test_a_failed_coordinator_is_charged_and_replaced_and_the_budget_ends_the_job() -> None:
+    """A coordinator that keeps failing (a crash at start, a state it cannot load) costs a
+    restart each time, as a replica does, so the job ends instead of replacing it forever;
+    one refused at admission is replaced uncharged."""
+    body = job_body(phase="Running")
+    crashed = coordinator(phase="Failed")
+    crashed["status"]["containerStatuses"] = [
+        {"name": "coordinator", "state": {"terminated": {"exitCode": 2, "reason": "Error"}}}
+    ]
+    start = Plan(NOW, (decision(Action.START, 0, 1, add=("n0",)),))
+    out = decide({"ns/j": view(body, [crashed])}, start, CONFIG, NOW, names())
+    assert of(DeletePod, out.intents) == [DeletePod("ns", "j-coordinator")]
+    assert len(of(CreateCoordinator, out.intents)) == 1  # replaced from its saved state
+    assert of(PatchStatus, out.intents)[0].status["restarts"] == 1
+    events = [e for e in of(Emit, out.intents) if e.reason.value == "CoordinatorFailed"]
+    assert len(events) == 1 and "exit code 2: Error" in events[0].message
+    assert "1 of 1 restarts used" in events[0].message
+    refused = coordinator(phase="Failed")
+    refused["status"]["reason"] = "OutOfcpu"
+    out = decide({"ns/j": view(body, [refused])}, start, CONFIG, NOW, names())
+    assert of(PatchStatus, out.intents)[0].status["restarts"] == 0
+    assert len(of(CreateCoordinator, out.intents)) == 1
+    assert "CoordinatorFailed" not in [e.reason.value for e in of(Emit, out.intents)]
+    # It exited 0 (not failed): replaced, not charged.
+    ended = decide(
+        {"ns/j": view(body, [coordinator(phase="Succeeded")])}, start, CONFIG, NOW, names()
+    )
+    assert of(PatchStatus, ended.intents)[0].status["restarts"] == 0
+    # The budget (maxRestarts 1) spent: the next failure ends the job, with no new coordinator.
+    body = job_body(phase="Running", restarts=1)
+    out = decide({"ns/j": view(body, [crashed, pod("a")])}, start, CONFIG, NOW, names())
+    status = of(PatchStatus, out.intents)[0].status
+    assert status["phase"] == "Failed" and status["restarts"] == 2
+    assert of(CreateCoordinator, out.intents) == []
+    assert {i.name for i in of(DeletePod, out.intents)} == {"a", "j-coordinator"}
 
 
 def test_finished_coordinator_makes_the_job_succeed() -> None:

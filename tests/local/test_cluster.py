@@ -5,7 +5,8 @@ Aspects tested:
   low one grows back when the high one finished, and the coordinator's ledger counts every
   sample exactly once
 - failed workers are replaced until failurePolicy.maxRestarts, then the job Fails, with the
-  exit code and the worker's last log line in its Events
+  exit code and the worker's last log line in its Events; a failing coordinator is charged to
+  the same budget
 - bad requests (too many slots, no command, no dataset options, PriorityClass, duplicate
   names, unknown jobs, min > max, a log outside the job's) are refused with the field and
   the fix, changing nothing
@@ -153,6 +154,30 @@ def test_failed_workers_are_replaced_until_the_budget_is_spent(harness: Harness)
     # The cluster carries on: another job runs to the end.
     other = h.submit(plain_job("other", 1, 2, samples=400))
     h.until("the other job succeeds", lambda: h.phase(other) is JobPhase.SUCCEEDED)
+
+
+def test_a_coordinator_that_keeps_failing_spends_the_budget(harness: Harness) -> None:
+    """Each crash of the coordinator (here SIGKILL) is charged like a worker's failure and
+    it restarts from its state file, until the budget is spent: not restarted forever."""
+    h = harness
+    key = h.submit(plain_job("shaky", 1, 1, samples=10**7, max_restarts=1))
+    killed: list[int] = []
+
+    def kill_the_next_coordinator() -> bool:
+        pid = h.cluster.get(key).coordinator_pid
+        if pid is not None and pid not in killed and psutil.pid_exists(pid):
+            psutil.Process(pid).kill()
+            killed.append(pid)
+        return h.phase(key) is JobPhase.FAILED
+
+    h.until("the job fails", kill_the_next_coordinator, timeout_s=90)
+    failures = [e for e in h.store.events(key) if e.reason == "CoordinatorFailed"]
+    assert len(killed) == 2 and len(failures) == 2
+    assert all("exit code" in e.message for e in failures)
+    assert [e.message.rsplit(" ", 1)[1] for e in failures] == ["[1/1]", "[2/1]"]
+    status = h.cluster.get(key).job.status
+    assert status.restarts == 2 and "maxRestarts (1)" in status.message
+    assert not h.store.workers(key)
 
 
 def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
