@@ -17,7 +17,6 @@ coordinator's) costs it a restart.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from edl_scheduler.api import JobPhase
 from edl_scheduler.controller.intents import (
@@ -28,6 +27,7 @@ from edl_scheduler.controller.intents import (
     MarkDraining,
 )
 from edl_scheduler.controller.podstate import (
+    Obj,
     draining_since,
     exit_of,
     iso_time,
@@ -143,7 +143,7 @@ def replace_finished(cycle: JobCycle) -> None:
         cycle.delete(coordinator)  # replaced below, from its saved state
 
 
-def _coordinator_failed(cycle: JobCycle, pod: dict[str, Any]) -> None:
+def _coordinator_failed(cycle: JobCycle, pod: Obj) -> None:
     """A failed coordinator costs its job a restart, as a replica's failure does, unless its
     node refused it at admission: replaced from its saved state each time it fails, one that
     keeps failing (a crash at start, a state it cannot load) would otherwise be replaced
