@@ -59,25 +59,33 @@ def split(
     shown. ``best``: ``(key,)`` of the best-ranked job below its size (None: none), where
     the caller found it already (``instant.narrow``)."""
     elastic = policy.elastic
+    # Indexed loops over lists: compiled, ``zip`` goes through Python's iteration protocol.
+    js = jobs if isinstance(jobs, list) else list(jobs)
+    ns = live if isinstance(live, list) else list(live)
+    ks = keys if isinstance(keys, list) else list(keys)
+    assert len(ns) == len(js) == len(ks)  # (one entry per job in each)
     top: Key | None = None  # the best-ranked job below its size
     if best is not None:
         top = best[0]
     else:
-        for j, n, k in zip(jobs, live, keys, strict=True):
+        for at in range(len(js)):
+            n, j = ns[at], js[at]
             if n:
                 w = j.worker
                 if n >= (w.min_replicas if elastic else j.rigid_size):
                     continue
+            k = ks[at]
             if top is None or k < top:
                 top = k
     if top is None:
-        return list(jobs), None
+        return list(js), None
     shown: list[Job] = []
     left: list[Job] = []
     running: list[Job] = []  # shown ones
-    for j, n, k in zip(jobs, live, keys, strict=True):
+    for at in range(len(js)):
+        n, j = ns[at], js[at]
         if n:
-            if k < top and not j.suspended and j.pserver is None:
+            if not j.suspended and j.pserver is None and ks[at] < top:
                 w = j.worker
                 if n == (w.min_replicas if elastic else j.rigid_size):
                     left.append(j)

@@ -155,8 +155,8 @@ def entries(c: Collected, elastic: bool) -> tuple[list[Running], list[Waiting]]:
 
 
 def narrow(
-    running: Sequence[Running],
-    waiting: Sequence[Waiting],
+    running: list[Running],
+    waiting: list[Waiting],
     top_w: Key | None,
     policy: Policy,
     now: float,
@@ -168,7 +168,9 @@ def narrow(
     """``shown``, ``settled`` (where ``ask_settled``) and ``split``'s best-ranked short job
     over the active jobs, given as their running and waiting ones (each in arrival order;
     ``top_w``: the best-ranked waiting key). See the module. None where a premise fails:
-    hiding's (``hiding.hides``), admission not strict FIFO, every running job preemptible."""
+    hiding's (``hiding.hides``), admission not strict FIFO, every running job preemptible.
+    (Lists, and loops that index them: compiled, a loop over a ``Sequence`` or ``zip``
+    goes through Python's iteration protocol.)"""
     if policy.admission is Admission.HEAD_OF_LINE or not hides(policy):
         return None
     held = {r.job for r in reservations}
@@ -179,7 +181,7 @@ def narrow(
     may_change = False  # a shown job above its size, leaving by its spec, or with servers
     short_top: Key | None = None  # the best-ranked running job below its size
     short_lack = 0
-    least_lack: int | None = None  # the least any shown job below its size lacks
+    least_lack = -1  # the least any shown job below its size lacks (-1: none is)
     for _, j, n, k in running:
         if not j.preemptible:
             return None  # (``shown`` then shows everything)
@@ -193,20 +195,33 @@ def narrow(
             lack = (size - n) * w.resources.gpu
             if short_top is None or k < short_top:
                 short_top, short_lack = k, lack
-            if least_lack is None or lack < least_lack:
+            if least_lack < 0 or lack < least_lack:
                 least_lack = lack
         if n > size or j.suspended or j.pserver is not None:
             may_change = True
         if suspends and top_w is not None and k > top_w:
             pool += n * w.resources.gpu
-    shown_w: list[Running] = []
+    # The shown jobs in arrival order: the shown waiting ones merged with the running ones
+    # as they come (both runs are in arrival order, and no index is in both).
+    jobs: list[Job] = []
+    live: list[int] = []
+    keys: list[Key] = []
+    at, ran = 0, len(running)
     fits_top: Key | None = None  # the best-ranked shown waiting job (``split``'s)
     gang_top: Key | None = None  # ... and of those with a gang (``settled``'s)
     gang_lack = 0
     for i, j, k, size, gpus, name, flagged in waiting:
         if gpus > pool and name not in held:
             continue
-        shown_w.append((i, j, 0, k))
+        while at < ran and running[at][0] < i:
+            _, rj, rn, rk = running[at]
+            jobs.append(rj)
+            live.append(rn)
+            keys.append(rk)
+            at += 1
+        jobs.append(j)
+        live.append(0)
+        keys.append(k)
         if fits_top is None or k < fits_top:
             fits_top = k
         if flagged:
@@ -214,20 +229,20 @@ def narrow(
         elif size > 0:
             if gang_top is None or k < gang_top:
                 gang_top, gang_lack = k, gpus
-            if least_lack is None or gpus < least_lack:
+            if least_lack < 0 or gpus < least_lack:
                 least_lack = gpus
+    while at < ran:
+        _, rj, rn, rk = running[at]
+        jobs.append(rj)
+        live.append(rn)
+        keys.append(rk)
+        at += 1
     # ``split``'s best-ranked shown job below its size: waiting, or running short.
     if short_top is None or (fits_top is not None and fits_top < short_top):
         best = (fits_top,)
     else:
         best = (short_top,)
-    # Both runs are in arrival order, and indices are unique: the sort merges them.
-    merged = sorted([*running, *shown_w]) if shown_w else list(running)
-    if merged:
-        _, jobs, live, keys = zip(*merged, strict=True)
-        out = Narrowed(list(jobs), list(live), list(keys), False, best)
-    else:
-        out = Narrowed([], [], [], False, best)
+    out = Narrowed(jobs, live, keys, False, best)
     if ask_settled and not may_change:
         out.settled = _settled(
             out,
@@ -246,19 +261,20 @@ def narrow(
 
 def _settled(
     out: Narrowed,
-    running: Sequence[Running],
+    running: list[Running],
     top_w: Key | None,
     policy: Policy,
     now: float,
     free_gpus: int,
     short: tuple[Key | None, int],
     gang: tuple[Key | None, int],
-    least_lack: int | None,
+    least_lack: int,
     pool: int,
 ) -> bool:
     """``settled`` over the shown jobs, from what ``narrow`` counted (no job above its size,
     leaving by its spec, or with servers): ``short`` and ``gang``, the best-ranked running
-    job below its size and waiting job with a gang, with what each lacks."""
+    job below its size and waiting job with a gang, with what each lacks; ``least_lack``,
+    the least any of them lacks (-1: none lacks anything)."""
     (short_top, short_lack), (gang_top, gang_lack) = short, gang
     if gang_top is None or (short_top is not None and short_top < gang_top):
         top, lack = short_top, short_lack
@@ -266,7 +282,7 @@ def _settled(
         top, lack = gang_top, gang_lack
     if top is None:
         return True
-    assert least_lack is not None
+    assert least_lack >= 0
     if policy.preemption is not Preemption.SUSPEND:
         reach = max(0, free_gpus)
     elif top == top_w:

@@ -202,7 +202,13 @@ def settled(
     top: tuple[float | str, ...] | None = None  # the best-ranked short job's key
     lack = 0
     elastic = policy.elastic
-    for j, n, k in zip(jobs, live, keys, strict=True):
+    # Indexed loops over lists: compiled, ``zip`` goes through Python's iteration protocol.
+    js = jobs if isinstance(jobs, list) else list(jobs)
+    ns = live if isinstance(live, list) else list(live)
+    ks = keys if isinstance(keys, list) else list(keys)
+    assert len(ns) == len(ks) == len(js)  # (one entry per job in each)
+    for at in range(len(js)):
+        j, n = js[at], ns[at]
         worker = j.worker  # (``Job.rigid_size`` without the call, as in ``shown``)
         if elastic:
             size = worker.min_replicas
@@ -214,11 +220,12 @@ def settled(
             return False
         gpu = worker.resources.gpu
         if n < size:
+            k = ks[at]
             entries.append((k, 1, (size - n) * gpu))
             if top is None or k < top:
                 top, lack = k, (size - n) * gpu
         if n and suspends and j.preemptible:
-            entries.append((k, 0, n * gpu))
+            entries.append((ks[at], 0, n * gpu))
     if top is None:
         return True
     free = max(0, free_gpus)
