@@ -46,6 +46,8 @@ class Active:
         self.keys: list[Key] = []
         #: Waiting runs with no entry yet (built at the next instant), by arrival index.
         self.pending: dict[int, Run] = {}
+        #: One object per distinct element of the rank keys listed (``_interned``).
+        self.elements: dict[float | str, float | str] = {}
 
     def arrive(self, run: Run) -> None:
         self.pending[run.index] = run
@@ -81,7 +83,7 @@ class Active:
             for index in sorted(self.pending):
                 run = self.pending[index]
                 job = run.cached if run.cached is not None else rebuild(run, now)
-                entry = waiting_entry(index, job, run.rank_key, self.elastic)
+                entry = waiting_entry(index, job, self._interned(run), self.elastic)
                 bisect.insort(self.waiting, entry, key=_entry_index)
                 bisect.insort(self.keys, entry[2])
             self.pending.clear()
@@ -93,5 +95,17 @@ class Active:
                 or (fresh and not queue_only)
             ):
                 cached = rebuild(r, now)
+                self._interned(r)
             running.append((r.index, cached, n, r.rank_key))
         return running, self.waiting, self.keys[0] if self.keys else None
+
+    def _interned(self, run: Run) -> Key:
+        """``run``'s rank key rebuilt of shared elements, and kept as its key. ``narrow``
+        compares hundreds of keys per instant, and a tuple comparison skips by identity the
+        elements two keys share (most rank keys agree but for the submit time and the name),
+        where it would compare equal floats. An element is replaced only by one equal to it
+        (a NaN, hashed by identity, never is), so every comparison answers as before."""
+        seen = self.elements
+        key = tuple([seen.setdefault(x, x) for x in run.rank_key])
+        run.rank_key = key
+        return key
