@@ -32,7 +32,7 @@ def _index(run: Run) -> int:
 
 
 def _entry_index(entry: Waiting) -> int:
-    return entry[0]
+    return entry.index
 
 
 class Active:
@@ -61,8 +61,8 @@ class Active:
         elif self.pending.pop(run.index, None) is None:
             at = bisect.bisect_left(self.waiting, run.index, key=_entry_index)
             entry = self.waiting.pop(at)
-            assert entry[0] == run.index
-            del self.keys[bisect.bisect_left(self.keys, entry[2])]
+            assert entry.index == run.index
+            del self.keys[bisect.bisect_left(self.keys, entry.key)]
         if after:
             bisect.insort(self.running, run, key=_index)
         else:
@@ -85,7 +85,7 @@ class Active:
                 job = run.cached if run.cached is not None else rebuild(run, now)
                 entry = waiting_entry(index, job, self._interned(run), self.elastic)
                 bisect.insort(self.waiting, entry, key=_entry_index)
-                bisect.insort(self.keys, entry[2])
+                bisect.insort(self.keys, entry.key)
             self.pending.clear()
         running: list[Running] = []
         for r in self.running:

@@ -135,16 +135,29 @@ def plainly(
 
 #: A running job: (arrival index, Job, live workers, rank key).
 Running = tuple[int, Job, int, Key]
-#: A waiting job: (arrival index, Job, rank key, size, GPUs of its gang, name, whether it
-#: may change although waiting: leaving by its spec, or with parameter servers).
-Waiting = tuple[int, Job, Key, int, int, str, bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A waiting job as ``narrow`` reads it, built once while it waits (``active``). A class,
+    not a tuple: compiled, a field of a tuple taken from a list is read by unboxing all of
+    them, where ``narrow`` passes over most waiting jobs reading two."""
+
+    index: int  # in arrival order
+    job: Job
+    key: Key
+    size: int
+    gpus: int  # of its gang
+    name: str
+    #: Whether it may change although waiting: leaving by its spec, or with parameter servers.
+    flagged: bool
 
 
 def waiting_entry(index: int, job: Job, key: Key, elastic: bool) -> Waiting:
     w = job.worker
     size = w.min_replicas if elastic else job.rigid_size
     flagged = job.suspended or job.pserver is not None
-    return (index, job, key, size, size * w.resources.gpu, job.name, flagged)
+    return Waiting(index, job, key, size, size * w.resources.gpu, job.name, flagged)
 
 
 def entries(c: Collected, elastic: bool) -> tuple[list[Running], list[Waiting]]:
@@ -210,23 +223,27 @@ def narrow(
     fits_top: Key | None = None  # the best-ranked shown waiting job (``split``'s)
     gang_top: Key | None = None  # ... and of those with a gang (``settled``'s)
     gang_lack = 0
-    for i, j, k, size, gpus, name, flagged in waiting:
-        if gpus > pool and name not in held:
+    for e in waiting:
+        gpus = e.gpus
+        if gpus > pool and e.name not in held:
             continue
-        while at < ran and running[at][0] < i:
-            _, rj, rn, rk = running[at]
+        i, k = e.index, e.key
+        while at < ran:
+            ri, rj, rn, rk = running[at]
+            if ri > i:
+                break
             jobs.append(rj)
             live.append(rn)
             keys.append(rk)
             at += 1
-        jobs.append(j)
+        jobs.append(e.job)
         live.append(0)
         keys.append(k)
         if fits_top is None or k < fits_top:
             fits_top = k
-        if flagged:
+        if e.flagged:
             may_change = True
-        elif size > 0:
+        elif e.size > 0:
             if gang_top is None or k < gang_top:
                 gang_top, gang_lack = k, gpus
             if least_lack < 0 or gpus < least_lack:

@@ -58,10 +58,10 @@ def test_the_kept_lists_equal_fresh_ones_at_every_instant(name: str, config: str
         )
         running, waiting = entries(c, policy.elastic)
         assert [(r[1], r[2], r[3]) for r in got[0]] == [(r[1], r[2], r[3]) for r in running]
-        assert [w[1:] for w in got[1]] == [w[1:] for w in waiting]
+        assert [replace(w, index=0) for w in got[1]] == [replace(w, index=0) for w in waiting]
         assert got[2] == c.top_waiting
         instants += 1
-        suspended += sum(1 for w in got[1] if w[1].start_time is None and w[1].resizes)
+        suspended += sum(1 for w in got[1] if w.job.start_time is None and w.job.resizes)
         return got
 
     kept.listing = checked  # type: ignore[method-assign]
@@ -96,20 +96,20 @@ def test_jobs_move_between_the_lists() -> None:
         return run.cached
 
     running, waiting, top = kept.listing(0.0, rebuild, False, False)
-    assert not running and [w[0] for w in waiting] == [0, 1, 2]
+    assert not running and [w.index for w in waiting] == [0, 1, 2]
     assert top == (-2.0, runs[2].job.name)
     runs[1].replicas = [_ONE]
     runs[1].cached = None
     kept.place(runs[1], 0, 1)
     running, waiting, top = kept.listing(1.0, rebuild, False, False)
-    assert [r[0] for r in running] == [1] and [w[0] for w in waiting] == [0, 2]
+    assert [r[0] for r in running] == [1] and [w.index for w in waiting] == [0, 2]
     runs[1].replicas = []
     runs[1].cached = None
     kept.place(runs[1], 1, 0)  # suspended: it waits again, in its arrival place
     running, waiting, top = kept.listing(2.0, rebuild, False, False)
-    assert not running and [w[0] for w in waiting] == [0, 1, 2]
+    assert not running and [w.index for w in waiting] == [0, 1, 2]
     kept.place(runs[2], 0, 1)
     kept.finish(runs[2])
     running, waiting, top = kept.listing(3.0, rebuild, False, False)
-    assert not running and [w[0] for w in waiting] == [0, 1]
+    assert not running and [w.index for w in waiting] == [0, 1]
     assert top == (-1.0, runs[1].job.name)

@@ -94,7 +94,7 @@ def _check(
 def _rebuilt(running: list[Running], waiting: list[Waiting]) -> Collected:
     """The Collected whose entries these are (arrival order by index)."""
     rows = sorted(
-        [(i, j, n, k) for i, j, n, k in running] + [(w[0], w[1], 0, w[2]) for w in waiting]
+        [(i, j, n, k) for i, j, n, k in running] + [(w.index, w.job, 0, w.key) for w in waiting]
     )
     jobs = [r[1] for r in rows]
     live = [r[2] for r in rows]
