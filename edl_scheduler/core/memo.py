@@ -35,12 +35,15 @@ class Derived:
     planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
     rank key when it does not depend on ``now`` (else None: computed each cycle). Nothing
     changes one once made but ``seen``, the last kept ranking (``PlanMemo.cycle``) whose
-    snapshot showed its job (``ranking.kept_ranking``).
+    snapshot showed its job (``ranking.kept_ranking``), and ``state``, the session's working
+    state of the job (``session.JobState``; None until a session made one), kept here so
+    that a later cycle finds it without a look-up by the job's identity: it goes wherever
+    the entry goes (kept, parked, dropped), so a state is only ever its own job's.
 
     A plain class: compiled, its ``__init__`` is C, where a dataclass's is generated Python
     code (one is made for every job not seen before)."""
 
-    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "seen", "usage")
+    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "seen", "state", "usage")
 
     def __init__(
         self,
@@ -60,6 +63,7 @@ class Derived:
         self.live = live
         self.usage = usage
         self.seen = 0
+        self.state: JobState | None = None
 
 
 class PlanMemo:
@@ -76,7 +80,6 @@ class PlanMemo:
         "nodes_valid",
         "parked",
         "ranked",
-        "states",
         "steady",
         "used",
     )
@@ -101,16 +104,15 @@ class PlanMemo:
         #: and the policy alone (``planning._steady``), and frozen, so later cycles reuse
         #: the object. Entries of jobs that left are dropped with them.
         self.steady: dict[int, tuple[Job, JobDecision]] = {}
-        #: id(job) -> the session's working state of the job (``session.JobState``), kept
-        #: so that a cycle does not build one per job: a cycle sets back what the last one
-        #: set (its reason and flags for every job, its moves for ``moved``, the jobs the
-        #: last cycle's statements touched, by rank) before it acts.
-        self.states: dict[int, JobState] = {}
+        #: The jobs the last cycle's statements touched, by rank: their kept states
+        #: (``Derived.state``, so that a cycle does not build one per job) had moves, which
+        #: the next cycle sets back, as it sets back every kept state's reason and flags,
+        #: before it acts.
         self.moved: dict[int, JobState] = {}
-        #: id(job) -> (what was derived, its kept state) for a job that left the snapshot,
-        #: taken back if the same Job object comes back (``ranking.kept_ranking``); at most
-        #: four times the last snapshot's jobs, the longest parked dropped first.
-        self.parked: dict[int, tuple[Derived, JobState | None]] = {}
+        #: id(job) -> what was derived (its kept state with it) for a job that left the
+        #: snapshot, taken back if the same Job object comes back (``ranking.kept_ranking``);
+        #: at most four times the last snapshot's jobs, the longest parked dropped first.
+        self.parked: dict[int, Derived] = {}
         #: Kept rankings made so far; each marks the jobs its snapshot shows
         #: (``Derived.seen``), so that the ones that left are found without a set of ids.
         self.cycle = 0
@@ -126,7 +128,6 @@ class PlanMemo:
             self.ranked = None
             self.used = []
             self.steady = {}
-            self.states = {}
             self.moved = {}
             self.parked = {}
 

@@ -80,7 +80,7 @@ def kept_ranking(
         for i in gone:
             d = known.pop(i)
             memo.steady.pop(i, None)
-            parked[i] = (d, memo.states.pop(i, None))
+            parked[i] = d  # (its kept state goes with it: ``Derived.state``)
             count(used, d, -1)
             assert d.key is not None  # a kept ranking's keys do not vary
             at = bisect.bisect_left(ranked, d.key, key=first)
@@ -94,12 +94,8 @@ def kept_ranking(
         added: Ranked = []
         for job in fresh:
             found = parked.pop(id(job), None) if USE_PARKED else None
-            if found is not None and found[0].job is job:  # left and came back: the same Job
-                d, state = found
-                if state is not None:
-                    memo.states[id(job)] = state
-            else:
-                d = derive(job)
+            # Left and came back as the same Job: taken back, its kept state with it.
+            d = found if found is not None and found.job is job else derive(job)
             known[id(job)] = d
             count(used, d, 1)
             assert d.key is not None  # the key does not vary: it is kept

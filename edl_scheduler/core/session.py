@@ -462,7 +462,6 @@ class Session:
                 memo.jobs = {id(d.job): d for d in derived}
                 steady = memo.steady
                 memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
-                memo.states = {k: v for k, v in memo.states.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed
                 memo.used = [list(u) for u in used]
         if occupied is not None:  # replicas of jobs left out of the snapshot (``plan``)
@@ -471,26 +470,24 @@ class Session:
         self._class_cache: dict[Constraints, frozenset[int]] = {}
         self._last_constraints: Constraints | None = None
         self._last_classes: frozenset[int] = frozenset()
-        states: dict[int, JobState] | None = None
         if memo is not None:
-            states = memo.states
             for js in memo.moved.values():  # what the last cycle's statements moved
                 js.added, js.removed = {_W: [], _P: []}, {_W: [], _P: []}
                 js.workers, js.pservers = len(js.live[_W]), len(js.live[_P])
             memo.moved = self.touched
         for rank, (_, d) in enumerate(keyed):
-            if states is not None:
-                kept = states.get(id(d.job))
-                if kept is not None and kept.job is d.job:
-                    js = kept
-                    # Kept from the last cycle that saw this Job: what is the job's alone
-                    # stays; what a cycle sets is set back to a fresh JobState's values.
-                    js.rank = rank
-                    js.reason, js.message, js.for_job = None, "", None
-                    js.reserve = js.suspended = js.started = False
-                    js.hold_expires_at = None
-                    self.jobs.append(js)
-                    continue
+            kept = d.state
+            if kept is not None:
+                js = kept
+                # Kept from the last cycle that saw this Job (a Derived of this cycle's own,
+                # as every one without a memo is, has none): what is the job's alone stays;
+                # what a cycle sets is set back to a fresh JobState's values.
+                js.rank = rank
+                js.reason, js.message, js.for_job = None, "", None
+                js.reserve = js.suspended = js.started = False
+                js.hold_expires_at = None
+                self.jobs.append(js)
+                continue
             live = d.live
             js = JobState(
                 d.job,
@@ -503,8 +500,8 @@ class Session:
                 workers=len(live[_W]),
                 pservers=len(live[_P]),
             )
-            if states is not None:
-                states[id(d.job)] = js
+            if memo is not None:
+                d.state = js
             self.jobs.append(js)
         self.by_name = {js.job.name: js for js in self.jobs}
         self._load_holds(snapshot)
