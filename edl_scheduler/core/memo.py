@@ -74,12 +74,16 @@ class PlanMemo:
         "_nodes",
         "_policy",
         "cycle",
+        "fresh",
         "jobs",
         "moved",
+        "names",
         "node_names",
         "nodes_valid",
         "parked",
         "ranked",
+        "repeated",
+        "shown",
         "steady",
         "used",
     )
@@ -113,9 +117,20 @@ class PlanMemo:
         #: snapshot, taken back if the same Job object comes back (``ranking.kept_ranking``);
         #: at most four times the last snapshot's jobs, the longest parked dropped first.
         self.parked: dict[int, Derived] = {}
-        #: Kept rankings made so far; each marks the jobs its snapshot shows
+        #: Snapshots sorted out so far (``sort_out``); each marks the jobs it shows
         #: (``Derived.seen``), so that the ones that left are found without a set of ids.
         self.cycle = 0
+        #: name -> the entry of ``jobs`` of that name: the names of a validated snapshot's
+        #: jobs are distinct, so validation checks only the jobs not seen before
+        #: (``validating.validate``). Kept with ``jobs``, wherever it changes.
+        self.names: dict[str, Derived] = {}
+        #: What the last ``sort_out`` found: the jobs tuple it sorted (None once a kept
+        #: ranking has taken it), the jobs of it not held here, and whether it showed a
+        #: held job twice. Validation sorts a snapshot out and the kept ranking of the
+        #: same cycle takes the result: one look-up per shown job, not two.
+        self.shown: tuple[Job, ...] | None = None
+        self.fresh: list[Job] = []
+        self.repeated = False
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -130,12 +145,36 @@ class PlanMemo:
             self.steady = {}
             self.moved = {}
             self.parked = {}
+            self.names = {}
+            self.shown = None
+            self.fresh = []
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""
         if self._layout is None or nodes is not self._nodes:
             self._layout = layout_of(nodes)
         return self._layout
+
+    def sort_out(self, jobs: tuple[Job, ...]) -> list[Job]:
+        """The jobs of ``jobs`` not held here, in order; marks the entry of every held one
+        as seen by a new cycle (``cycle``), and notes whether one was shown twice
+        (``repeated``). The result is kept for the kept ranking of the same snapshot
+        (``shown``, ``fresh``)."""
+        self.cycle += 1
+        cycle = self.cycle
+        known = self.jobs
+        fresh: list[Job] = []
+        repeated = False
+        for job in jobs:
+            kept = known.get(id(job))  # (ids are held: an entry keeps its job alive)
+            if kept is None:
+                fresh.append(job)
+            elif kept.seen == cycle:
+                repeated = True
+            else:
+                kept.seen = cycle
+        self.shown, self.fresh, self.repeated = jobs, fresh, repeated
+        return fresh
 
     def get(self, job: Job) -> Derived | None:
         found = self.jobs.get(id(job))

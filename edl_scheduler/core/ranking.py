@@ -61,24 +61,23 @@ def kept_ranking(
     its ``Derived``, with its key."""
     jobs = snapshot.jobs
     known = memo.jobs
+    names = memo.names
     ranked = memo.ranked
     assert ranked is not None
     used = memo.used
-    memo.cycle += 1
+    # Validation sorted this snapshot out already (``PlanMemo.sort_out``), unless it took
+    # the path without the memo; either way the result is taken once.
+    fresh = memo.fresh if memo.shown is jobs else memo.sort_out(jobs)
+    memo.shown, memo.fresh = None, []
     cycle = memo.cycle
-    fresh: list[Job] = []
-    for job in jobs:
-        kept = known.get(id(job))
-        if kept is None:
-            fresh.append(job)
-        else:
-            kept.seen = cycle
     parked = memo.parked
     # Each removal and insertion is on its own entry and sums: their order changes nothing.
     if len(jobs) - len(fresh) < len(known):  # some jobs left: the ones left unmarked
         gone = [i for i, d in known.items() if d.seen != cycle]
         for i in gone:
             d = known.pop(i)
+            if names.get(d.job.name) is d:
+                del names[d.job.name]
             memo.steady.pop(i, None)
             parked[i] = d  # (its kept state goes with it: ``Derived.state``)
             count(used, d, -1)
@@ -97,6 +96,7 @@ def kept_ranking(
             # Left and came back as the same Job: taken back, its kept state with it.
             d = found if found is not None and found.job is job else derive(job)
             known[id(job)] = d
+            names[job.name] = d
             count(used, d, 1)
             assert d.key is not None  # the key does not vary: it is kept
             added.append((d.key, d))

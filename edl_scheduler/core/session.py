@@ -460,6 +460,7 @@ class Session:
                     u[2] += m
             if memo is not None:
                 memo.jobs = {id(d.job): d for d in derived}
+                memo.names = {d.job.name: d for d in derived}
                 steady = memo.steady
                 memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed

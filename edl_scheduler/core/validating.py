@@ -113,17 +113,35 @@ def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> None:
     nodes it validated are not checked again; when a check fails the first error is the
     same as without it, because a held job passed every check of its own."""
     if memo is not None and memo.nodes_valid:
-        names = [job.name for job in snapshot.jobs]
-        if len(set(names)) == len(names):
-            node_names, known = memo.node_names, memo.jobs
-            for job in snapshot.jobs:
-                if id(job) not in known:  # (``memo.get`` without the call: ids are held)
-                    _check_job(job, node_names)
+        fresh = memo.sort_out(snapshot.jobs)
+        if _distinct(fresh, memo):
+            node_names = memo.node_names
+            for job in fresh:
+                _check_job(job, node_names)
             return
     _validate(snapshot)
     if memo is not None:
         memo.nodes_valid = True
         memo.node_names = {node.name for node in snapshot.nodes}
+
+
+def _distinct(fresh: list[Job], memo: PlanMemo) -> bool:
+    """Whether the names of the snapshot just sorted out (``PlanMemo.sort_out``) are
+    distinct, looking only at ``fresh``, its jobs not held by the memo. The held ones are
+    jobs of the last validated snapshot, whose names were distinct, so two of them clash
+    only where one Job is shown twice (``repeated``); a new job clashes with a held one
+    only where that one is shown now (marked by this sort, ``Derived.seen``)."""
+    if memo.repeated:
+        return False
+    names, cycle = memo.names, memo.cycle
+    new: set[str] = set()
+    for job in fresh:
+        name = job.name
+        other = names.get(name)
+        if (other is not None and other.seen == cycle) or name in new:
+            return False
+        new.add(name)
+    return True
 
 
 def _validate(snapshot: Snapshot) -> None:

@@ -108,10 +108,37 @@ def test_an_invalid_job_raises_the_same_error_after_valid_cycles() -> None:
         plan(twice, preset("edl"), 0.0, memo=memo)
 
 
+def test_names_are_checked_against_the_held_jobs_shown_now() -> None:
+    """Validation with a memo checks only the names of jobs it has not seen (``_distinct``):
+    a new job named like a held job shown in the same snapshot is refused, as without a
+    memo; one named like a held job that has left is not."""
+    nodes = snapshot([node("n0").gpus(4)], []).nodes
+    a, b = job("a").min(1).max(2).running(("n0", 1)).build(), job("b").min(1).build()
+    memo = PlanMemo()
+    for jobs in ((a, b), (a, b)):  # the second cycle takes the memo's path
+        snap = Snapshot(nodes, jobs)
+        assert plan(snap, preset("edl"), 0.0, memo=memo) == plan(snap, preset("edl"), 0.0)
+    for clash in (
+        (a, b, job("a").min(1).build()),  # a new job, a held one's name
+        (a, job("c").min(1).build(), job("c").min(2).build()),  # two new ones, one name
+        (b, b),  # a held job shown twice
+    ):
+        snap = Snapshot(nodes, clash)
+        with pytest.raises(SnapshotError) as plain:
+            plan(snap, preset("edl"), 0.0)
+        with pytest.raises(SnapshotError) as memoized:
+            plan(snap, preset("edl"), 0.0, memo=memo)
+        assert str(memoized.value) == str(plain.value)
+    again = Snapshot(nodes, (b, job("a").min(1).max(3).build()))  # "a" left: its name is free
+    assert plan(again, preset("edl"), 0.0, memo=memo) == plan(again, preset("edl"), 0.0)
+    assert memo.names == {d.job.name: d for d in memo.jobs.values()}
+
+
 def _kept_state_is_what_scratch_derives(memo: PlanMemo, snap: Snapshot, policy: Policy) -> None:
     """The memo's kept ranking and per-node use describe exactly ``snap``'s jobs."""
     assert set(memo.jobs) == {id(j) for j in snap.jobs}
     assert set(memo.steady) <= set(memo.jobs)
+    assert memo.names == {d.job.name: d for d in memo.jobs.values()}
     if key_varies(policy):
         assert memo.ranked is None
         return
