@@ -319,7 +319,7 @@ class Admitter:
                     started += 1
                     continue
                 free = cluster.free_in(classes)
-            if js.live[_W]:
+            if js.live_w:
                 what, js.reason = "to restore its minimum", Reason.BELOW_MINIMUM
             else:
                 what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY

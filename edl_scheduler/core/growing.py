@@ -30,9 +30,6 @@ from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
 
-#: (Reading ``Role.WORKER`` costs an enum class lookup; the loops over every job use this.)
-_W: Final = Role.WORKER
-
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING: Final = frozenset(
     {Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM}
@@ -43,11 +40,10 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
     fulfilled = js.fulfillment()
     if session.policy.growth is Growth.FULFILLMENT:
         return (-js.priority, fulfilled, js.rank)
-    w = Role.WORKER
     kept = js.margins
     if kept is None:
         kept = margins(js, session)
-    if not js.added[w] and not js.removed[w]:  # as it was: its kept speed-ups (``margins``)
+    if not js.added_w and not js.removed_w:  # as it was: its kept speed-ups (``margins``)
         return (-js.priority, kept.growth_score, fulfilled, js.rank)
     model = kept.model
     nodes, workers = max(1, js.node_count(session.cluster)), js.size()
@@ -67,7 +63,7 @@ def _scored(
     out: list[tuple[tuple[float, ...], int, JobState]] = []
     for i, js in enumerate(jobs):
         kept = js.margins
-        if kept is None or js.added[_W] or js.removed[_W]:
+        if kept is None or js.added_w or js.removed_w:
             out.append((_score(js, session), i, js))
             continue
         span = js.hi - js.lo
@@ -121,7 +117,7 @@ class Grower:
                 continue
             # When its cool-down ends, if it has not ended (``cooling_until``, written out:
             # this loop sees every job).
-            live = js.live[_W]
+            live = js.live_w
             last = job.last_resize_time
             if last is None:
                 last = job.start_time
@@ -136,7 +132,7 @@ class Grower:
                 continue
             # A job started, or shrunk to admit another, this cycle is being resized now:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
-            if until is not None and ((js.started and not live) or js.removed[_W]):
+            if until is not None and ((js.started and not live) or js.removed_w):
                 until = None  # (``newly_started``, or shrunk)
             if until is not None:
                 if js.reason is Reason.COOLING_DOWN:

@@ -121,7 +121,9 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
 def _untouched(js: JobState) -> bool:
     """Neither started, suspended, nor given or stripped of a replica this cycle."""
     added, removed = js.added, js.removed
-    return not (js.started or js.suspended or added[_W] or removed[_W] or added[_P] or removed[_P])
+    return not (
+        js.started or js.suspended or js.added_w or js.removed_w or added[_P] or removed[_P]
+    )
 
 
 def _steady(

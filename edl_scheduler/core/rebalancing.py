@@ -258,7 +258,7 @@ class Rebalancer:
             job = js.job
             if js.suspended or js.started or job.suspended or job.pserver is not None:
                 continue
-            if js.for_job is not None or js.added[_W] or js.removed[_W]:
+            if js.for_job is not None or js.added_w or js.removed_w:
                 continue  # resized in this cycle already
             if id(js.reason) in held or job.worker.resources.gpu <= 0:
                 continue
@@ -284,7 +284,7 @@ class Rebalancer:
     def _nodes(self, m: _Member) -> int:
         """``m``'s node count now (at least 1): ``nodes0`` until it is moved."""
         js = m.js
-        if not js.added[_W] and not js.removed[_W]:
+        if not js.added_w and not js.removed_w:
             return m.nodes0
         return max(1, js.node_count(self.s.cluster))
 

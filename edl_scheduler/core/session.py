@@ -196,6 +196,7 @@ class JobState:
 
     __slots__ = (
         "added",
+        "added_w",
         "classes",
         "cooling_end",
         "for_job",
@@ -203,6 +204,7 @@ class JobState:
         "hold_expires_at",
         "job",
         "live",
+        "live_w",
         "lo",
         "margins",
         "message",
@@ -211,6 +213,7 @@ class JobState:
         "rank",
         "reason",
         "removed",
+        "removed_w",
         "reserve",
         "started",
         "suspended",
@@ -238,8 +241,15 @@ class JobState:
         #: Replicas the job had (not draining). Never changed: with a ``PlanMemo`` the
         #: same lists serve later cycles; moves go to ``added`` and ``removed``.
         self.live = live
-        self.added: dict[Role, list[int]] = {_W: [], _P: []}
-        self.removed: dict[Role, list[Replica]] = {_W: [], _P: []}
+        #: ``live``, ``added`` and ``removed`` of the workers, the very lists: read as an
+        #: attribute where a loop over every job asks (a dict look-up by role is not free).
+        #: ``added[WORKER] is added_w`` and ``removed[WORKER] is removed_w`` always: the
+        #: lists change in place, and only ``moves`` replaces them, both together.
+        self.live_w = live[_W]
+        self.added_w: list[int] = []
+        self.removed_w: list[Replica] = []
+        self.added: dict[Role, list[int]] = {_W: self.added_w, _P: []}
+        self.removed: dict[Role, list[Replica]] = {_W: self.removed_w, _P: []}
         #: Current size per role (live - removed + added), kept by ``Statement`` for speed.
         self.workers = workers
         self.pservers = pservers
@@ -267,6 +277,13 @@ class JobState:
     def name(self) -> str:
         return self.job.name
 
+    def moves(self) -> None:
+        """Forget this cycle's moves (a kept state, before the next cycle acts)."""
+        self.added_w, self.removed_w = [], []
+        self.added = {_W: self.added_w, _P: []}
+        self.removed = {_W: self.removed_w, _P: []}
+        self.workers, self.pservers = len(self.live_w), len(self.live[_P])
+
     def size(self, role: Role = Role.WORKER) -> int:
         return self.workers if role is _W else self.pservers
 
@@ -278,7 +295,7 @@ class JobState:
 
     @property
     def was_running(self) -> bool:
-        return bool(self.live[Role.WORKER])
+        return bool(self.live_w)
 
     @property
     def newly_started(self) -> bool:
@@ -310,8 +327,8 @@ class JobState:
 
     def node_count(self, cluster: Cluster) -> int:
         """Distinct nodes the job's workers are on, after this cycle's moves."""
-        if not self.added[_W] and not self.removed[_W]:
-            return len({r.node for r in self.live[_W]})
+        if not self.added_w and not self.removed_w:
+            return len({r.node for r in self.live_w})
         return len(set(self.nodes(_W, cluster)))
 
     def nodes(self, role: Role, cluster: Cluster) -> list[int]:
@@ -473,8 +490,7 @@ class Session:
         self._last_classes: frozenset[int] = frozenset()
         if memo is not None:
             for js in memo.moved.values():  # what the last cycle's statements moved
-                js.added, js.removed = {_W: [], _P: []}, {_W: [], _P: []}
-                js.workers, js.pservers = len(js.live[_W]), len(js.live[_P])
+                js.moves()
             memo.moved = self.touched
         for rank, (_, d) in enumerate(keyed):
             kept = d.state

@@ -8,13 +8,8 @@ higher-ranked job's gang never asks these functions (see ``admitting._may_shrink
 
 from __future__ import annotations
 
-from typing import Final
-
 from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.snapshot import Role
-
-_W: Final = Role.WORKER  # (asked for every running job at every plan: no enum class lookup)
 
 
 def cooling_until(session: Session, js: JobState) -> float | None:
@@ -24,7 +19,7 @@ def cooling_until(session: Session, js: JobState) -> float | None:
     last = job.last_resize_time
     if last is None:
         last = job.start_time
-    if last is None or not js.live[_W]:  # (``js.was_running``)
+    if last is None or not js.live_w:  # (``js.was_running``)
         return None
     end = last + session.policy.cooldown_s
     return end if end > session.now else None
