@@ -500,7 +500,8 @@ class Admitter:
     def _started(self, js: JobState, victims: list[_Victim]) -> None:
         names = sorted({v.js.name for v in victims})
         for name in names:
-            v = self.s.by_name[name]
+            v = self.s.state_of(name)
+            assert v is not None  # a victim is a job of the session
             whole = v.size() == 0
             v.suspended = whole
             v.reason = Reason.SUSPENDED_TO_ADMIT if whole else Reason.SHRUNK_TO_ADMIT

@@ -161,10 +161,11 @@ def _reservations(session: Session, jobs: list[JobState]) -> tuple[Reservation, 
     # or running short after failures); a reservation counts the replicas already there.
     for node, holds in sorted(session.cluster.holds.items()):
         for h in holds:
-            js = session.by_name[h.job]
-            if h.count > 0 and not js.suspended and js.size() < js.lo:
-                there = js.added[h.role].count(node) + sum(
-                    1 for r in js.live[h.role] if r.node == names[node]
+            held = session.state_of(h.job)
+            assert held is not None  # a hold is loaded only for a job of the session
+            if h.count > 0 and not held.suspended and held.size() < held.lo:
+                there = held.added[h.role].count(node) + sum(
+                    1 for r in held.live[h.role] if r.node == names[node]
                 )
                 out.append(Reservation(h.job, names[node], h.role, h.count + there, h.expires_at))
     return tuple(out)

@@ -520,7 +520,11 @@ class Session:
             if memo is not None:
                 d.state = js
             self.jobs.append(js)
-        self.by_name = {js.job.name: js for js in self.jobs}
+        # Name -> state: with a memo, its entry by name (``PlanMemo.names``, which describes
+        # this snapshot's jobs, each entry holding the state this loop gave it), so no
+        # table is built per cycle; without one, a table built when first asked.
+        self._names = memo.names if memo is not None else None
+        self._by_name: dict[str, JobState] | None = None
         self._load_holds(snapshot)
 
     @staticmethod
@@ -554,6 +558,16 @@ class Session:
         constant = None if varies and not job.replicas else key(job)
         return Derived(job, constant, lo, hi, effective_priority(job, policy), live, tuple(usage))
 
+    def state_of(self, name: str) -> JobState | None:
+        """The state of the job named ``name`` in this cycle (None: no such job)."""
+        names = self._names
+        if names is not None:
+            d = names.get(name)
+            return None if d is None else d.state
+        if self._by_name is None:
+            self._by_name = {js.job.name: js for js in self.jobs}
+        return self._by_name.get(name)
+
     def eligible_classes(self, constraints: Constraints) -> frozenset[int]:
         if constraints is self._last_constraints:  # most jobs share one object: no hashing
             return self._last_classes
@@ -571,7 +585,7 @@ class Session:
     def _load_holds(self, snapshot: Snapshot) -> None:
         """Reservations from the last plan, minus what has expired or is already placed."""
         for r in snapshot.reservations:
-            js = self.by_name.get(r.job)
+            js = self.state_of(r.job)
             node = self.cluster.index.get(r.node)
             if js is None or node is None or r.expires_at <= self.now or js.job.suspended:
                 continue
