@@ -11,13 +11,36 @@ from dataclasses import dataclass
 from typing import Final
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, eq=False)
 class Resources:
-    """What one replica asks for, or what a node offers. All fields are >= 0 in valid input."""
+    """What one replica asks for, or what a node offers. All fields are >= 0 in valid input.
 
-    gpu: int = 0
-    cpu_milli: int = 0
-    memory_bytes: int = 0
+    Nothing changes one once made (``Final``: compiled, assigning a field raises). A
+    dataclass for ``replace``, ``fields`` and its repr, with ``__init__``, ``__eq__`` and
+    ``__hash__`` written out: compiled, those are C, where the ones a dataclass generates are
+    Python code (every ``+``, ``-`` and ``times`` makes one). They are the frozen
+    dataclass's: equal when of the same class with equal fields, hashed as their tuple."""
+
+    gpu: Final[int]
+    cpu_milli: Final[int]
+    memory_bytes: Final[int]
+
+    def __init__(self, gpu: int = 0, cpu_milli: int = 0, memory_bytes: int = 0) -> None:
+        self.gpu = gpu
+        self.cpu_milli = cpu_milli
+        self.memory_bytes = memory_bytes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Resources):  # no class derives from it
+            return NotImplemented
+        return (
+            self.gpu == other.gpu
+            and self.cpu_milli == other.cpu_milli
+            and self.memory_bytes == other.memory_bytes
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.gpu, self.cpu_milli, self.memory_bytes))
 
     def __add__(self, other: Resources) -> Resources:
         return Resources(

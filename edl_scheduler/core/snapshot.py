@@ -111,40 +111,66 @@ class Node:
     schedulable: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class RoleSpec:
-    """Bounds and per-replica resources of one role of a job."""
+    """Bounds and per-replica resources of one role of a job. Fixed once made (see
+    ``Job``)."""
 
-    min_replicas: int
-    max_replicas: int
-    resources: Resources
+    min_replicas: Final[int]
+    max_replicas: Final[int]
+    resources: Final[Resources]
+
+    def __init__(self, min_replicas: int, max_replicas: int, resources: Resources) -> None:
+        self.min_replicas = min_replicas
+        self.max_replicas = max_replicas
+        self.resources = resources
+
+    def __hash__(self) -> int:
+        return hash((self.min_replicas, self.max_replicas, self.resources))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Replica:
     """One placed replica. A draining replica has been told to leave; it still occupies its
     node until it exits, but no longer counts toward its job's size, and the capacity it
-    frees is held by a Reservation for the job it was freed for."""
+    frees is held by a Reservation for the job it was freed for. Fixed once made (see
+    ``Job``)."""
 
-    name: str
-    role: Role
-    node: str
-    draining: bool = False
+    name: Final[str]
+    role: Final[Role]
+    node: Final[str]
+    draining: Final[bool]
 
-
-@dataclass(frozen=True, slots=True)
-class ThroughputSample:
-    """A throughput the job's runtime measured at one size: ``workers`` on ``nodes``.
-    ``batch`` is the global batch it trained at meanwhile (0: not reported)."""
-
-    nodes: int
-    workers: int
-    samples_per_second: float
-    batch: int = 0
+    def __init__(self, name: str, role: Role, node: str, draining: bool = False) -> None:
+        self.name = name
+        self.role = role
+        self.node = node
+        self.draining = draining
 
     def __hash__(self) -> int:
-        # The dataclass's own hash, written here so that it compiles: the fit's cache
-        # (``throughput.fit``) hashes every sample of each new Job object it is asked for.
+        return hash((self.name, self.role, self.node, self.draining))
+
+
+@dataclass(slots=True, init=False)
+class ThroughputSample:
+    """A throughput the job's runtime measured at one size: ``workers`` on ``nodes``.
+    ``batch`` is the global batch it trained at meanwhile (0: not reported). Fixed once made
+    (see ``Job``)."""
+
+    nodes: Final[int]
+    workers: Final[int]
+    samples_per_second: Final[float]
+    batch: Final[int]
+
+    def __init__(self, nodes: int, workers: int, samples_per_second: float, batch: int = 0) -> None:
+        self.nodes = nodes
+        self.workers = workers
+        self.samples_per_second = samples_per_second
+        self.batch = batch
+
+    def __hash__(self) -> int:
+        # Compiled, as the rest: the fit's cache (``throughput.fit``) hashes every sample of
+        # each new Job object it is asked for.
         return hash((self.nodes, self.workers, self.samples_per_second, self.batch))
 
 
@@ -189,7 +215,7 @@ class Reservation:
     expires_at: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Job:
     """A TrainingJob as the planner sees it.
 
@@ -202,31 +228,94 @@ class Job:
     restarts, so a job moved often needs a larger gain to be moved again. It is never negative.
     ``efficiency``, where the runtime reports it, turns the measured throughput into goodput
     (progress per second) for the planner's model (``throughput.job_model``).
+
+    Nothing changes a Job, nor the ``RoleSpec``, ``Replica`` and ``ThroughputSample`` it
+    holds, once made: the fields are ``Final`` (compiled, assigning one raises). These are
+    dataclasses for ``replace``, ``fields``, their repr and their equality, with ``__init__``
+    and ``__hash__`` written out: compiled, those are C, where the ones a dataclass generates
+    are Python code (the simulator makes a Job for every job whose state changed, at every
+    plan). The hash is the frozen dataclass's: that of the fields' tuple.
     """
 
-    name: str
-    worker: RoleSpec
-    submit_time: float
-    priority: int = 0
-    preemptible: bool = True
-    pserver: RoleSpec | None = None
-    requested: int | None = None
-    constraints: Constraints = NO_CONSTRAINTS
-    replicas: tuple[Replica, ...] = ()
-    suspended: bool = False
-    start_time: float | None = None
-    last_resize_time: float | None = None
-    resizes: int = 0
-    attained_gpu_seconds: float = 0.0
-    throughput: tuple[ThroughputSample, ...] = ()
-    efficiency: Efficiency | None = None
+    name: Final[str]
+    worker: Final[RoleSpec]
+    submit_time: Final[float]
+    priority: Final[int]
+    preemptible: Final[bool]
+    pserver: Final[RoleSpec | None]
+    requested: Final[int | None]
+    constraints: Final[Constraints]
+    replicas: Final[tuple[Replica, ...]]
+    suspended: Final[bool]
+    start_time: Final[float | None]
+    last_resize_time: Final[float | None]
+    resizes: Final[int]
+    attained_gpu_seconds: Final[float]
+    throughput: Final[tuple[ThroughputSample, ...]]
+    efficiency: Final[Efficiency | None]
 
-    def __post_init__(self) -> None:
-        if self.resizes < 0:
+    def __init__(
+        self,
+        name: str,
+        worker: RoleSpec,
+        submit_time: float,
+        priority: int = 0,
+        preemptible: bool = True,
+        pserver: RoleSpec | None = None,
+        requested: int | None = None,
+        constraints: Constraints = NO_CONSTRAINTS,
+        replicas: tuple[Replica, ...] = (),
+        suspended: bool = False,
+        start_time: float | None = None,
+        last_resize_time: float | None = None,
+        resizes: int = 0,
+        attained_gpu_seconds: float = 0.0,
+        throughput: tuple[ThroughputSample, ...] = (),
+        efficiency: Efficiency | None = None,
+    ) -> None:
+        if resizes < 0:
             raise ValueError(
-                f"job {self.name}: resizes is {self.resizes}: it counts the job's resizes "
+                f"job {name}: resizes is {resizes}: it counts the job's resizes "
                 "since submission and must be >= 0"
             )
+        self.name = name
+        self.worker = worker
+        self.submit_time = submit_time
+        self.priority = priority
+        self.preemptible = preemptible
+        self.pserver = pserver
+        self.requested = requested
+        self.constraints = constraints
+        self.replicas = replicas
+        self.suspended = suspended
+        self.start_time = start_time
+        self.last_resize_time = last_resize_time
+        self.resizes = resizes
+        self.attained_gpu_seconds = attained_gpu_seconds
+        self.throughput = throughput
+        self.efficiency = efficiency
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.name,
+                self.worker,
+                self.submit_time,
+                self.priority,
+                self.preemptible,
+                self.pserver,
+                self.requested,
+                self.constraints,
+                self.replicas,
+                self.suspended,
+                self.start_time,
+                self.last_resize_time,
+                self.resizes,
+                self.attained_gpu_seconds,
+                self.throughput,
+                self.efficiency,
+            )
+        )
 
     def role_spec(self, role: Role) -> RoleSpec | None:
         return self.worker if role is Role.WORKER else self.pserver
@@ -242,8 +331,23 @@ class Job:
         return self.requested if self.requested is not None else self.worker.max_replicas
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Snapshot:
-    nodes: tuple[Node, ...]
-    jobs: tuple[Job, ...]
-    reservations: tuple[Reservation, ...] = ()
+    """Fixed once made, as a ``Job`` is and for the same reason (one per plan)."""
+
+    nodes: Final[tuple[Node, ...]]
+    jobs: Final[tuple[Job, ...]]
+    reservations: Final[tuple[Reservation, ...]]
+
+    def __init__(
+        self,
+        nodes: tuple[Node, ...],
+        jobs: tuple[Job, ...],
+        reservations: tuple[Reservation, ...] = (),
+    ) -> None:
+        self.nodes = nodes
+        self.jobs = jobs
+        self.reservations = reservations
+
+    def __hash__(self) -> int:
+        return hash((self.nodes, self.jobs, self.reservations))
