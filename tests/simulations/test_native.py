@@ -10,11 +10,13 @@ Aspects:
   sources changed since) or an incomplete one is not taken, ``EDL_PURE`` is obeyed, and a
   process whose planner modules were imported before ``activate`` stays Python;
 - the key changes with any byte of any compiled source or of what they type against;
+- compiled, the planner's value classes refuse the assignment of any field;
 - a build sent SIGTERM stops the processes it started (mypyc's C compilers) with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -71,6 +73,30 @@ def test_the_build_gives_the_results_of_the_python_it_is_built_from(build_root: 
     for name in pure:  # as text: 1 and 1.0 differ there (compiled code coerces int to float)
         assert json.dumps(compiled[name]) == json.dumps(pure[name]), name
     assert any(r[2] is not None for r in pure["philly_3d-400/tiresias"]["jobs"])
+
+
+_ASSIGN = """
+import dataclasses
+from edl_scheduler import native
+from tests.core.test_value_classes import VALUES
+refused = []
+for value in VALUES:
+    for f in dataclasses.fields(value):
+        try:
+            setattr(value, f.name, getattr(value, f.name))
+        except AttributeError:
+            refused.append(type(value).__name__ + "." + f.name)
+        else:
+            print("assigned", type(value).__name__, f.name)
+print(native.mode().name, len(refused))
+"""
+
+
+def test_compiled_value_classes_refuse_an_assignment(build_root: Path) -> None:
+    from tests.core.test_value_classes import VALUES
+
+    fields = sum(len(dataclasses.fields(v)) for v in VALUES)
+    assert _python(_ASSIGN, _env(build_root)).split() == ["NATIVE", str(fields)]
 
 
 _MODE = "from edl_scheduler import native; print(native.mode().name)"
