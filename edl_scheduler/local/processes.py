@@ -456,27 +456,38 @@ class ProcessSupervisor:
             return entry.status
 
     def close(self, grace_s: float = DEFAULT_GRACE_S) -> None:
-        """Stop every running process (SIGTERM to all at once, then SIGKILL after the grace)."""
+        """Stop every running process (SIGTERM to all at once, then SIGKILL after the grace).
+
+        Another thread may still reconcile while this runs (a backend's loop that sees a
+        process exit and ``forget``s it, or ``release``s one): a process whose record goes
+        meanwhile is no longer this supervisor's to stop, and counts as stopped."""
         with self._lock:
             self._closed = True
             running = [n for n, e in self._entries.items() if e.status.running]
             for name in running:
-                self._refresh_locked(name)
-                entry = self._entries[name]
-                if entry.status.running:
+                entry = self._live_locked(name)
+                if entry is not None:
                     self._send_locked(entry, signal.SIGTERM)
-        deadline = time.monotonic() + max(0.0, grace_s)
-        while time.monotonic() < deadline:
-            if all(self.status(n).state.finished for n in running):
-                return
-            time.sleep(_POLL_INTERVAL_S)
-        with self._lock:
-            for name in running:
-                self._refresh_locked(name)
-                if self._entries[name].status.running:
-                    self._send_locked(self._entries[name], signal.SIGKILL)
-        for name in running:
-            self.wait(name, timeout=5.0)
+        for signum, wait_s in ((None, grace_s), (signal.SIGKILL, 5.0)):
+            if signum is not None:
+                with self._lock:
+                    for name in running:
+                        entry = self._live_locked(name)
+                        if entry is not None:
+                            self._send_locked(entry, signum)
+            deadline = time.monotonic() + max(0.0, wait_s)
+            while True:
+                with self._lock:
+                    running = [n for n in running if self._live_locked(n) is not None]
+                if not running or time.monotonic() >= deadline:
+                    break
+                time.sleep(_POLL_INTERVAL_S)
+
+    def _live_locked(self, name: str) -> _Entry | None:
+        """``name``'s record if it is still running, else None (finished or gone)."""
+        self._refresh_locked(name)
+        entry = self._entries.get(name)
+        return entry if entry is not None and entry.status.running else None
 
     def _check_open(self) -> None:
         if self._closed:

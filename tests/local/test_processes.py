@@ -11,7 +11,8 @@ Aspects tested:
 - adoption after a restart: the same pid and start time are adopted, stopped and seen to exit;
   a recycled pid (other start time) and a vanished pid are refused
 - thread safety: concurrent starts, reads and a stop waiting out its grace period
-- close() stops everything, and a closed supervisor refuses new work
+- close() stops everything, and a closed supervisor refuses new work; a record forgotten
+  by another thread while close() waits counts as stopped
 """
 
 from __future__ import annotations
@@ -316,6 +317,31 @@ def test_threads_share_one_supervisor(supervisor: ProcessSupervisor, tmp_path: P
     statuses = supervisor.statuses()
     assert all(statuses[f"t{i}"].state is ProcessState.SUCCEEDED for i in range(4))
     assert statuses["slow-stop"].exit_code == -signal.SIGKILL
+
+
+def test_close_takes_a_record_forgotten_meanwhile_as_stopped(tmp_path: Path) -> None:
+    """A backend's loop may forget a process that exited while close() waits for it."""
+    supervisor = ProcessSupervisor()
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    status = supervisor.start(python("deaf", deaf, tmp_path))
+    other = supervisor.start(python("other", "import time; time.sleep(60)", tmp_path))
+    assert status.pid is not None and other.pid is not None
+    wait_for(lambda: "SIG_IGN" in " ".join(psutil.Process(status.pid).cmdline()))
+    time.sleep(0.3)  # the handler is set before the sleep starts
+
+    def reconcile() -> None:  # as a backend's loop would, once close() asked for the stop
+        wait_for(lambda: supervisor._closed)
+        os.kill(status.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for(lambda: supervisor.status("deaf").state.finished)
+        supervisor.forget("deaf")
+
+    loop = threading.Thread(target=reconcile)
+    loop.start()
+    supervisor.close(grace_s=5)
+    loop.join(timeout=10)
+    assert "deaf" not in supervisor.statuses()
+    assert supervisor.status("other").state is ProcessState.FAILED
+    assert not psutil.pid_exists(status.pid) and not psutil.pid_exists(other.pid)
 
 
 def test_close_stops_everything_and_refuses_new_work(tmp_path: Path) -> None:
