@@ -9,7 +9,7 @@ at the same instant on the applied state yields an empty plan.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
@@ -77,36 +77,93 @@ HOLD_REASONS: Final = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class RoleChange:
     """One role of one job: ``current`` live replicas become ``target``.
 
     ``add_nodes`` names the node of each new replica (a node may repeat); ``remove`` names
     the replicas to drain, in the order they should leave. ``target == current +
     len(add_nodes) - len(remove)`` always holds.
+
+    Nothing changes a RoleChange, a JobDecision or a Plan once made: the fields are
+    ``Final`` (compiled, assigning one raises). Dataclasses for ``replace``, ``fields``,
+    their repr and their equality, with ``__init__`` and ``__hash__`` written out:
+    compiled, those are C, where the ones a dataclass generates are Python code (every plan
+    makes one of each per job). The hash is the frozen dataclass's: that of the compared
+    fields' tuple.
     """
 
-    role: Role
-    current: int
-    target: int
-    add_nodes: tuple[str, ...] = ()
-    remove: tuple[str, ...] = ()
+    role: Final[Role]
+    current: Final[int]
+    target: Final[int]
+    add_nodes: Final[tuple[str, ...]]
+    remove: Final[tuple[str, ...]]
+
+    def __init__(
+        self,
+        role: Role,
+        current: int,
+        target: int,
+        add_nodes: tuple[str, ...] = (),
+        remove: tuple[str, ...] = (),
+    ) -> None:
+        self.role = role
+        self.current = current
+        self.target = target
+        self.add_nodes = add_nodes
+        self.remove = remove
+
+    def __hash__(self) -> int:
+        return hash((self.role, self.current, self.target, self.add_nodes, self.remove))
 
     @property
     def changed(self) -> bool:
         return bool(self.add_nodes or self.remove)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class JobDecision:
-    job: str
-    action: Action
-    reason: Reason
-    message: str
-    workers: RoleChange
-    pservers: RoleChange | None = None
+    """What the plan does with one job. Fixed once made (see ``RoleChange``)."""
+
+    job: Final[str]
+    action: Final[Action]
+    reason: Final[Reason]
+    message: Final[str]
+    workers: Final[RoleChange]
+    pservers: Final[RoleChange | None]
     #: For SHRINK and SUSPEND decisions made to admit another job: that job's name.
-    for_job: str | None = None
+    for_job: Final[str | None]
+
+    def __init__(
+        self,
+        job: str,
+        action: Action,
+        reason: Reason,
+        message: str,
+        workers: RoleChange,
+        pservers: RoleChange | None = None,
+        for_job: str | None = None,
+    ) -> None:
+        self.job = job
+        self.action = action
+        self.reason = reason
+        self.message = message
+        self.workers = workers
+        self.pservers = pservers
+        self.for_job = for_job
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.job,
+                self.action,
+                self.reason,
+                self.message,
+                self.workers,
+                self.pservers,
+                self.for_job,
+            )
+        )
 
     @property
     def changed(self) -> bool:
@@ -120,14 +177,47 @@ class JobDecision:
         return f"{self.job}: {self.action.value} {size} [{self.reason.value}] {self.message}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False, eq=False, repr=False)
 class Plan:
-    now: float
-    decisions: tuple[JobDecision, ...]
-    reservations: tuple[Reservation, ...] = ()
+    """Fixed once made (see ``RoleChange``). Equality, hash and repr are written out too:
+    they leave out ``known_changes`` (a ``field(compare=False)`` cannot be ``Final``)."""
+
+    now: Final[float]
+    decisions: Final[tuple[JobDecision, ...]]
+    reservations: Final[tuple[Reservation, ...]]
     #: ``changes`` where the planner collected them as it decided (it knows which few
     #: decisions can change anything); not part of the plan's value (equality, repr).
-    known_changes: tuple[JobDecision, ...] | None = field(default=None, compare=False, repr=False)
+    known_changes: Final[tuple[JobDecision, ...] | None]
+
+    def __init__(
+        self,
+        now: float,
+        decisions: tuple[JobDecision, ...],
+        reservations: tuple[Reservation, ...] = (),
+        known_changes: tuple[JobDecision, ...] | None = None,
+    ) -> None:
+        self.now = now
+        self.decisions = decisions
+        self.reservations = reservations
+        self.known_changes = known_changes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):  # no class derives from it
+            return NotImplemented
+        # As Python tuples (typed ``object``, so that compiled code does not compare field
+        # by field), as the dataclass compared: an element is equal to itself, NaN too.
+        mine: object = (self.now, self.decisions, self.reservations)
+        theirs: object = (other.now, other.decisions, other.reservations)
+        return mine == theirs
+
+    def __hash__(self) -> int:
+        return hash((self.now, self.decisions, self.reservations))
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(now={self.now!r}, decisions={self.decisions!r}, "
+            f"reservations={self.reservations!r})"
+        )
 
     @property
     def changes(self) -> tuple[JobDecision, ...]:
