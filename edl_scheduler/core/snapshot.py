@@ -199,20 +199,33 @@ class Efficiency:
         return (self.grad_var + self.grad_sqr) / (self.grad_var / scale + self.grad_sqr)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Reservation:
     """Capacity held for ``job`` on ``node``: room for ``count`` replicas of ``role``.
 
     Reservations are made when workers are taken from other jobs to admit ``job``; the plan
     returns them and the driver hands them back in the next snapshot. Only ``job`` or a job
     ranked above it may use the capacity, until ``job`` has its replicas there or until
-    ``expires_at`` (no ping-pong between two elastic jobs over freed GPUs)."""
+    ``expires_at`` (no ping-pong between two elastic jobs over freed GPUs).
 
-    job: str
-    node: str
-    role: Role
-    count: int
-    expires_at: float
+    Fixed once made (see ``Job``): every plan that holds capacity makes its reservations
+    anew, so ``__init__`` and ``__hash__`` are written out to run compiled."""
+
+    job: Final[str]
+    node: Final[str]
+    role: Final[Role]
+    count: Final[int]
+    expires_at: Final[float]
+
+    def __init__(self, job: str, node: str, role: Role, count: int, expires_at: float) -> None:
+        self.job = job
+        self.node = node
+        self.role = role
+        self.count = count
+        self.expires_at = expires_at
+
+    def __hash__(self) -> int:
+        return hash((self.job, self.node, self.role, self.count, self.expires_at))
 
 
 @dataclass(slots=True, init=False)

@@ -1,11 +1,11 @@
 """The planner's value classes behave as the frozen dataclasses they were.
 
 Aspects:
-- ``Resources``, ``RoleSpec``, ``Replica``, ``ThroughputSample``, ``Job``, ``Snapshot``,
-  ``RoleChange``, ``JobDecision`` and ``Plan`` write their ``__init__`` and ``__hash__`` out
-  (compiled, those are C); each keeps its constructor's signature, its dataclass repr, its
-  equality (same class, equal compared fields, NaN equal to itself as in a tuple) and the
-  frozen dataclass's hash, the hash of its compared fields' tuple;
+- ``Resources``, ``RoleSpec``, ``Replica``, ``ThroughputSample``, ``Reservation``, ``Job``,
+  ``Snapshot``, ``RoleChange``, ``JobDecision`` and ``Plan`` write their ``__init__`` and
+  ``__hash__`` out (compiled, those are C); each keeps its constructor's signature, its
+  dataclass repr, its equality (same class, equal compared fields, NaN equal to itself as in
+  a tuple) and the frozen dataclass's hash, the hash of its compared fields' tuple;
 - ``dataclasses.replace`` and ``fields`` work on each (the drivers and tests use them);
 - a Plan's ``known_changes`` is no part of its value;
 - compiled, no field can be assigned (pure Python, only the type checker refuses): that is
@@ -53,6 +53,7 @@ JOB = Job(
     throughput=(SAMPLE,),
     efficiency=Efficiency(32, 1.0, 2.0),
 )
+RESERVATION = Reservation("a", "n0", Role.WORKER, 1, 9.0)
 CHANGE = RoleChange(Role.WORKER, 1, 2, ("n1",))
 DECISION = JobDecision("a", Action.GROW, Reason.GREW, "grew", CHANGE, None, "b")
 VALUES: list[Any] = [
@@ -61,10 +62,11 @@ VALUES: list[Any] = [
     REPLICA,
     SAMPLE,
     JOB,
-    Snapshot((node("n0").build(),), (JOB,), (Reservation("a", "n0", Role.WORKER, 1, 9.0),)),
+    RESERVATION,
+    Snapshot((node("n0").build(),), (JOB,), (RESERVATION,)),
     CHANGE,
     DECISION,
-    Plan(5.0, (DECISION,), ()),
+    Plan(5.0, (DECISION,), (RESERVATION,)),
 ]
 #: Each class's constructor as the frozen dataclass generated it: names, order, defaults.
 SIGNATURES = {
@@ -79,6 +81,7 @@ SIGNATURES = {
         "last_resize_time=None, resizes=0, attained_gpu_seconds=0.0, throughput=(), "
         "efficiency=None)"
     ),
+    Reservation: "(job, node, role, count, expires_at)",
     Snapshot: "(nodes, jobs, reservations=())",
     RoleChange: "(role, current, target, add_nodes=(), remove=())",
     JobDecision: "(job, action, reason, message, workers, pservers=None, for_job=None)",
