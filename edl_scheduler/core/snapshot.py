@@ -85,14 +85,30 @@ class Toleration:
     effect: TaintEffect | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Constraints:
     """Where a job's pods may run: its template's nodeSelector, required node affinity and
-    tolerations. Hashable, so that the planner matches each distinct set once per node class."""
+    tolerations. Hashable, so that the planner matches each distinct set once per node class.
 
-    node_selector: tuple[tuple[str, str], ...] = ()
-    required_terms: tuple[NodeSelectorTerm, ...] = ()
-    tolerations: tuple[Toleration, ...] = ()
+    Fixed once made (see ``Job``). ``__init__`` and ``__hash__`` are written out to run
+    compiled: every planning session looks its first job's constraints up by hash."""
+
+    node_selector: Final[tuple[tuple[str, str], ...]]
+    required_terms: Final[tuple[NodeSelectorTerm, ...]]
+    tolerations: Final[tuple[Toleration, ...]]
+
+    def __init__(
+        self,
+        node_selector: tuple[tuple[str, str], ...] = (),
+        required_terms: tuple[NodeSelectorTerm, ...] = (),
+        tolerations: tuple[Toleration, ...] = (),
+    ) -> None:
+        self.node_selector = node_selector
+        self.required_terms = required_terms
+        self.tolerations = tolerations
+
+    def __hash__(self) -> int:
+        return hash((self.node_selector, self.required_terms, self.tolerations))
 
 
 NO_CONSTRAINTS: Final = Constraints()

@@ -1,11 +1,12 @@
 """The planner's value classes behave as the frozen dataclasses they were.
 
 Aspects:
-- ``Resources``, ``RoleSpec``, ``Replica``, ``ThroughputSample``, ``Reservation``, ``Job``,
-  ``Snapshot``, ``RoleChange``, ``JobDecision`` and ``Plan`` write their ``__init__`` and
-  ``__hash__`` out (compiled, those are C); each keeps its constructor's signature, its
-  dataclass repr, its equality (same class, equal compared fields, NaN equal to itself as in
-  a tuple) and the frozen dataclass's hash, the hash of its compared fields' tuple;
+- ``Resources``, ``Constraints``, ``RoleSpec``, ``Replica``, ``ThroughputSample``,
+  ``Reservation``, ``Job``, ``Snapshot``, ``RoleChange``, ``JobDecision`` and ``Plan`` write
+  their ``__init__`` and ``__hash__`` out (compiled, those are C); each keeps its
+  constructor's signature, its dataclass repr, its equality (same class, equal compared
+  fields, NaN equal to itself as in a tuple) and the frozen dataclass's hash, the hash of
+  its compared fields' tuple;
 - ``dataclasses.replace`` and ``fields`` work on each (the drivers and tests use them);
 - a Plan's ``known_changes`` is no part of its value;
 - compiled, no field can be assigned (pure Python, only the type checker refuses): that is
@@ -27,6 +28,7 @@ from edl_scheduler import native
 from edl_scheduler.core.plan import Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import (
+    Constraints,
     Efficiency,
     Job,
     Replica,
@@ -35,6 +37,7 @@ from edl_scheduler.core.snapshot import (
     RoleSpec,
     Snapshot,
     ThroughputSample,
+    Toleration,
 )
 from tests.core.builders import node
 
@@ -58,6 +61,7 @@ CHANGE = RoleChange(Role.WORKER, 1, 2, ("n1",))
 DECISION = JobDecision("a", Action.GROW, Reason.GREW, "grew", CHANGE, None, "b")
 VALUES: list[Any] = [
     Resources(1, 2, 3),
+    Constraints((("zone", "a"),), (), (Toleration("gpu"),)),
     SPEC,
     REPLICA,
     SAMPLE,
@@ -71,6 +75,7 @@ VALUES: list[Any] = [
 #: Each class's constructor as the frozen dataclass generated it: names, order, defaults.
 SIGNATURES = {
     Resources: "(gpu=0, cpu_milli=0, memory_bytes=0)",
+    Constraints: "(node_selector=(), required_terms=(), tolerations=())",
     RoleSpec: "(min_replicas, max_replicas, resources)",
     Replica: "(name, role, node, draining=False)",
     ThroughputSample: "(nodes, workers, samples_per_second, batch=0)",
