@@ -1,0 +1,44 @@
+"""Python's cyclic garbage collector, kept out of a simulation's way while it runs.
+
+A long run (the full Philly trace: 82,247 jobs, about 259,000 plans) spent about 7% of its
+CPU time in the collector: full collections walk every object alive (the trace, the jobs'
+records, the memo), and young collections come every 700 container allocations, each
+walking whatever a plan holds at that moment (lists over every active job). ``quiet``
+moves the objects alive when the run begins (the trace, the workload) to the collector's
+permanent generation, which no collection walks, and collects the young generation less
+often while the run lasts; both are undone when it ends, whatever the caller had set.
+
+What must stay true: nothing here changes what a simulation computes (the collector frees
+only cycles no one can reach), and memory stays bounded: collections still run, only less
+often, and every cycle is still freed (frozen objects are unfrozen at the end, and any of
+them that became garbage is collected by the next full collection).
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Final
+
+#: Container allocations (net of frees) between young collections while a run lasts
+#: (Python's default is 700): each young collection walks the lists a plan holds, so
+#: fewer of them cost less in all, for a bounded growth of uncollected young objects.
+YOUNG_THRESHOLD: Final = 20_000
+
+
+@contextmanager
+def quiet() -> Iterator[None]:
+    """Run the body with the objects alive now frozen and young collections rarer. A caller
+    that froze objects itself keeps them frozen: this freezes only where nothing is."""
+    thresholds = gc.get_threshold()
+    froze = gc.isenabled() and gc.get_freeze_count() == 0
+    if froze:
+        gc.freeze()
+    gc.set_threshold(max(thresholds[0], YOUNG_THRESHOLD), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
+        if froze:
+            gc.unfreeze()
