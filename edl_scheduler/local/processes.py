@@ -464,17 +464,12 @@ class ProcessSupervisor:
         with self._lock:
             self._closed = True
             running = [n for n, e in self._entries.items() if e.status.running]
-            for name in running:
-                entry = self._live_locked(name)
-                if entry is not None:
-                    self._send_locked(entry, signal.SIGTERM)
-        for signum, wait_s in ((None, grace_s), (signal.SIGKILL, 5.0)):
-            if signum is not None:
-                with self._lock:
-                    for name in running:
-                        entry = self._live_locked(name)
-                        if entry is not None:
-                            self._send_locked(entry, signum)
+        for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            with self._lock:
+                for name in running:
+                    entry = self._live_locked(name)
+                    if entry is not None:
+                        self._send_locked(entry, signum)
             deadline = time.monotonic() + max(0.0, wait_s)
             while True:
                 with self._lock:
