@@ -12,7 +12,8 @@ and the caller can discard a gang that did not fit whole.
 
 from __future__ import annotations
 
-from edl_scheduler.core.session import Cluster, JobState, Session, Statement
+from edl_scheduler.core.capacity import Cluster
+from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
 
 

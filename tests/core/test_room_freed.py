@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import random
 
+from edl_scheduler.core.capacity import Cluster, Hold
 from edl_scheduler.core.resources import Resources
-from edl_scheduler.core.session import Cluster, Hold
 from edl_scheduler.core.snapshot import Node, Role
 
 _GIB = 2**30
