@@ -44,15 +44,22 @@ POOL = "edl.test/pool"
 CRD_FILE = REPO / "manifests" / "crd" / "trainingjobs.edl.dev.yaml"
 
 
-def eventually(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """Polls ``check`` until it returns something truthy; bounded."""
+def eventually(
+    check: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    explain: Callable[[], str] | None = None,
+) -> Any:
+    """Polls ``check`` until it returns something truthy; bounded. On a timeout the error
+    carries what ``explain`` says (the logs that tell why, where a wait has some)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            said = f"\n{explain()}" if explain is not None else ""
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{said}")
         time.sleep(0.1)
 
 
@@ -493,6 +500,25 @@ class PlayedCoordinators:
                 del self._running[uid]
                 with suppress(UnknownProcess):
                     self.supervisor.stop(name, grace_s=2.0)
+
+    def report(self, ns: str, job: str) -> str:
+        """Each played coordinator of ``job`` in ``ns`` (stopped ones too): its process's
+        state and the end of its log, for a test's error."""
+        lines = []
+        for status in self.supervisor.statuses().values():
+            namespace, _, rest = status.name.partition("/")
+            if namespace != ns or not rest.startswith(f"{job}-coordinator/"):
+                continue
+            log = self.workdir / status.name.replace("/", "_") / "coordinator.log"
+            try:
+                tail = log.read_text(errors="replace").splitlines()[-20:]
+            except FileNotFoundError:
+                tail = ["(no log)"]
+            said = ""
+            if status.state.finished:
+                said = f" (exit code {status.exit_code}) {status.message}"
+            lines += [f"played coordinator {status.name}: {status.state.value}{said}", *tail]
+        return "\n".join(lines) or f"no played coordinator of {ns}/{job}"
 
     def close(self) -> None:
         self._running.clear()

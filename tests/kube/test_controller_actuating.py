@@ -36,6 +36,7 @@ from .controller_harness import (
     ensure_namespace,
     eventually,
     healthy_controller,
+    played_coordinators,
     running_controller,
     settle,
     training_job,
@@ -134,7 +135,12 @@ def test_refused_worker_is_replaced_without_charge_and_failures_are_charged(
     first = eventually(lambda: workers_of(cluster, "fail", 1), 30, "a worker")[0]
     # Workers are created with their coordinator; one failing before the coordinator has
     # answered is not charged, so the charged failures below come after its first answer.
-    eventually(lambda: answered(cluster, "fail"), 30, "the coordinator's first answer")
+    eventually(
+        lambda: answered(cluster, "fail"),
+        30,
+        "the coordinator's first answer",
+        lambda: f"{played_coordinators().report(NS, 'fail')}\n{controller.log_tail(40)}",
+    )
     cluster.set_pod_phase(NS, first.metadata.name, "Failed", reason="OutOfnvidia.com/gpu")
     second = eventually(
         lambda: [p for p in cluster.pods(NS, "fail", "worker")
