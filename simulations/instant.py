@@ -125,7 +125,8 @@ def plainly(
     jobs, live = c.jobs, c.live
     keys: list[Key] | None = c.keys if c.keys or not c.jobs else None
     if prune:
-        at = shown(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
+        split = (c.running, c.waiting)
+        at = shown(jobs, policy, now, free_gpus, reservations, live=live, keys=keys, split=split)
         if len(at) < len(jobs):
             jobs, live = [jobs[i] for i in at], [live[i] for i in at]
             keys = None if keys is None else [keys[i] for i in at]

@@ -50,10 +50,6 @@ from edl_scheduler.core import (
 from edl_scheduler.core.ordering import sort_key
 
 
-def _minimum(job: Job, policy: Policy) -> int:
-    return job.worker.min_replicas if policy.elastic else job.rigid_size
-
-
 def _live_workers(job: Job) -> int:
     """Live (placed, not draining) workers: ``len(job.live(Role.WORKER))`` without the tuple."""
     count = 0
@@ -91,62 +87,77 @@ def shown(
     *,
     live: Sequence[int] | None = None,
     keys: Sequence[tuple[float | str, ...]] | None = None,
+    split: tuple[list[int], list[int]] | None = None,
 ) -> list[int]:
     """Where in ``jobs`` the jobs ``visible`` returns are, in its order (a caller that keeps
-    something per job takes the same entries)."""
-    everything = list(range(len(jobs)))
+    something per job takes the same entries). ``split``: where the running and the waiting
+    jobs are (a caller that sorted them out already passes them; each in ``jobs``' order).
+
+    This runs before every plan over every job: each job's live workers are counted once,
+    every loop goes over the running or the waiting jobs alone, and the sequences are
+    indexed as lists (compiled, indexing a ``Sequence`` is a generic call)."""
+    js = jobs if isinstance(jobs, list) else list(jobs)
     if policy.ordering is Ordering.LEAST_ATTAINED:
-        return everything
+        return list(range(len(js)))
     shrink = policy.elastic and policy.preemption in (
         Preemption.SHRINK,
         Preemption.SHRINK_THEN_SUSPEND,
     )
     suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
-    # This runs before every plan over every job: each job's live workers are counted once,
-    # and every loop below but the first goes over the running or the waiting jobs alone.
     if live is None:
-        live = [_live_workers(j) if j.replicas else 0 for j in jobs]
-    running: list[int] = []
-    waiting: list[int] = []
-    for i, n in enumerate(live):
-        if n:
-            running.append(i)
-        else:
-            waiting.append(i)
+        ns = [_live_workers(j) if j.replicas else 0 for j in js]
+    else:
+        ns = live if isinstance(live, list) else list(live)
+    if split is None:
+        running: list[int] = []
+        waiting: list[int] = []
+        for i in range(len(ns)):
+            if ns[i]:
+                running.append(i)
+            else:
+                waiting.append(i)
+    else:
+        running, waiting = split
     for i in running:
-        if not jobs[i].preemptible:
-            return everything
+        if not js[i].preemptible:
+            return list(range(len(js)))
     held = {r.job for r in reservations}
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
-            return everything
+            return list(range(len(js)))
         first = waiting[: max(0, free_gpus) + 1]
-        return running + first + [i for i in waiting[len(first) :] if jobs[i].name in held]
+        return running + first + [i for i in waiting[len(first) :] if js[i].name in held]
     pool = max(0, free_gpus)
-    if shrink:
+    elastic = policy.elastic
+    if shrink:  # (``_minimum``, written out: elastic here)
         for i in running:
-            j = jobs[i]
-            pool += max(0, live[i] - _minimum(j, policy)) * j.worker.resources.gpu
+            worker = js[i].worker
+            pool += max(0, ns[i] - worker.min_replicas) * worker.resources.gpu
     if suspend and waiting:
         if keys is None:
             key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
-            keys = [key(j) for j in jobs]
+            ks = [key(j) for j in js]
+        else:
+            ks = keys if isinstance(keys, list) else list(keys)
         # The best-ranked waiting job (keys end in the name: no two are equal).
-        top, best_at = min((keys[i], i) for i in waiting)
+        best_at = waiting[0]
+        top = ks[best_at]
+        for i in waiting:
+            if ks[i] < top:
+                top, best_at = ks[i], i
         if policy.use_priority:
-            best = jobs[best_at].priority
+            best = js[best_at].priority
             for i in running:
-                j = jobs[i]
+                j = js[i]
                 if j.priority < best:
-                    pool += live[i] * j.worker.resources.gpu
+                    pool += ns[i] * j.worker.resources.gpu
         else:
             for i in running:
-                if keys[i] > top:
-                    pool += live[i] * jobs[i].worker.resources.gpu
-    elastic = policy.elastic
+                if ks[i] > top:
+                    pool += ns[i] * js[i].worker.resources.gpu
     fits = []
     for i in waiting:
-        j = jobs[i]
+        j = js[i]
         worker = j.worker
         if elastic:
             size = worker.min_replicas
@@ -155,7 +166,7 @@ def shown(
         if size * worker.resources.gpu <= pool or j.name in held:
             fits.append(i)
     if len(fits) == len(waiting):
-        return everything
+        return list(range(len(js)))
     if not fits:
         return running
     # Both runs are in the order of ``jobs``: merged, they are too.

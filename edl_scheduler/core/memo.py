@@ -76,6 +76,7 @@ class PlanMemo:
         "cycle",
         "fresh",
         "jobs",
+        "keys",
         "moved",
         "names",
         "node_names",
@@ -102,6 +103,8 @@ class PlanMemo:
         #: job's key depends on ``now``); ``used[i]``: [gpu, cpu, memory] that the live
         #: replicas of the memo's jobs take on node i. Both always describe ``jobs``.
         self.ranked: list[tuple[tuple[float | str, ...], Derived]] | None = None
+        #: The keys of ``ranked``, in its order (searched without a key function).
+        self.keys: list[tuple[float | str, ...]] = []
         self.used: list[list[int]] = []
         #: id(job) -> (job, its decision) for a job that a cycle left as it was without
         #: giving it a reason (most running jobs): that decision is a function of the job
@@ -141,6 +144,7 @@ class PlanMemo:
             self.nodes_valid = False
             self._layout = None
             self.ranked = None
+            self.keys = []
             self.used = []
             self.steady = {}
             self.moved = {}

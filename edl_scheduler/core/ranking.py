@@ -6,7 +6,8 @@ last cycle's (``PlanMemo.ranked``, ``PlanMemo.used``), patched for the jobs that
 the jobs not seen before. The cost of a cycle here follows those jobs: which ones they are
 is found by one look-up per shown job by its identity, which marks the kept ones (a job
 that left is one left unmarked), a job that left is found in the ranking by binary search
-on its kept key, and a new one goes in the same way. A job that
+on its kept key (in ``PlanMemo.keys``, the ranking's keys alone: bisected without a key
+function, each step compares two tuples), and a new one goes in the same way. A job that
 left is parked (``PlanMemo.parked``): where the same Job object comes back (the simulator
 leaves out jobs no plan can change and shows them again later), what was derived from it
 and its kept ``JobState`` are taken back instead of derived again.
@@ -62,7 +63,7 @@ def kept_ranking(
     jobs = snapshot.jobs
     known = memo.jobs
     names = memo.names
-    ranked = memo.ranked
+    ranked, keys = memo.ranked, memo.keys
     assert ranked is not None
     used = memo.used
     # Validation sorted this snapshot out already (``PlanMemo.sort_out``), unless it took
@@ -82,9 +83,10 @@ def kept_ranking(
             parked[i] = d  # (its kept state goes with it: ``Derived.state``)
             count(used, d, -1)
             assert d.key is not None  # a kept ranking's keys do not vary
-            at = bisect.bisect_left(ranked, d.key, key=first)
+            at = bisect.bisect_left(keys, d.key)
             assert ranked[at][1] is d  # keys are unique: the key finds its entry
             del ranked[at]
+            del keys[at]
         # At most four snapshots' worth of jobs stay parked, the longest parked leaving
         # first (a job that finished never comes back; one left out while it runs does).
         for i in list(islice(parked, max(0, len(parked) - 4 * len(jobs)))):
@@ -102,8 +104,11 @@ def kept_ranking(
             added.append((d.key, d))
         if len(added) <= _INSERTS:
             for entry in added:
-                bisect.insort(ranked, entry, key=first)
+                at = bisect.bisect_left(keys, entry[0])
+                ranked.insert(at, entry)
+                keys.insert(at, entry[0])
         else:  # two sorted runs: the sort merges them
             ranked += added
             ranked.sort(key=first)
+            keys[:] = [k for k, _ in ranked]
     return ranked, [list(u) for u in used]

@@ -333,6 +333,7 @@ class Session:
                 steady = memo.steady
                 memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed
+                memo.keys = [] if varies else [k for k, _ in keyed]
                 memo.used = [list(u) for u in used]
         if occupied is not None:  # replicas of jobs left out of the snapshot (``plan``)
             _occupy(used, occupied, len(snapshot.nodes))

@@ -146,6 +146,7 @@ def _kept_state_is_what_scratch_derives(memo: PlanMemo, snap: Snapshot, policy: 
     assert memo.ranked is not None
     assert [d.job for _, d in memo.ranked] == sorted(snap.jobs, key=key)
     assert [k for k, _ in memo.ranked] == [key(d.job) for _, d in memo.ranked]
+    assert memo.keys == [k for k, _ in memo.ranked]  # the keys bisected, in step
     index = {n.name: i for i, n in enumerate(snap.nodes)}
     used = [[0, 0, 0] for _ in snap.nodes]
     for j in snap.jobs:
