@@ -60,6 +60,7 @@ from simulations.active import Active
 from simulations.collector import quiet
 from simulations.hiding import hides, split
 from simulations.instant import arrivals_settled, collect, narrow, plainly
+from simulations.listed import Listed
 from simulations.runs import JobRecord, Run
 from simulations.workload import ClusterSpec, SimJob
 
@@ -177,6 +178,10 @@ class Engine:
         #: The active jobs kept as running and waiting (``active``), where ``narrow`` serves.
         narrows = self.hides and policy.admission is not Admission.HEAD_OF_LINE
         self.kept = Active(policy.elastic) if narrows else None
+        #: The active jobs' snapshot lists kept between plans, where a job's Job changes
+        #: only where the engine drops it (``listed``); else listed afresh (``collect``).
+        plain_keys = self.fixed_key is not None and not self.fresh_attained
+        self.listed = Listed() if plain_keys and self.kept is None else None
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
         self.grows = policy.elastic and policy.growth is not Growth.NONE
         #: (when, version, name): when a running job's cool-down or minimum run time ends,
@@ -245,6 +250,8 @@ class Engine:
                 self.active[job.name] = Run(job, next_arrival, job.work, last=now)
                 if self.kept is not None:
                     self.kept.arrive(self.active[job.name])
+                if self.listed is not None:
+                    self.listed.arrive(self.active[job.name])
                 arrived.append(job.name)
                 next_arrival += 1
                 dirty = True
@@ -297,6 +304,8 @@ class Engine:
         del self.running[run.job.name]
         if self.kept is not None:
             self.kept.finish(run)
+        if self.listed is not None:
+            self.listed.finish(run)
         del self.active[run.job.name]
         self.records.append(run.record(now))
 
@@ -384,7 +393,7 @@ class Engine:
             self.settled = True
             self.skipped += 1
             return
-        # (A cached Job is taken where it holds: ``instant.collect``, ``active``.)
+        # (A cached Job is taken where it holds: ``instant.collect``, ``active``, ``listed``.)
         free = self.cluster.gpus - self.allocated
         ask = self.settles and not self._holding(now)
         view = None
@@ -394,15 +403,29 @@ class Engine:
             )
             view = narrow(*listed, self.policy, now, free, self.reservations, ask_settled=ask)
         if view is None:
-            got = collect(
-                self.active.values(),
+            if self.listed is not None:
+                lists = self.listed.listing(now, self._snapshot_job)
+            else:
+                got = collect(
+                    self.active.values(),
+                    now,
+                    self._snapshot_job,
+                    queue_only=self.queue_only,
+                    fresh=self.fresh_attained,
+                    keyed=self.fixed_key is not None,
+                )
+                lists = got.jobs, got.live, got.keys
+            view = plainly(
+                lists[0],
+                lists[1],
+                lists[2],
+                self.policy,
                 now,
-                self._snapshot_job,
-                queue_only=self.queue_only,
-                fresh=self.fresh_attained,
-                keyed=self.fixed_key is not None,
+                free,
+                self.reservations,
+                self.config.prune,
+                ask,
             )
-            view = plainly(got, self.policy, now, free, self.reservations, self.config.prune, ask)
         jobs, live = view.jobs, view.live
         keys = view.keys if self.fixed_key is not None else None
         # A waiting job left out cannot start (``shown``), so nothing can where none shown can.
@@ -468,10 +491,17 @@ class Engine:
             sample = run.samples[key]
             if (sample.samples_per_second, sample.batch) != (rate, batch):
                 run.samples[key] = ThroughputSample(key[0], key[1], rate, batch)
-                run.cached = None
+                self._drop_job(run)
             cached = run.cached
             if cached is not None and cached.efficiency != self._efficiency(run):
-                run.cached = None
+                self._drop_job(run)
+
+    def _drop_job(self, run: Run) -> None:
+        """``run``'s snapshot Job is rebuilt at the next plan (its replicas, samples or
+        times changed): the only place a cached Job is dropped."""
+        run.cached = None
+        if self.listed is not None:
+            self.listed.touch(run)
 
     def _queue(self, attained: float) -> int:
         """The LAS queue index of a running job with ``attained`` GPU-seconds (as
@@ -537,7 +567,7 @@ class Engine:
             run.rate = run.job.rate(after)
         else:
             run.rate = profile.rate(run.placement, run.done) if after else 0.0
-        run.cached = None
+        self._drop_job(run)
         if self.kept is not None:
             self.kept.place(run, before, after)
         self.allocated += after

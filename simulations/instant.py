@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from edl_scheduler.core import Admission, Job, Policy, Preemption, Reservation
 from simulations.hiding import hides
-from simulations.pruning import settled, shown
+from simulations.pruning import settled, shown_or_all
 from simulations.runs import Run
 
 Key = tuple[float | str, ...]
@@ -112,7 +112,9 @@ class Narrowed:
 
 
 def plainly(
-    c: Collected,
+    jobs: list[Job],
+    live: list[int],
+    keys: list[Key],
     policy: Policy,
     now: float,
     free_gpus: int,
@@ -121,17 +123,16 @@ def plainly(
     ask_settled: bool,
 ) -> Narrowed:
     """The same answers from ``shown`` (where ``prune``) and ``settled`` themselves (every
-    policy; keys where kept)."""
-    jobs, live = c.jobs, c.live
-    keys: list[Key] | None = c.keys if c.keys or not c.jobs else None
+    policy), over the active jobs as ``collect`` lists them (keys empty where not kept).
+    Reads the lists, never changes them (``listed`` hands out its own)."""
+    kept: list[Key] | None = keys if keys or not jobs else None
     if prune:
-        split = (c.running, c.waiting)
-        at = shown(jobs, policy, now, free_gpus, reservations, live=live, keys=keys, split=split)
-        if len(at) < len(jobs):
+        at = shown_or_all(jobs, policy, now, free_gpus, reservations, live=live, keys=kept)
+        if at is not None and len(at) < len(jobs):
             jobs, live = [jobs[i] for i in at], [live[i] for i in at]
-            keys = None if keys is None else [keys[i] for i in at]
-    quiet = ask_settled and settled(jobs, policy, now, free_gpus, live=live, keys=keys)
-    return Narrowed(jobs, live, keys if keys is not None else [], quiet, None)
+            kept = None if kept is None else [kept[i] for i in at]
+    quiet = ask_settled and settled(jobs, policy, now, free_gpus, live=live, keys=kept)
+    return Narrowed(jobs, live, kept if kept is not None else [], quiet, None)
 
 
 #: A running job: (arrival index, Job, live workers, rank key).

@@ -87,18 +87,32 @@ def shown(
     *,
     live: Sequence[int] | None = None,
     keys: Sequence[tuple[float | str, ...]] | None = None,
-    split: tuple[list[int], list[int]] | None = None,
 ) -> list[int]:
     """Where in ``jobs`` the jobs ``visible`` returns are, in its order (a caller that keeps
-    something per job takes the same entries). ``split``: where the running and the waiting
-    jobs are (a caller that sorted them out already passes them; each in ``jobs``' order).
+    something per job takes the same entries)."""
+    at = shown_or_all(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
+    return list(range(len(jobs))) if at is None else at
 
-    This runs before every plan over every job: each job's live workers are counted once,
-    every loop goes over the running or the waiting jobs alone, and the sequences are
-    indexed as lists (compiled, indexing a ``Sequence`` is a generic call)."""
+
+def shown_or_all(
+    jobs: Sequence[Job],
+    policy: Policy,
+    now: float,
+    free_gpus: int,
+    reservations: Sequence[Reservation] = (),
+    *,
+    live: Sequence[int] | None = None,
+    keys: Sequence[tuple[float | str, ...]] | None = None,
+) -> list[int] | None:
+    """``shown``, or None where it shows every job (no list of every index is made).
+
+    This runs before every plan over every job: one loop goes over them all (each job's
+    live workers counted once), the others over the waiting or the running jobs alone, and
+    the sequences are indexed as lists (compiled, indexing a ``Sequence`` is a generic
+    call)."""
     js = jobs if isinstance(jobs, list) else list(jobs)
     if policy.ordering is Ordering.LEAST_ATTAINED:
-        return list(range(len(js)))
+        return None
     shrink = policy.elastic and policy.preemption in (
         Preemption.SHRINK,
         Preemption.SHRINK_THEN_SUSPEND,
@@ -108,31 +122,29 @@ def shown(
         ns = [_live_workers(j) if j.replicas else 0 for j in js]
     else:
         ns = live if isinstance(live, list) else list(live)
-    if split is None:
-        running: list[int] = []
-        waiting: list[int] = []
-        for i in range(len(ns)):
-            if ns[i]:
-                running.append(i)
-            else:
-                waiting.append(i)
-    else:
-        running, waiting = split
-    for i in running:
-        if not js[i].preemptible:
-            return list(range(len(js)))
+    # One pass: the waiting jobs, whether every running one may be preempted, and what
+    # shrinking the running ones to their minimum frees (elastic: their minimum is
+    # ``min_replicas``).
+    waiting: list[int] = []
+    pool = max(0, free_gpus)
+    for i in range(len(ns)):
+        n = ns[i]
+        if not n:
+            waiting.append(i)
+            continue
+        j = js[i]
+        if not j.preemptible:
+            return None
+        if shrink:
+            worker = j.worker
+            pool += max(0, n - worker.min_replicas) * worker.resources.gpu
     held = {r.job for r in reservations}
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
-            return list(range(len(js)))
+            return None
         first = waiting[: max(0, free_gpus) + 1]
+        running = [i for i in range(len(ns)) if ns[i]]
         return running + first + [i for i in waiting[len(first) :] if js[i].name in held]
-    pool = max(0, free_gpus)
-    elastic = policy.elastic
-    if shrink:  # (``_minimum``, written out: elastic here)
-        for i in running:
-            worker = js[i].worker
-            pool += max(0, ns[i] - worker.min_replicas) * worker.resources.gpu
     if suspend and waiting:
         if keys is None:
             key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
@@ -147,14 +159,16 @@ def shown(
                 top, best_at = ks[i], i
         if policy.use_priority:
             best = js[best_at].priority
-            for i in running:
-                j = js[i]
-                if j.priority < best:
-                    pool += ns[i] * j.worker.resources.gpu
+            for i in range(len(ns)):
+                if ns[i]:
+                    j = js[i]
+                    if j.priority < best:
+                        pool += ns[i] * j.worker.resources.gpu
         else:
-            for i in running:
-                if ks[i] > top:
+            for i in range(len(ns)):
+                if ns[i] and ks[i] > top:
                     pool += ns[i] * js[i].worker.resources.gpu
+    elastic = policy.elastic
     fits = []
     for i in waiting:
         j = js[i]
@@ -166,7 +180,8 @@ def shown(
         if size * worker.resources.gpu <= pool or j.name in held:
             fits.append(i)
     if len(fits) == len(waiting):
-        return list(range(len(js)))
+        return None
+    running = [i for i in range(len(ns)) if ns[i]]
     if not fits:
         return running
     # Both runs are in the order of ``jobs``: merged, they are too.

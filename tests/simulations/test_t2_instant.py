@@ -83,7 +83,7 @@ def _check(
         if got is None:
             assert not _serves(policy) or any(not c.jobs[i].preemptible for i in c.running)
             return None
-        want = plainly(c, policy, now, free, holds, True, ask)
+        want = plainly(c.jobs, c.live, c.keys, policy, now, free, holds, True, ask)
         assert (got.jobs, got.live, got.keys) == (want.jobs, want.live, want.keys), (now, free)
         assert got.settled == want.settled, (now, free, ask)
         assert got.best == (_best_short(got.jobs, got.live, got.keys, policy),), (now, free)
@@ -181,7 +181,7 @@ def test_the_engine_narrows_as_the_rules_do(
         got = real_narrow(running, waiting, top, pol, now, free, holds, **kw)
         c = _rebuilt(running, waiting)
         assert top == c.top_waiting
-        want = plainly(c, pol, now, free, holds, True, kw["ask_settled"])
+        want = plainly(c.jobs, c.live, c.keys, pol, now, free, holds, True, kw["ask_settled"])
         assert got is not None
         assert (got.jobs, got.live, got.keys, got.settled) == (
             want.jobs,

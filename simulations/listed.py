@@ -1,0 +1,94 @@
+"""The active jobs' snapshot lists kept from one plan to the next, where nothing but the
+engine's own changes alters them.
+
+``instant.collect`` lists every active job afresh before each plan: its snapshot ``Job``,
+live workers and rank key, in arrival order. Where the policy's ranking does not read the
+clock and does not read attained GPU-time (``Engine.fresh_attained`` false: no job's
+``Job`` is rebuilt for time alone), a job's entry changes only where the engine changes the
+job: it arrives, a plan resizes it (``Engine._apply`` drops its cached ``Job``), a profiled
+job measures a new rate (``Engine._remeasure`` drops it), or it completes. ``Listed`` keeps
+the three lists and patches the entries of those jobs alone, so a plan no longer pays a
+pass of list appends over every active job (about a tenth of a full Philly run under
+``edl``).
+
+What must stay true: ``listing`` returns exactly ``collect``'s ``jobs``, ``live`` and
+``keys`` over the active jobs in arrival order
+(``tests/simulations/test_listed.py`` compares them at every plan of the simulations).
+That holds while the engine tells ``arrive`` of every arrival, ``touch`` of every job whose
+cached ``Job`` it drops, and ``finish`` of every completion. The lists returned are this
+object's own: a caller reads them and never changes them.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+
+from edl_scheduler.core import Job
+from simulations.instant import Key
+from simulations.runs import Run
+
+
+class Listed:
+    """Per active job, in arrival order: its arrival index, run, snapshot Job, live
+    workers and rank key (see the module)."""
+
+    def __init__(self) -> None:
+        #: Arrival indices, ascending (searched by bisection: a job's place in the lists).
+        self.indices: list[int] = []
+        self.runs: list[Run] = []
+        self.jobs: list[Job] = []
+        self.live: list[int] = []
+        self.keys: list[Key] = []
+        #: Arrived since the last listing (they go at the end: arrival indices ascend).
+        self.pending: list[Run] = []
+        #: Runs whose entry the next listing rebuilds (a run may be named twice).
+        self.stale: list[Run] = []
+
+    def arrive(self, run: Run) -> None:
+        self.pending.append(run)
+
+    def touch(self, run: Run) -> None:
+        """``run``'s cached ``Job`` or its live workers changed."""
+        self.stale.append(run)
+
+    def finish(self, run: Run) -> None:
+        """``run`` completed: its entry leaves."""
+        at = self._place(run)
+        assert at >= 0, f"{run.job.name} is not listed"
+        del self.indices[at]
+        del self.runs[at]
+        del self.jobs[at]
+        del self.live[at]
+        del self.keys[at]
+
+    def listing(
+        self, now: float, rebuild: Callable[[Run, float], Job]
+    ) -> tuple[list[Job], list[int], list[Key]]:
+        """The active jobs' snapshot Jobs, live workers and rank keys, in arrival order
+        (``rebuild`` makes the Job of a run whose cached one was dropped; it sets the run's
+        rank key)."""
+        for run in self.pending:
+            job = run.cached if run.cached is not None else rebuild(run, now)
+            self.indices.append(run.index)
+            self.runs.append(run)
+            self.jobs.append(job)
+            self.live.append(len(run.replicas))
+            self.keys.append(run.rank_key)
+        self.pending.clear()
+        for run in self.stale:
+            at = self._place(run)
+            if at < 0:
+                continue  # completed since it was touched
+            self.jobs[at] = run.cached if run.cached is not None else rebuild(run, now)
+            self.live[at] = len(run.replicas)
+            self.keys[at] = run.rank_key
+        self.stale.clear()
+        return self.jobs, self.live, self.keys
+
+    def _place(self, run: Run) -> int:
+        """Where ``run`` is in the lists (-1: not listed)."""
+        at = bisect.bisect_left(self.indices, run.index)
+        if at < len(self.runs) and self.runs[at] is run:
+            return at
+        return -1
