@@ -403,8 +403,10 @@ class Engine:
             )
             view = narrow(*listed, self.policy, now, free, self.reservations, ask_settled=ask)
         if view is None:
+            tallied = None
             if self.listed is not None:
                 lists = self.listed.listing(now, self._snapshot_job)
+                tallied = self.listed.tally()
             else:
                 got = collect(
                     self.active.values(),
@@ -425,6 +427,7 @@ class Engine:
                 self.reservations,
                 self.config.prune,
                 ask,
+                tallied,
             )
         jobs, live = view.jobs, view.live
         keys = view.keys if self.fixed_key is not None else None

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from edl_scheduler.core import Admission, Job, Policy, Preemption, Reservation
 from simulations.hiding import hides
-from simulations.pruning import settled, shown_or_all
+from simulations.pruning import Tally, settled, shown_or_all
 from simulations.runs import Run
 
 Key = tuple[float | str, ...]
@@ -121,13 +121,17 @@ def plainly(
     reservations: Sequence[Reservation],
     prune: bool,
     ask_settled: bool,
+    tallied: Tally | None = None,
 ) -> Narrowed:
     """The same answers from ``shown`` (where ``prune``) and ``settled`` themselves (every
-    policy), over the active jobs as ``collect`` lists them (keys empty where not kept).
-    Reads the lists, never changes them (``listed`` hands out its own)."""
+    policy), over the active jobs as ``collect`` lists them (keys empty where not kept;
+    ``tallied``: their ``pruning.Tally``, where the caller keeps it). Reads the lists,
+    never changes them (``listed`` hands out its own)."""
     kept: list[Key] | None = keys if keys or not jobs else None
     if prune:
-        at = shown_or_all(jobs, policy, now, free_gpus, reservations, live=live, keys=kept)
+        at = shown_or_all(
+            jobs, policy, now, free_gpus, reservations, live=live, keys=kept, tallied=tallied
+        )
         if at is not None and len(at) < len(jobs):
             jobs, live = [jobs[i] for i in at], [live[i] for i in at]
             kept = None if kept is None else [kept[i] for i in at]

@@ -11,9 +11,14 @@ the three lists and patches the entries of those jobs alone, so a plan no longer
 pass of list appends over every active job (about a tenth of a full Philly run under
 ``edl``).
 
+It keeps ``pruning.shown``'s tally of them the same way (``tally``: where the waiting jobs
+are, the running jobs' GPUs above their minimum, whether all of them may be preempted), so
+that the waiting jobs that cannot start are found without a pass over the running ones.
+
 What must stay true: ``listing`` returns exactly ``collect``'s ``jobs``, ``live`` and
-``keys`` over the active jobs in arrival order
-(``tests/simulations/test_listed.py`` compares them at every plan of the simulations).
+``keys`` over the active jobs in arrival order, and ``tally`` what ``pruning.tally`` counts
+of them (``tests/simulations/test_listed.py`` compares both at every plan of the
+simulations).
 That holds while the engine tells ``arrive`` of every arrival, ``touch`` of every job whose
 cached ``Job`` it drops, and ``finish`` of every completion. The lists returned are this
 object's own: a caller reads them and never changes them.
@@ -26,6 +31,7 @@ from collections.abc import Callable
 
 from edl_scheduler.core import Job
 from simulations.instant import Key
+from simulations.pruning import Tally, surplus_of
 from simulations.runs import Run
 
 
@@ -44,6 +50,12 @@ class Listed:
         self.pending: list[Run] = []
         #: Runs whose entry the next listing rebuilds (a run may be named twice).
         self.stale: list[Run] = []
+        #: The tally of the listed entries (``pruning.Tally``): the waiting ones' arrival
+        #: indices (ascending), the running ones' GPUs above their minimum, and how many
+        #: running ones may not be preempted.
+        self.waiting: list[int] = []
+        self.surplus = 0
+        self.fixed = 0
 
     def arrive(self, run: Run) -> None:
         self.pending.append(run)
@@ -56,6 +68,7 @@ class Listed:
         """``run`` completed: its entry leaves."""
         at = self._place(run)
         assert at >= 0, f"{run.job.name} is not listed"
+        self._count(at, -1)
         del self.indices[at]
         del self.runs[at]
         del self.jobs[at]
@@ -75,16 +88,40 @@ class Listed:
             self.jobs.append(job)
             self.live.append(len(run.replicas))
             self.keys.append(run.rank_key)
+            self._count(len(self.runs) - 1, 1)
         self.pending.clear()
         for run in self.stale:
             at = self._place(run)
             if at < 0:
                 continue  # completed since it was touched
+            self._count(at, -1)
             self.jobs[at] = run.cached if run.cached is not None else rebuild(run, now)
             self.live[at] = len(run.replicas)
             self.keys[at] = run.rank_key
+            self._count(at, 1)
         self.stale.clear()
         return self.jobs, self.live, self.keys
+
+    def tally(self) -> Tally:
+        """``pruning.tally`` of the last listing (the surplus counted as under shrinking);
+        its ``waiting`` as places in the lists."""
+        indices = self.indices
+        waiting = [bisect.bisect_left(indices, i) for i in self.waiting]
+        return Tally(waiting, self.surplus, self.fixed == 0)
+
+    def _count(self, at: int, sign: int) -> None:
+        """Count (1) or uncount (-1) the entry at ``at`` in the tally."""
+        n = self.live[at]
+        if not n:
+            if sign > 0:
+                bisect.insort(self.waiting, self.indices[at])
+            else:
+                del self.waiting[bisect.bisect_left(self.waiting, self.indices[at])]
+            return
+        job = self.jobs[at]
+        self.surplus += sign * surplus_of(job, n)
+        if not job.preemptible:
+            self.fixed += sign
 
     def _place(self, run: Run) -> int:
         """Where ``run`` is in the lists (-1: not listed)."""

@@ -94,6 +94,45 @@ def shown(
     return list(range(len(jobs))) if at is None else at
 
 
+class Tally:
+    """What ``shown`` reads of every job, from one pass over them (``tally``) or kept by a
+    caller that follows each change (``listed.Listed``): where the waiting jobs are, in
+    order; the GPUs above the minimum of the running jobs (``min_replicas``: what
+    shrinking them frees, under an elastic policy); and whether every running job may be
+    preempted."""
+
+    __slots__ = ("preemptible", "surplus", "waiting")
+
+    def __init__(self, waiting: list[int], surplus: int, preemptible: bool) -> None:
+        self.waiting = waiting
+        self.surplus = surplus
+        self.preemptible = preemptible
+
+
+def surplus_of(job: Job, live: int) -> int:
+    """GPUs above ``job``'s minimum that its ``live`` workers take (0 while it waits)."""
+    worker = job.worker
+    return max(0, live - worker.min_replicas) * worker.resources.gpu
+
+
+def tally(jobs: list[Job], live: list[int], shrink: bool) -> Tally | None:
+    """``Tally`` of ``jobs`` by one pass (the surplus only where ``shrink``); None at the
+    first running job that may not be preempted (then every job is shown)."""
+    waiting: list[int] = []
+    surplus = 0
+    for i in range(len(live)):
+        n = live[i]
+        if not n:
+            waiting.append(i)
+            continue
+        j = jobs[i]
+        if not j.preemptible:
+            return None
+        if shrink:
+            surplus += surplus_of(j, n)
+    return Tally(waiting, surplus, True)
+
+
 def shown_or_all(
     jobs: Sequence[Job],
     policy: Policy,
@@ -103,13 +142,14 @@ def shown_or_all(
     *,
     live: Sequence[int] | None = None,
     keys: Sequence[tuple[float | str, ...]] | None = None,
+    tallied: Tally | None = None,
 ) -> list[int] | None:
     """``shown``, or None where it shows every job (no list of every index is made).
+    ``tallied``: the jobs' ``Tally``, where the caller keeps it (else one pass makes it).
 
-    This runs before every plan over every job: one loop goes over them all (each job's
-    live workers counted once), the others over the waiting or the running jobs alone, and
-    the sequences are indexed as lists (compiled, indexing a ``Sequence`` is a generic
-    call)."""
+    This runs before every plan over every job: one pass goes over them all, the other
+    loops over the waiting or the running jobs alone, and the sequences are indexed as
+    lists (compiled, indexing a ``Sequence`` is a generic call)."""
     js = jobs if isinstance(jobs, list) else list(jobs)
     if policy.ordering is Ordering.LEAST_ATTAINED:
         return None
@@ -122,22 +162,11 @@ def shown_or_all(
         ns = [_live_workers(j) if j.replicas else 0 for j in js]
     else:
         ns = live if isinstance(live, list) else list(live)
-    # One pass: the waiting jobs, whether every running one may be preempted, and what
-    # shrinking the running ones to their minimum frees (elastic: their minimum is
-    # ``min_replicas``).
-    waiting: list[int] = []
-    pool = max(0, free_gpus)
-    for i in range(len(ns)):
-        n = ns[i]
-        if not n:
-            waiting.append(i)
-            continue
-        j = js[i]
-        if not j.preemptible:
-            return None
-        if shrink:
-            worker = j.worker
-            pool += max(0, n - worker.min_replicas) * worker.resources.gpu
+    got = tally(js, ns, shrink) if tallied is None else tallied
+    if got is None or not got.preemptible:
+        return None
+    waiting = got.waiting
+    pool = max(0, free_gpus) + (got.surplus if shrink else 0)
     held = {r.job for r in reservations}
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:

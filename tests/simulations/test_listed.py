@@ -5,8 +5,9 @@ Aspects:
 - at every plan of the ``60_job.csv`` simulations (every policy whose ranking reads neither
   the clock nor attained GPU-time, rigid and elastic; ticks and event-driven), and of
   elastic runs of profiled jobs whose measured rate changes by epoch, the kept Jobs, live
-  workers and rank keys equal the fresh ones, in arrival order; the runs give the records,
-  timeline and plans of the engine without them (``incremental=False``);
+  workers and rank keys equal the fresh ones, in arrival order, and the kept tally equals
+  ``pruning.tally``'s pass over them; the runs give the records, timeline and plans of the
+  engine without them (``incremental=False``);
 - a job that arrives, is resized and completes enters, changes and leaves the lists; one
   touched and completed before the next listing is not listed again.
 Seen to fail with the engine's ``touch`` left out where a plan resizes a job.
@@ -23,6 +24,7 @@ from simulations.engine import Engine, SimConfig, simulate
 from simulations.instant import Key, collect
 from simulations.listed import Listed
 from simulations.profiles import ProfileSpeed, load_application
+from simulations.pruning import Tally, tally
 from simulations.runs import Run
 from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
@@ -35,7 +37,7 @@ def _checked_run(jobs: list[SimJob], cluster: ClusterSpec, policy: Policy, cfg: 
     engine = Engine(jobs, cluster, policy, cfg)
     listed = engine.listed
     assert listed is not None
-    real = listed.listing
+    real, real_tally = listed.listing, listed.tally
     plans = 0
 
     def checked(now: float, rebuild: object) -> tuple[list[Job], list[int], list[Key]]:
@@ -54,7 +56,18 @@ def _checked_run(jobs: list[SimJob], cluster: ClusterSpec, policy: Policy, cfg: 
         plans += 1
         return got
 
+    def checked_tally() -> Tally:
+        got = real_tally()
+        want = tally(listed.jobs, listed.live, shrink=True)
+        if want is None:  # a running job that may not be preempted
+            assert not got.preemptible
+        else:
+            assert got.preemptible
+            assert (got.waiting, got.surplus) == (want.waiting, want.surplus)
+        return got
+
     listed.listing = checked  # type: ignore[method-assign]
+    listed.tally = checked_tally  # type: ignore[method-assign]
     fast = engine.run()
     reference = simulate(jobs, cluster, policy, replace(cfg, incremental=False))
     assert fast.jobs == reference.jobs and fast.timeline == reference.timeline
@@ -113,10 +126,12 @@ def test_jobs_enter_change_and_leave_the_lists() -> None:
     listed.touch(runs[1])
     jobs, live, keys = listed.listing(1.0, _rebuild)
     assert live == [0, 1, 0] and jobs[1].submit_time == 1.0 and jobs[0].submit_time == 0.0
+    assert (listed.tally().waiting, listed.tally().surplus) == ([0, 2], 0)  # (at its minimum)
     listed.touch(runs[1])
     listed.finish(runs[1])  # completed before the next listing
     jobs, live, keys = listed.listing(2.0, _rebuild)
     assert [j.name for j in jobs] == [runs[0].job.name, runs[2].job.name]
+    assert listed.tally().waiting == [0, 1]
     assert keys == [(0.0, runs[0].job.name), (2.0, runs[2].job.name)]
     with pytest.raises(AssertionError, match="not listed"):
         listed.finish(runs[1])
