@@ -181,7 +181,7 @@ class Engine:
         #: The active jobs' snapshot lists kept between plans, where a job's Job changes
         #: only where the engine drops it (``listed``); else listed afresh (``collect``).
         plain_keys = self.fixed_key is not None and not self.fresh_attained
-        self.listed = Listed() if plain_keys and self.kept is None else None
+        self.listed = Listed(policy.elastic) if plain_keys and self.kept is None else None
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
         self.grows = policy.elastic and policy.growth is not Growth.NONE
         #: (when, version, name): when a running job's cool-down or minimum run time ends,

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from edl_scheduler.core import Job
 from simulations.instant import Key
-from simulations.pruning import Tally, surplus_of
+from simulations.pruning import Tally, gang, surplus_of
 from simulations.runs import Run
 
 
@@ -39,7 +39,9 @@ class Listed:
     """Per active job, in arrival order: its arrival index, run, snapshot Job, live
     workers and rank key (see the module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, elastic: bool) -> None:
+        #: Whether a waiting job's gang is its minimum (else its rigid size: ``pruning.gang``).
+        self.elastic = elastic
         #: Arrival indices, ascending (searched by bisection: a job's place in the lists).
         self.indices: list[int] = []
         self.runs: list[Run] = []
@@ -51,9 +53,10 @@ class Listed:
         #: Runs whose entry the next listing rebuilds (a run may be named twice).
         self.stale: list[Run] = []
         #: The tally of the listed entries (``pruning.Tally``): the waiting ones' arrival
-        #: indices (ascending), the running ones' GPUs above their minimum, and how many
-        #: running ones may not be preempted.
+        #: indices and their gangs' GPUs (each ascending), the running ones' GPUs above
+        #: their minimum, and how many running ones may not be preempted.
         self.waiting: list[int] = []
+        self.gangs: list[int] = []
         self.surplus = 0
         self.fixed = 0
 
@@ -104,21 +107,26 @@ class Listed:
 
     def tally(self) -> Tally:
         """``pruning.tally`` of the last listing (the surplus counted as under shrinking);
-        its ``waiting`` as places in the lists."""
+        where the waiting jobs are is found only if asked (most plans show them all)."""
+        largest = self.gangs[-1] if self.gangs else -1
+        return Tally(None, self.surplus, self.fixed == 0, largest, self._waiting_at)
+
+    def _waiting_at(self) -> list[int]:
         indices = self.indices
-        waiting = [bisect.bisect_left(indices, i) for i in self.waiting]
-        return Tally(waiting, self.surplus, self.fixed == 0)
+        return [bisect.bisect_left(indices, i) for i in self.waiting]
 
     def _count(self, at: int, sign: int) -> None:
         """Count (1) or uncount (-1) the entry at ``at`` in the tally."""
-        n = self.live[at]
+        n, job = self.live[at], self.jobs[at]
         if not n:
+            g = gang(job, self.elastic)
             if sign > 0:
                 bisect.insort(self.waiting, self.indices[at])
+                bisect.insort(self.gangs, g)
             else:
                 del self.waiting[bisect.bisect_left(self.waiting, self.indices[at])]
+                del self.gangs[bisect.bisect_left(self.gangs, g)]
             return
-        job = self.jobs[at]
         self.surplus += sign * surplus_of(job, n)
         if not job.preemptible:
             self.fixed += sign

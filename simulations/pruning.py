@@ -35,7 +35,7 @@ or not), and head-of-line admission with preemption or priorities.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from edl_scheduler.core import (
     Admission,
@@ -96,17 +96,34 @@ def shown(
 
 class Tally:
     """What ``shown`` reads of every job, from one pass over them (``tally``) or kept by a
-    caller that follows each change (``listed.Listed``): where the waiting jobs are, in
-    order; the GPUs above the minimum of the running jobs (``min_replicas``: what
-    shrinking them frees, under an elastic policy); and whether every running job may be
-    preempted."""
+    caller that follows each change (``listed.Listed``): the GPUs above the minimum of the
+    running jobs (``min_replicas``: what shrinking them frees, under an elastic policy);
+    whether every running job may be preempted; the GPUs of the largest waiting job's gang
+    (``gang``; -1: none waits), so that where it fits every waiting job does, and where
+    the waiting jobs are, in order (``waiting``: a keeper finds them only if asked)."""
 
-    __slots__ = ("preemptible", "surplus", "waiting")
+    __slots__ = ("_waiting", "_where", "largest", "preemptible", "surplus")
 
-    def __init__(self, waiting: list[int], surplus: int, preemptible: bool) -> None:
-        self.waiting = waiting
+    def __init__(
+        self,
+        waiting: list[int] | None,
+        surplus: int,
+        preemptible: bool,
+        largest: int,
+        where: Callable[[], list[int]] | None = None,
+    ) -> None:
+        self._waiting = waiting
+        self._where = where
         self.surplus = surplus
         self.preemptible = preemptible
+        self.largest = largest
+
+    def waiting(self) -> list[int]:
+        """Where the waiting jobs are, in order."""
+        if self._waiting is None:
+            assert self._where is not None  # (one of the two is given)
+            self._waiting = self._where()
+        return self._waiting
 
 
 def surplus_of(job: Job, live: int) -> int:
@@ -115,22 +132,34 @@ def surplus_of(job: Job, live: int) -> int:
     return max(0, live - worker.min_replicas) * worker.resources.gpu
 
 
-def tally(jobs: list[Job], live: list[int], shrink: bool) -> Tally | None:
+def gang(job: Job, elastic: bool) -> int:
+    """The GPUs ``job`` needs to start: its minimum (elastic) or its rigid size."""
+    worker = job.worker
+    if elastic:
+        size = worker.min_replicas
+    else:  # ``Job.rigid_size``, without the call
+        size = job.requested if job.requested is not None else worker.max_replicas
+    return size * worker.resources.gpu
+
+
+def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tally | None:
     """``Tally`` of ``jobs`` by one pass (the surplus only where ``shrink``); None at the
     first running job that may not be preempted (then every job is shown)."""
     waiting: list[int] = []
     surplus = 0
+    largest = -1
     for i in range(len(live)):
         n = live[i]
+        j = jobs[i]
         if not n:
             waiting.append(i)
+            largest = max(largest, gang(j, elastic))
             continue
-        j = jobs[i]
         if not j.preemptible:
             return None
         if shrink:
             surplus += surplus_of(j, n)
-    return Tally(waiting, surplus, True)
+    return Tally(waiting, surplus, True, largest)
 
 
 def shown_or_all(
@@ -162,18 +191,23 @@ def shown_or_all(
         ns = [_live_workers(j) if j.replicas else 0 for j in js]
     else:
         ns = live if isinstance(live, list) else list(live)
-    got = tally(js, ns, shrink) if tallied is None else tallied
+    elastic = policy.elastic
+    got = tally(js, ns, shrink, elastic) if tallied is None else tallied
     if got is None or not got.preemptible:
         return None
-    waiting = got.waiting
     pool = max(0, free_gpus) + (got.surplus if shrink else 0)
-    held = {r.job for r in reservations}
     if policy.admission is Admission.HEAD_OF_LINE:
         if shrink or suspend or policy.use_priority or policy.ordering is not Ordering.FIFO:
             return None
+        held = {r.job for r in reservations}
+        waiting = got.waiting()
         first = waiting[: max(0, free_gpus) + 1]
         running = [i for i in range(len(ns)) if ns[i]]
         return running + first + [i for i in waiting[len(first) :] if js[i].name in held]
+    if got.largest <= pool:
+        return None  # (suspending may only add to the pool)
+    waiting = got.waiting()
+    held = {r.job for r in reservations}
     if suspend and waiting:
         if keys is None:
             key = sort_key(policy, now)  # (*rank_key, name), the planner's own ranking
@@ -197,16 +231,10 @@ def shown_or_all(
             for i in range(len(ns)):
                 if ns[i] and ks[i] > top:
                     pool += ns[i] * js[i].worker.resources.gpu
-    elastic = policy.elastic
     fits = []
     for i in waiting:
         j = js[i]
-        worker = j.worker
-        if elastic:
-            size = worker.min_replicas
-        else:  # ``Job.rigid_size``, without the call
-            size = j.requested if j.requested is not None else worker.max_replicas
-        if size * worker.resources.gpu <= pool or j.name in held:
+        if gang(j, elastic) <= pool or j.name in held:
             fits.append(i)
     if len(fits) == len(waiting):
         return None

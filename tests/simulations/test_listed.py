@@ -58,12 +58,13 @@ def _checked_run(jobs: list[SimJob], cluster: ClusterSpec, policy: Policy, cfg: 
 
     def checked_tally() -> Tally:
         got = real_tally()
-        want = tally(listed.jobs, listed.live, shrink=True)
+        want = tally(listed.jobs, listed.live, shrink=True, elastic=listed.elastic)
         if want is None:  # a running job that may not be preempted
             assert not got.preemptible
         else:
             assert got.preemptible
-            assert (got.waiting, got.surplus) == (want.waiting, want.surplus)
+            assert (got.surplus, got.largest) == (want.surplus, want.largest)
+            assert got.waiting() == want.waiting()
         return got
 
     listed.listing = checked  # type: ignore[method-assign]
@@ -115,7 +116,7 @@ def _rebuild(run: Run, now: float) -> Job:
 
 
 def test_jobs_enter_change_and_leave_the_lists() -> None:
-    listed = Listed()
+    listed = Listed(elastic=True)
     runs = [_run(i) for i in range(3)]
     for run in runs:
         listed.arrive(run)
@@ -126,12 +127,13 @@ def test_jobs_enter_change_and_leave_the_lists() -> None:
     listed.touch(runs[1])
     jobs, live, keys = listed.listing(1.0, _rebuild)
     assert live == [0, 1, 0] and jobs[1].submit_time == 1.0 and jobs[0].submit_time == 0.0
-    assert (listed.tally().waiting, listed.tally().surplus) == ([0, 2], 0)  # (at its minimum)
+    kept = listed.tally()
+    assert (kept.waiting(), kept.surplus, kept.largest) == ([0, 2], 0, 1)  # (at its minimum)
     listed.touch(runs[1])
     listed.finish(runs[1])  # completed before the next listing
     jobs, live, keys = listed.listing(2.0, _rebuild)
     assert [j.name for j in jobs] == [runs[0].job.name, runs[2].job.name]
-    assert listed.tally().waiting == [0, 1]
+    assert listed.tally().waiting() == [0, 1]
     assert keys == [(0.0, runs[0].job.name), (2.0, runs[2].job.name)]
     with pytest.raises(AssertionError, match="not listed"):
         listed.finish(runs[1])
