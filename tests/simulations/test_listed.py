@@ -8,6 +8,8 @@ Aspects:
   workers and rank keys equal the fresh ones, in arrival order, and the kept tally equals
   ``pruning.tally``'s pass over them; the runs give the records, timeline and plans of the
   engine without them (``incremental=False``);
+- under an elastic policy every snapshot shows every active job, where pruning would have
+  left some out (the runs above show that the plans are the same);
 - a job that arrives, is resized and completes enters, changes and leaves the lists; one
   touched and completed before the next listing is not listed again.
 Seen to fail with the engine's ``touch`` left out where a plan resizes a job.
@@ -16,15 +18,28 @@ Seen to fail with the engine's ``touch`` left out where a plan resizes a job.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
-from edl_scheduler.core import Job, Policy, Replica, Resources, Role, RoleSpec, preset
+from edl_scheduler.core import (
+    Job,
+    Plan,
+    Policy,
+    Replica,
+    Resources,
+    Role,
+    RoleSpec,
+    Snapshot,
+    plan,
+    preset,
+)
+from simulations import engine as engine_module
 from simulations.engine import Engine, SimConfig, simulate
 from simulations.instant import Key, collect
 from simulations.listed import Listed
 from simulations.profiles import ProfileSpeed, load_application
-from simulations.pruning import Tally, tally
+from simulations.pruning import Tally, shown, tally
 from simulations.runs import Run
 from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
@@ -85,6 +100,29 @@ def _uses_listed(policy: Policy) -> bool:
 def test_the_kept_lists_equal_fresh_ones_at_every_plan(name: str, config: str) -> None:
     policy = POLICIES[name]
     assert _checked_run(_jobs(policy), CLUSTER, policy, CONFIGS[config]) > 0
+
+
+def test_elastic_snapshots_show_every_active_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under an elastic policy the planner sees the waiting jobs pruning would leave out
+    (``Engine.shows_all``), and the run is the pruned one's (``_checked_run``)."""
+    policy, left_out, plans = POLICIES["edl"], 0, 0
+    engine = Engine(_jobs(policy), CLUSTER, policy, CONFIGS["events"])
+    assert engine.shows_all
+
+    def planned(snapshot: Snapshot, *args: Any, **options: Any) -> Plan:
+        nonlocal left_out, plans
+        assert [j.name for j in snapshot.jobs] == list(engine.active)
+        free = CLUSTER.gpus - engine.allocated
+        live = [len(engine.active[j.name].replicas) for j in snapshot.jobs]
+        at = shown(list(snapshot.jobs), policy, args[1], free, snapshot.reservations, live=live)
+        left_out += len(snapshot.jobs) - len(at)
+        plans += 1
+        return plan(snapshot, *args, **options)
+
+    monkeypatch.setattr(engine_module, "plan", planned)
+    engine.run()
+    assert plans > 0 and left_out > 0  # (pruning would have left some out)
+    assert not Engine(_jobs(policy), CLUSTER, preset("fifo-gang"), CONFIGS["events"]).shows_all
 
 
 def test_the_policies_that_read_time_list_afresh() -> None:
