@@ -112,8 +112,16 @@ class Listed:
         return Tally(None, self.surplus, self.fixed == 0, largest, self._waiting_at)
 
     def _waiting_at(self) -> list[int]:
-        indices = self.indices
-        return [bisect.bisect_left(indices, i) for i in self.waiting]
+        """The waiting entries' places: one walk of both ascending lists of indices (a
+        bisection per waiting job compared boxed integers through Python's protocol)."""
+        indices, out = self.indices, []
+        at = 0
+        for index in self.waiting:
+            while indices[at] != index:
+                at += 1
+            out.append(at)
+            at += 1
+        return out
 
     def _count(self, at: int, sign: int) -> None:
         """Count (1) or uncount (-1) the entry at ``at`` in the tally."""
