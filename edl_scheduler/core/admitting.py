@@ -198,20 +198,28 @@ class Admitter:
         """Recount what preemption could free (after growth changed the jobs' sizes). Only
         the pools the policy's preemption reads are counted (``_pool``): a policy that never
         shrinks, or never suspends, keeps that pool empty."""
-        shrinkable: list[int] = []
-        suspendable: list[int] = []
+        jobs = self.s.jobs
+        # Zeros first: a waiting job (most of a congested cluster's) frees nothing, and is
+        # passed over without a write.
+        shrinkable = [0] * len(jobs) if self.shrink_ok else []
+        suspendable = [0] * len(jobs) if self.suspend_ok else []
         if self.shrink_ok or self.suspend_ok:
-            for js in self.s.jobs:
+            shrink, suspend = self.shrink_ok, self.suspend_ok
+            for rank in range(len(jobs)):
+                js = jobs[rank]
+                workers = js.workers
+                if not workers:
+                    continue
                 job = js.job
-                if not job.preemptible or not js.workers:
-                    shrinkable.append(0)
-                    suspendable.append(0)
+                if not job.preemptible:
                     continue
                 gpu = job.worker.resources.gpu
-                shrinkable.append(max(0, js.workers - js.lo) * gpu)
-                suspendable.append(0 if js.started else js.workers * gpu)
-        self.shrinkable = _Suffixes(shrinkable if self.shrink_ok else [])
-        self.suspendable = _Suffixes(suspendable if self.suspend_ok else [])
+                if shrink:
+                    shrinkable[rank] = max(0, workers - js.lo) * gpu
+                if suspend and not js.started:
+                    suspendable[rank] = workers * gpu
+        self.shrinkable = _Suffixes(shrinkable)
+        self.suspendable = _Suffixes(suspendable)
 
     @staticmethod
     def _pools(js: JobState) -> tuple[int, int]:
