@@ -35,7 +35,8 @@ class Derived:
     planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
     rank key when it does not depend on ``now`` (else None: computed each cycle). Nothing
     changes one once made but ``seen``, the last kept ranking (``PlanMemo.cycle``) whose
-    snapshot showed its job (``ranking.kept_ranking``), and ``state``, the session's working
+    snapshot showed its job (``ranking.kept_ranking``), ``at``, its place in the snapshot
+    the memo describes (``PlanMemo.order``), and ``state``, the session's working
     state of the job (``session.JobState``; None until a session made one), kept here so
     that a later cycle finds it without a look-up by the job's identity: it goes wherever
     the entry goes (kept, parked, dropped), so a state is only ever its own job's.
@@ -43,7 +44,7 @@ class Derived:
     A plain class: compiled, its ``__init__`` is C, where a dataclass's is generated Python
     code (one is made for every job not seen before)."""
 
-    __slots__ = ("hi", "job", "key", "live", "lo", "priority", "seen", "state", "usage")
+    __slots__ = ("at", "hi", "job", "key", "live", "lo", "priority", "seen", "state", "usage")
 
     def __init__(
         self,
@@ -64,6 +65,8 @@ class Derived:
         self.usage = usage
         self.seen = 0
         self.state: JobState | None = None
+        #: Its place in the memo's last snapshot (``PlanMemo.order``), while it is there.
+        self.at = -1
 
 
 class PlanMemo:
@@ -75,16 +78,22 @@ class PlanMemo:
         "_policy",
         "cycle",
         "fresh",
+        "fresh_at",
         "jobs",
         "keys",
+        "last",
         "moved",
         "names",
         "node_names",
         "nodes_valid",
+        "order",
         "parked",
         "ranked",
         "repeated",
         "shown",
+        "since",
+        "skipped",
+        "sorted",
         "steady",
         "used",
     )
@@ -134,6 +143,20 @@ class PlanMemo:
         self.shown: tuple[Job, ...] | None = None
         self.fresh: list[Job] = []
         self.repeated = False
+        #: The jobs of the snapshot that ``jobs`` describes, and their entries in its
+        #: order (each entry's ``at`` its place): a sort walks them beside the new
+        #: snapshot, which shows mostly the same objects in the same order, so most jobs
+        #: are found by identity, without a look-up (``sort_out``).
+        self.last: tuple[Job, ...] = ()
+        self.order: list[Derived] = []
+        #: What the last ``sort_out`` found besides ``fresh``: where in the snapshot the
+        #: fresh jobs are, every job's entry in its order (None for a fresh one), and the
+        #: entries of ``last`` that the walk passed over (every one that left is among them).
+        self.fresh_at: list[int] = []
+        self.sorted: list[Derived | None] = []
+        self.skipped: list[Derived] = []
+        #: How many leading jobs of the last sort kept their places in ``order``.
+        self.since = 0
 
     def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
@@ -152,6 +175,8 @@ class PlanMemo:
             self.names = {}
             self.shown = None
             self.fresh = []
+            self.last = ()
+            self.order = []
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""
@@ -163,22 +188,59 @@ class PlanMemo:
         """The jobs of ``jobs`` not held here, in order; marks the entry of every held one
         as seen by a new cycle (``cycle``), and notes whether one was shown twice
         (``repeated``). The result is kept for the kept ranking of the same snapshot
-        (``shown``, ``fresh``)."""
+        (``shown``, ``fresh``, ``fresh_at``, ``sorted``, ``skipped``).
+
+        The held jobs are those of ``last``: the walk takes the entry at its place in
+        ``order`` wherever the snapshot shows the very object found there, and looks a
+        job up by identity only where it does not (a new job, or one after a job that
+        left, from where the walk goes on at that job's place)."""
         self.cycle += 1
         cycle = self.cycle
         known = self.jobs
+        prev, order = self.last, self.order
+        m = len(prev)
         fresh: list[Job] = []
+        fresh_at: list[int] = []
+        found: list[Derived | None] = []
+        skipped: list[Derived] = []
         repeated = False
-        for job in jobs:
-            kept = known.get(id(job))  # (ids are held: an entry keeps its job alive)
+        j = 0
+        since = -1
+        for i in range(len(jobs)):
+            job = jobs[i]
+            kept: Derived | None
+            if j < m and prev[j] is job:
+                kept = order[j]
+                if j != i and since < 0:
+                    since = i
+                j += 1
+            else:
+                if since < 0:
+                    since = i
+                kept = known.get(id(job))  # (ids are held: an entry keeps its job alive)
+                if kept is not None and kept.at >= j:
+                    skipped.extend(order[j : kept.at])  # passed over: maybe gone
+                    j = kept.at + 1
+            found.append(kept)
             if kept is None:
                 fresh.append(job)
+                fresh_at.append(i)
             elif kept.seen == cycle:
                 repeated = True
             else:
                 kept.seen = cycle
+        skipped.extend(order[j:])
         self.shown, self.fresh, self.repeated = jobs, fresh, repeated
+        self.fresh_at, self.sorted, self.skipped = fresh_at, found, skipped
+        self.since = len(jobs) if since < 0 else since
         return fresh
+
+    def remember(self, jobs: tuple[Job, ...], order: list[Derived], since: int = 0) -> None:
+        """``jobs`` is now the snapshot the memo describes, ``order`` its entries; the
+        entries' places are written from ``since`` on (those before it did not move)."""
+        self.last, self.order = jobs, order
+        for i in range(since, len(order)):
+            order[i].at = i
 
     def get(self, job: Job) -> Derived | None:
         found = self.jobs.get(id(job))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable
 from itertools import islice
-from typing import Final
+from typing import Final, cast
 
 from edl_scheduler.core.memo import Derived, PlanMemo
 from edl_scheduler.core.snapshot import Job, Snapshot
@@ -72,11 +72,13 @@ def kept_ranking(
     memo.shown, memo.fresh = None, []
     cycle = memo.cycle
     parked = memo.parked
+    order = memo.sorted
     # Each removal and insertion is on its own entry and sums: their order changes nothing.
     if len(jobs) - len(fresh) < len(known):  # some jobs left: the ones left unmarked
-        gone = [i for i, d in known.items() if d.seen != cycle]
-        for i in gone:
-            d = known.pop(i)
+        gone = [d for d in memo.skipped if d.seen != cycle]  # (each one left is there)
+        for d in gone:
+            i = id(d.job)
+            del known[i]
             if names.get(d.job.name) is d:
                 del names[d.job.name]
             memo.steady.pop(i, None)
@@ -93,10 +95,12 @@ def kept_ranking(
             del parked[i]
     if fresh:
         added: Ranked = []
-        for job in fresh:
+        for k in range(len(fresh)):
+            job = fresh[k]
             found = parked.pop(id(job), None) if USE_PARKED else None
             # Left and came back as the same Job: taken back, its kept state with it.
             d = found if found is not None and found.job is job else derive(job)
+            order[memo.fresh_at[k]] = d
             known[id(job)] = d
             names[job.name] = d
             count(used, d, 1)
@@ -111,4 +115,5 @@ def kept_ranking(
             ranked += added
             ranked.sort(key=first)
             keys[:] = [k for k, _ in ranked]
+    memo.remember(jobs, cast("list[Derived]", order), memo.since)  # (no None is left)
     return ranked, [list(u) for u in used]

@@ -330,6 +330,7 @@ class Session:
             if memo is not None:
                 memo.jobs = {id(d.job): d for d in derived}
                 memo.names = {d.job.name: d for d in derived}
+                memo.remember(snapshot.jobs, derived)
                 steady = memo.steady
                 memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
                 memo.ranked = None if varies else keyed

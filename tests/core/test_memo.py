@@ -137,6 +137,10 @@ def test_names_are_checked_against_the_held_jobs_shown_now() -> None:
 def _kept_state_is_what_scratch_derives(memo: PlanMemo, snap: Snapshot, policy: Policy) -> None:
     """The memo's kept ranking and per-node use describe exactly ``snap``'s jobs."""
     assert set(memo.jobs) == {id(j) for j in snap.jobs}
+    # The walk's reference: the snapshot's entries in its order, each knowing its place.
+    assert memo.last is snap.jobs and [d.job for d in memo.order] == list(snap.jobs)
+    assert [d.at for d in memo.order] == list(range(len(snap.jobs)))
+    assert all(memo.jobs[id(d.job)] is d for d in memo.order)
     assert set(memo.steady) <= set(memo.jobs)
     assert memo.names == {d.job.name: d for d in memo.jobs.values()}
     if key_varies(policy):
