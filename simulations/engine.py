@@ -184,11 +184,12 @@ class Engine:
         self.listed = Listed(policy.elastic) if plain_keys and self.kept is None else None
         #: Whether each snapshot shows every active job, the waiting ones that cannot start
         #: included (pruning then only decides whether a plan is left out). Under an
-        #: elastic policy what the running jobs could give moves at every resize, and with
-        #: it which waiting jobs can start: left out and shown again, about 33 of 288 jobs
-        #: a plan came and went (first 20,000 Philly jobs under ``edl``), each a removal
-        #: and an insertion in the planner's kept ranking, which cost more than the planner
-        #: spends on a waiting job it cannot start. The plans are the same either way.
+        #: elastic policy what the running jobs could give (all but their minimums) moves
+        #: whenever a job starts or ends, and with it which waiting jobs can start: left
+        #: out and shown again, about 33 of 288 jobs a plan came and went (first 20,000
+        #: Philly jobs under ``edl``), each a removal and an insertion in the planner's
+        #: kept ranking, which cost more than the planner spends on a waiting job it cannot
+        #: start. The plans are the same either way.
         self.shows_all = self.listed is not None and policy.elastic
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
         self.grows = policy.elastic and policy.growth is not Growth.NONE

@@ -12,8 +12,10 @@ pass of list appends over every active job (about a tenth of a full Philly run u
 ``edl``).
 
 It keeps ``pruning.shown``'s tally of them the same way (``tally``: where the waiting jobs
-are, the running jobs' GPUs above their minimum, whether all of them may be preempted), so
-that the waiting jobs that cannot start are found without a pass over the running ones.
+are, the largest waiting gang, the running jobs' GPUs above their minimum, whether all of
+them may be preempted), so that the waiting jobs that cannot start are found without a pass
+over the running ones, and most plans, where the largest gang fits, without one over the
+waiting ones.
 
 What must stay true: ``listing`` returns exactly ``collect``'s ``jobs``, ``live`` and
 ``keys`` over the active jobs in arrival order, and ``tally`` what ``pruning.tally`` counts
