@@ -142,9 +142,9 @@ def gang(job: Job, elastic: bool) -> int:
     return size * worker.resources.gpu
 
 
-def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tally | None:
-    """``Tally`` of ``jobs`` by one pass (the surplus only where ``shrink``); None at the
-    first running job that may not be preempted (then every job is shown)."""
+def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tally:
+    """``Tally`` of ``jobs`` by one pass (the surplus only where ``shrink``); it stops at
+    the first running job that may not be preempted (then every job is shown)."""
     waiting: list[int] = []
     surplus = 0
     largest = -1
@@ -156,7 +156,7 @@ def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tall
             largest = max(largest, gang(j, elastic))
             continue
         if not j.preemptible:
-            return None
+            return Tally([], 0, False, -1)
         if shrink:
             surplus += surplus_of(j, n)
     return Tally(waiting, surplus, True, largest)
@@ -193,7 +193,7 @@ def shown_or_all(
         ns = live if isinstance(live, list) else list(live)
     elastic = policy.elastic
     got = tally(js, ns, shrink, elastic) if tallied is None else tallied
-    if got is None or not got.preemptible:
+    if not got.preemptible:
         return None
     pool = max(0, free_gpus) + (got.surplus if shrink else 0)
     if policy.admission is Admission.HEAD_OF_LINE:
