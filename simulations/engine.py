@@ -62,6 +62,7 @@ from simulations.hiding import hides, split
 from simulations.instant import arrivals_settled, collect, narrow, plainly
 from simulations.listed import Listed
 from simulations.runs import JobRecord, Run
+from simulations.wakes import GrowthWakes
 from simulations.workload import ClusterSpec, SimJob
 
 _INF = math.inf
@@ -193,10 +194,9 @@ class Engine:
         self.shows_all = self.listed is not None and policy.elastic
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
         self.grows = policy.elastic and policy.growth is not Growth.NONE
-        #: (when, version, name): when a running job's cool-down or minimum run time ends,
-        #: pushed where ``_apply`` sets them; an entry of an older version of the job, of a
-        #: job no longer running, or not after ``now`` is stale and dropped when on top.
-        self.wakes: list[tuple[float, int, str]] = []
+        #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
+        #: where ``_apply`` sets them.
+        self.wakes = GrowthWakes(policy)
 
     # -- events -----------------------------------------------------------------------------
 
@@ -599,37 +599,11 @@ class Engine:
             self.running.pop(run.job.name, None)
         self._schedule_completion(run)  # bumps the version: older events of the job are void
         if after and self.grows:
-            self._push_wakes(run)
+            self.wakes.push(run)
         if after and pause > 0:
             self._push(now + pause, _PAUSE_END, run)
         elif after:
             self._set_useful(run, run.useful_now())
-
-    def _push_wakes(self, run: Run) -> None:
-        """Note when ``run``'s cool-down and minimum run time end, as ``_apply`` left it
-        (running): the only place its size, start and last resize change."""
-        job, workers, policy = run.job, len(run.replicas), self.policy
-        if run.last_resize_time is None:
-            return
-        if workers < job.max_workers:
-            at = run.last_resize_time + policy.cooldown_s
-            heapq.heappush(self.wakes, (at, run.version, job.name))
-        if workers > job.min_workers and run.start_time is not None:
-            at = run.start_time + policy.min_run_s
-            heapq.heappush(self.wakes, (at, run.version, job.name))
-
-    def _next_growth_wake(self, now: float) -> float:
-        """The first end of a running job's cool-down or minimum run time after ``now``:
-        the least entry of ``wakes`` still standing (stale ones on top are dropped; one
-        not after ``now`` never will be, as time only goes on)."""
-        wakes, running = self.wakes, self.running
-        while wakes:
-            at, version, name = wakes[0]
-            run = running.get(name)
-            if at > now and run is not None and run.version == version:
-                return at
-            heapq.heappop(wakes)
-        return _INF
 
     def _next_wake(self, now: float) -> float:
         """The next instant a time-based rule of the policy could change the plan."""
@@ -650,7 +624,7 @@ class Engine:
                             wake = at
                         break
         if self.grows:
-            wake = min(wake, self._next_growth_wake(now))
+            wake = min(wake, self.wakes.next_after(now, self.running))
         if self.profiled and self.config.report_throughput:
             wake = min(wake, self._next_epoch(now))
         if policy.starvation_limit_s is not None:

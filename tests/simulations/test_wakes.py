@@ -1,9 +1,10 @@
-"""When the engine next plans for a time-based rule (``Engine._next_wake``), kept as a heap.
+"""When the engine next plans for a time-based rule (``Engine._next_wake``), kept as a heap
+(``simulations.wakes``).
 
 Aspects:
 - after every plan of the ``60_job.csv`` simulations (every preset and the LAS variants,
   ticks and event-driven, elastic where the policy is), the first end of a running job's
-  cool-down or minimum run time that the heap gives (``_next_growth_wake``) equals the one
+  cool-down or minimum run time that the heap gives (``GrowthWakes.next_after``) equals the one
   a loop over every running job finds, and so does the whole wake-up;
 - the heap's entries are dropped once stale: a job that finished, was resized again or
   was suspended leaves nothing behind that a later answer takes.
@@ -52,7 +53,7 @@ class _Checked(Engine):
 
     def _next_wake(self, now: float) -> float:
         expected = _plainly(list(self.running.values()), self.policy, now)
-        got = self._next_growth_wake(now) if self.grows else _INF
+        got = self.wakes.next_after(now, self.running) if self.grows else _INF
         assert got == expected, (now, got, expected)
         type(self).asked += 1
         type(self).found += got < _INF

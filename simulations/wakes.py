@@ -1,0 +1,56 @@
+"""When running jobs' cool-downs and minimum run times end: the instants at which a plan may
+grow or shrink a job that the last plan had to leave alone (``Engine._next_wake``).
+
+A heap of (when, job version, job name), pushed where the engine changes a running job's
+size, start or last resize (``Engine._apply``, the only place those change), so that the
+next such instant is found without a loop over every running job after every plan.
+
+What must stay true: ``next_after`` equals the first such end after ``now`` over the jobs
+running now, as a loop over them finds it (``tests/simulations/test_wakes.py`` compares
+them after every plan). An entry of an older version of its job (resized, suspended or
+finished since), of a job no longer running, or not after ``now`` is stale: it is dropped
+when it comes to the top, and one not after ``now`` never stands again, as time only goes
+on.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from edl_scheduler.core import Policy
+from simulations.runs import Run
+
+
+class GrowthWakes:
+    """The ends of running jobs' cool-downs and minimum run times, least first."""
+
+    def __init__(self, policy: Policy) -> None:
+        self.cooldown_s = policy.cooldown_s
+        self.min_run_s = policy.min_run_s
+        self.heap: list[tuple[float, int, str]] = []
+
+    def push(self, run: Run) -> None:
+        """Note when ``run``'s cool-down and minimum run time end, as the engine just left
+        it (running)."""
+        job, workers = run.job, len(run.replicas)
+        if run.last_resize_time is None:
+            return
+        if workers < job.max_workers:
+            at = run.last_resize_time + self.cooldown_s
+            heapq.heappush(self.heap, (at, run.version, job.name))
+        if workers > job.min_workers and run.start_time is not None:
+            at = run.start_time + self.min_run_s
+            heapq.heappush(self.heap, (at, run.version, job.name))
+
+    def next_after(self, now: float, running: dict[str, Run]) -> float:
+        """The first end after ``now`` of a cool-down or minimum run time of a job in
+        ``running`` (infinity: none)."""
+        heap = self.heap
+        while heap:
+            at, version, name = heap[0]
+            run = running.get(name)
+            if at > now and run is not None and run.version == version:
+                return at
+            heapq.heappop(heap)
+        return math.inf
