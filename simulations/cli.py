@@ -120,7 +120,9 @@ def run(
         results = run_policies(
             jobs, spec, runs, config, processes=processes, done=lambda _: bar.advance(task)
         )
-    summaries = write_reports(results, out, plots=plots)
+    what = f"{Path(trace).name} ({fmt})" if fmt != "synthetic" else f"{trace} synthetic jobs"
+    title = f"{what}, {len(jobs)} jobs on {spec.label} ({spec.gpus} GPUs), {elasticity}"
+    summaries = write_reports(results, out, plots=plots, title=title)
     click.echo(markdown_table(summaries), nl=False)
 
 

@@ -160,9 +160,10 @@ def write_jobs_csv(results: Mapping[str, SimResult], path: Path) -> None:
 
 
 def write_reports(
-    results: Mapping[str, SimResult], out: Path, *, plots: bool = True
+    results: Mapping[str, SimResult], out: Path, *, plots: bool = True, title: str = ""
 ) -> dict[str, dict[str, Any]]:
-    """Write summary.json, jobs.csv, table.md (and the plots) into ``out``."""
+    """Write summary.json, jobs.csv, table.md (and the plots, titled ``title``: what ran)
+    into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     summaries = {name: summarize(r) for name, r in results.items()}
     (out / "summary.json").write_text(json.dumps(summaries, indent=2, sort_keys=True) + "\n")
@@ -171,6 +172,6 @@ def write_reports(
     if plots:
         from simulations.plotting import plot_jct_cdf, plot_utilization
 
-        plot_utilization(results, out / "utilization.png")
-        plot_jct_cdf(results, out / "jct_cdf.png")
+        plot_utilization(results, out / "utilization.png", title)
+        plot_jct_cdf(results, out / "jct_cdf.png", title)
     return summaries

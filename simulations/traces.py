@@ -76,14 +76,29 @@ def load_cluster(spec: str) -> ClusterSpec:
 
 
 def _rows(path: Path, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
-    """(line number, row) for every data row; the header must name ``required``."""
-    with path.open(newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in required if c not in (reader.fieldnames or ())]
-        if missing:
-            raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
-        for row in reader:
-            yield reader.line_num, row
+    """(line number, row) for every data row; the header must name ``required``. A file
+    that cannot be read (missing, a folder, not text) is a TraceError that says so; a
+    byte-order mark before the header is not part of its first column's name."""
+    try:
+        handle = path.open(newline="", encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file: give the path of a trace file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path} is a folder: give one trace file in it") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot be read ({exc.strerror}): check it") from None
+    with handle:
+        try:
+            reader = csv.DictReader(handle)
+            missing = [c for c in required if c not in (reader.fieldnames or ())]
+            if missing:
+                raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)}")
+            for row in reader:
+                yield reader.line_num, row
+        except UnicodeDecodeError:
+            raise TraceError(f"{path}: not a UTF-8 text file: give a CSV trace") from None
+        except csv.Error as exc:
+            raise TraceError(f"{path}:{reader.line_num}: {exc}") from None
 
 
 def _collect(
@@ -217,7 +232,10 @@ def load_pollux(
             raise ValueError(f"batch size {batch} < 1")
         name = row["application"]
         if not (profiles / name / "placements.csv").exists():
-            raise ValueError(f"no profile for application {name!r} under {profiles}")
+            raise ValueError(
+                f"no profile for application {name!r} under {profiles}: point --profiles at "
+                "the folder of the Pollux application profiles (pollux/traces)"
+            )
         app = load_application(profiles, name)
         lo, hi = pollux_bounds(app)
         speed = ProfileSpeed(app, batch, adapt_batch)

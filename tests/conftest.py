@@ -15,7 +15,7 @@ import pytest
 
 from tests.kube.controller_harness import remove_jobs
 from tests.kube.kubelet import MiniKubelet, running_kubelet
-from tests.kube.leftovers import job_keys
+from tests.kube.leftovers import job_keys, orphaned_job_keys
 from tests.kube.nodes import KUBELET_LABELS
 from tests.kube.testenv import ControlPlaneError, KubeAPI, ensure_binaries, running_control_plane
 
@@ -84,7 +84,8 @@ def kubelet(kube_api: KubeAPI, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(autouse=True)
 def _test_jobs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
     """Each test on the session's API server has the TrainingJobs it created removed after
-    it, passed or failed (`controller_harness.remove_jobs`): every later test runs a
+    it, passed or failed, with their pods and the pods left by the jobs it deleted
+    (`controller_harness.remove_jobs`): every later test runs a
     cluster-wide operator, which would plan them (and refuses to start while unfinished ones
     of other namespaces are there: `leftovers.refuse_other_tests_jobs`)."""
     if "kube_api" not in request.fixturenames:
@@ -93,4 +94,6 @@ def _test_jobs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
     api: KubeAPI = request.getfixturevalue("kube_api")
     before = job_keys(api)
     yield
-    remove_jobs(api, job_keys(api) - before)
+    # And the pods of jobs it deleted itself that are still there (the garbage collector
+    # removes them in its own time): the next test must not meet them.
+    remove_jobs(api, (job_keys(api) - before) | orphaned_job_keys(api))

@@ -13,6 +13,8 @@ What must stay true:
 - An empty or absent node-selector term matches no node, as in Kubernetes; terms are ORed,
   requirements within a term ANDed.
 - Every container names an image; the first container is the worker.
+- No container asks for GPUs itself: a worker's GPUs are the job's ``spec.resources``,
+  which the planner counts; one asked on a container would be used uncounted.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from typing import Any, Self
 from pydantic import Field, model_validator
 
 from edl_scheduler.api.meta import ApiModel, OpenModel, field_problem
+
+#: The extended resource a worker's GPUs are asked as.
+_GPU = "nvidia.com/gpu"
 
 __all__ = [
     "Affinity",
@@ -245,6 +250,16 @@ class PodSpec(OpenModel):
                     "is required: give the container image to run, e.g. "
                     "registry.example.com/team/train:1.0",
                 )
+            resources = container.get("resources")
+            for kind in ("limits", "requests"):
+                asked = resources.get(kind) if isinstance(resources, dict) else None
+                if isinstance(asked, dict) and _GPU in asked:
+                    raise field_problem(
+                        f"containers[{index}].resources.{kind}.{_GPU}",
+                        "GPUs go in the job's spec.resources (nvidia.com/gpu), per worker: "
+                        "the planner counts them there and sets each worker's limit from "
+                        "them; move the request there and remove it from the container",
+                    )
         return self
 
     def selects_node(self, labels: Mapping[str, str], node_name: str = "") -> bool:

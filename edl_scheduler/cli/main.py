@@ -22,10 +22,12 @@ import typer
 import yaml
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from edl_scheduler.cli.rendering import cluster_panel, details_panel, jobs_table
 from edl_scheduler.local.config import DEFAULT_HOME
 from edl_scheduler.sdk import Client, EdlError, connect
+from edl_scheduler.sdk.errors import Unreachable
 from edl_scheduler.sdk.local import service_running, start_service, stop_service
 
 app = typer.Typer(
@@ -37,8 +39,10 @@ app = typer.Typer(
 local_app = typer.Typer(no_args_is_help=True, help="Start, stop and inspect the local service.")
 app.add_typer(local_app, name="local")
 
-out = Console()
-err = Console(stderr=True)
+# Lines are printed as long as they are: a terminal wraps them itself, and piped to a file
+# (the demo's log, a script's capture) a hard wrap at 80 columns would split them.
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 
 
 class Backend(enum.StrEnum):
@@ -59,7 +63,7 @@ def fail(error: EdlError | str, code: int = 1) -> NoReturn:
     message = str(error)
     if isinstance(error, EdlError):
         code = error.exit_code
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -280,7 +284,11 @@ def logs(
     ctx: typer.Context,
     name: str,
     worker: Annotated[
-        str | None, typer.Option(help="Worker name, or 'coordinator' (default: a worker).")
+        str | None,
+        typer.Option(
+            help="A worker by number (1), short name (worker-1) or full name, or "
+            "'coordinator' (default: the worker of rank 0)."
+        ),
     ] = None,
     tail: Annotated[int, typer.Option(help="Last N lines (0: all that is kept).")] = 0,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep printing.")] = False,
@@ -307,12 +315,17 @@ def top(
     once: Annotated[bool, typer.Option(help="Print one view and exit.")] = False,
     interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 1.0,
 ) -> None:
-    """A live view of the slots and the jobs."""
+    """A live view of the slots and the jobs: how far each job is and how fast it trains.
+    Written to a pipe or a file (not a terminal), one view each interval, or one with
+    --once."""
     c = client(ctx)
     try:
-        if once:
-            out.print(cluster_panel(c.top()))
-            return
+        if once or not out.is_terminal:
+            while True:
+                out.print(cluster_panel(c.top()))
+                if once:
+                    return
+                time.sleep(interval)
         with Live(cluster_panel(c.top()), console=out, refresh_per_second=4) as live:
             while True:
                 time.sleep(interval)
@@ -367,7 +380,7 @@ def local_status(ctx: typer.Context) -> None:
         out.print(f"running ({s.home})")
     else:
         out.print(f"not running ({s.home})")
-        raise typer.Exit(1)
+        raise typer.Exit(Unreachable.exit_code)
 
 
 @app.command()

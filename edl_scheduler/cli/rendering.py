@@ -1,4 +1,8 @@
-"""How edlctl shows things: rich tables and panels, built from the SDK's views."""
+"""How edlctl shows things: rich tables and panels, built from the SDK's views.
+
+What must stay true: text that comes from a job (messages, reasons, names, Events) is shown
+as it is, never read as rich markup: a worker's ``[rank0]: ...`` stays as written.
+"""
 
 from __future__ import annotations
 
@@ -32,20 +36,26 @@ def age(seconds: float) -> str:
     return f"{seconds // 86400}d"
 
 
-def jobs_table(jobs: list[JobSummary]) -> Table:
+def jobs_table(jobs: list[JobSummary], speeds: bool = False) -> Table:
+    """One row per job; with ``speeds``, how far each is and how fast it trains."""
     table = Table(box=None, header_style="bold")
-    for column in ("NAME", "QUEUE", "PRIO", "MIN/MAX", "REPLICAS", "PHASE", "AGE"):
+    columns = ["NAME", "QUEUE", "PRIO", "MIN/MAX", "REPLICAS", "PHASE", "AGE"]
+    for column in columns + (["DONE", "SAMPLES/S"] if speeds else []):
         table.add_column(column)
     for j in jobs:
-        table.add_row(
-            j.name,
-            j.queue,
+        row: list[str | Text] = [
+            Text(j.name),
+            Text(j.queue),
             str(j.priority),
             f"{j.min_replicas}/{j.max_replicas}",
             str(j.replicas),
             Text(j.phase, style=PHASE_STYLE.get(j.phase, "")),
             age(j.age_s),
-        )
+        ]
+        if speeds:
+            row.append("-" if j.done is None else f"{100 * j.done:.0f}%")
+            row.append("-" if j.samples_per_second is None else f"{j.samples_per_second:.1f}")
+        table.add_row(*row)
     return table
 
 
@@ -60,7 +70,7 @@ def details_panel(d: JobDetails, why_only: bool = False) -> Group:
     head.add_column()
     head.add_row("Name", f"{s.namespace}/{s.name}")
     head.add_row("Phase", Text(s.phase, style=PHASE_STYLE.get(s.phase, "")))
-    head.add_row("Reason", s.message or "-")
+    head.add_row("Reason", Text(s.message or "-"))
     if not why_only:
         head.add_row("Priority", str(s.priority))
         head.add_row("Replicas", f"{s.replicas} (min {s.min_replicas}, max {s.max_replicas})")
@@ -72,6 +82,8 @@ def details_panel(d: JobDetails, why_only: bool = False) -> Group:
                 f"epoch {p.get('epoch', '?')}/{p.get('epochs', '?')}, step "
                 f"{p.get('committedStep', '?')}, samples {p.get('samplesDone', '?')}",
             )
+        if d.logs:
+            head.add_row("Logs", Text(f"{', '.join(d.logs)} (edlctl logs NAME --worker LOG)"))
     parts: list[Table | Panel] = [head]
     if d.workers and not why_only:
         workers = Table(title="Workers", box=None, header_style="bold", title_justify="left")
@@ -80,21 +92,22 @@ def details_panel(d: JobDetails, why_only: bool = False) -> Group:
         for w in d.workers:
             state = w.state + (" (draining)" if w.draining else "")
             workers.add_row(
-                w.name, str(w.pid or "-"), w.node, ",".join(map(str, w.slots)) or "-", state
-            )
+                Text(w.name), str(w.pid or "-"), Text(w.node), ",".join(map(str, w.slots)) or "-",
+                Text(state),
+            )  # fmt: skip
         parts.append(workers)
     resizes = Table(title="Resize history", box=None, header_style="bold", title_justify="left")
     for column in ("TIME", "FROM", "TO", "REASON"):
         resizes.add_column(column)
     for r in d.resizes:
-        resizes.add_row(_when(r.time), str(r.from_replicas), str(r.to_replicas), r.reason)
+        resizes.add_row(_when(r.time), str(r.from_replicas), str(r.to_replicas), Text(r.reason))
     parts.append(resizes)
     events = Table(title="Events", box=None, header_style="bold", title_justify="left")
     for column in ("TIME", "TYPE", "REASON", "MESSAGE"):
         events.add_column(column)
     for e in d.events[-20:] if why_only else d.events:
         style = "yellow" if e.type == "Warning" else ""
-        events.add_row(_when(e.time), Text(e.type, style=style), e.reason, e.message)
+        events.add_row(_when(e.time), Text(e.type, style=style), Text(e.reason), Text(e.message))
     parts.append(events)
     return Group(*parts)
 
@@ -109,5 +122,7 @@ def cluster_panel(c: ClusterView) -> Panel:
         bar.append("■ " if owner else "□ ", style=colour.get(owner or "", "dim"))
     legend = Text("  ".join(owners))
     kind = "GPU" if c.gpus else "CPU"
-    title = f"{c.backend}: {c.used}/{c.slots} {kind} slots used, policy {c.policy}"
-    return Panel(Group(bar, legend, jobs_table(c.jobs)), title=title, title_align="left")
+    title = f"{c.backend}: {c.used} of {c.slots} {kind} slots in use, policy {c.policy}"
+    return Panel(
+        Group(bar, legend, jobs_table(c.jobs, speeds=True)), title=title, title_align="left"
+    )

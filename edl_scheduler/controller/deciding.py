@@ -34,7 +34,9 @@ The rules, per job, in order:
    creation and a process start to every admission. Only while the coordinator's pod is
    younger than ``COORDINATOR_START_S``: past it, new replicas wait for its first answer.
    A replica that fails while its job's coordinator has not answered is not charged
-   (rule 4): it could not have run.
+   (rule 4): it could not have run. A job the planner set aside (``Reason.SET_ASIDE``: its
+   state is one it cannot accept) is left as it is: the condition ``SetAside=True`` and a
+   Warning Event name the problem and the fix, and the other jobs are planned as usual.
 7. The status: phase along ``JobPhase``'s diagram, size, allocation, conditions, reason,
    progress and throughput; written only when it changed.
 """
@@ -90,7 +92,7 @@ from edl_scheduler.controller.shaping import (
     token_secret,
 )
 from edl_scheduler.controller.statusing import compute_status, decision_events, write_status
-from edl_scheduler.core import JobDecision, Plan, Resources, Role
+from edl_scheduler.core import JobDecision, Plan, Reason, Resources, Role
 
 log = logging.getLogger("edl.controller.deciding")
 
@@ -343,8 +345,8 @@ def _decide_job(
     delete_overdue_drains(cycle)
     if tj.spec.suspend:  # 6
         suspend(cycle)
-    elif decision is not None:
-        _act(cycle, decision, config, namer, used_ports, nodes)
+    elif decision is not None and decision.reason is not Reason.SET_ASIDE:
+        _act(cycle, decision, config, namer, used_ports, nodes)  # (set aside: kept as it is)
     compute_status(cycle, decision, attained_due)  # 7
     write_status(cycle, old_status)
 

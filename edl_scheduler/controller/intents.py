@@ -38,6 +38,8 @@ class EventReason(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     INVALID = "Invalid"
+    #: The planner could not accept the job's state this cycle (``Reason.SET_ASIDE``).
+    SET_ASIDE = "SetAside"
     REPLICA_FAILED = "ReplicaFailed"
     COORDINATOR_FAILED = "CoordinatorFailed"
     REFUSED_AT_ADMISSION = "RefusedAtAdmission"

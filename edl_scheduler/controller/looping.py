@@ -56,7 +56,7 @@ from edl_scheduler.controller.observing import Memo, observe, pod_requests, repl
 from edl_scheduler.controller.podstate import coordinator_port_of, group_pods
 from edl_scheduler.controller.reserving import ReservationStore
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
-from edl_scheduler.core import Node, Plan, Reservation, Resources, plan
+from edl_scheduler.core import ClusterError, Node, Plan, Reason, Reservation, Resources, plan
 
 log = logging.getLogger("edl.controller.loop")
 
@@ -137,6 +137,8 @@ class PlanningLoop:
         self.stopping = threading.Event()
         self.last_plan: Plan | None = None
         self.cycles = 0
+        #: Job -> the message of the SetAside decision last logged for it.
+        self._aside: dict[str, str] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lease_thread: threading.Thread | None = None
 
@@ -217,8 +219,19 @@ class PlanningLoop:
             world = self.world()  # 2: on the event loop, where the indexes change
             try:
                 await asyncio.to_thread(self.cycle, world)
+            except ClusterError as error:
+                self.metrics.cycle_failures.labels(cause="cluster").inc()
+                log.error(
+                    "PLANNING STOPPED for every job: %s (edl_planner_cycle_failures_total"
+                    '{cause="cluster"}); the next cycle tries again',
+                    error,
+                )
             except Exception:
-                log.exception("planning cycle failed; the next one starts from the API again")
+                self.metrics.cycle_failures.labels(cause="error").inc()
+                log.exception(
+                    "PLANNING STOPPED for every job by a bug (edl_planner_cycle_failures_total"
+                    '{cause="error"}); the next cycle starts from the API again'
+                )
 
     def cycle(self, world: World) -> Plan | None:
         started = time.monotonic()
@@ -250,6 +263,12 @@ class PlanningLoop:
         phases.done("observe")
         result = plan(observation.snapshot, self.config.policy, now)
         phases.done("plan")
+        aside = {d.job: d for d in result.decisions if d.reason is Reason.SET_ASIDE}
+        self.metrics.jobs_set_aside.set(len(aside))
+        for name, decision in aside.items():
+            if self._aside.get(name) != decision.message:  # said once, not every cycle
+                log.warning("plan: %s", decision)
+        self._aside = {name: d.message for name, d in aside.items()}
         self.reservations = result.reservations
         for change in result.changes:
             log.info("plan: %s", change)

@@ -73,6 +73,20 @@ class Metrics:
             "matched the plan for that long; 0 on a standby",
             registry=r,
         )
+        self.cycle_failures = Counter(
+            "edl_planner_cycle_failures_total",
+            "Planning cycles that stopped before acting, by cause: cluster (the nodes are "
+            "inconsistent: no job can be planned until the cause is fixed) or error (a bug); "
+            "worth an alert whenever it grows",
+            ["cause"],
+            registry=r,
+        )
+        self.jobs_set_aside = Gauge(
+            "edl_jobs_set_aside",
+            "Jobs the last plan set aside: their state is one the planner cannot accept "
+            "(each says why in its SetAside condition); the others were planned",
+            registry=r,
+        )
         self.last_cycle = time.monotonic()
 
     def set_jobs(self, phases: Iterable[str]) -> None:

@@ -16,8 +16,10 @@ must stay true:
   replaces them elsewhere;
 - a TrainingJob that fails validation, names an unknown PriorityClass, is a
   parameter-server job without shared snapshot storage (``shaping.ps_snapshot_dir``), or
-  names a checkpoint directory on unusable storage (``shaping.checkpoint_dir``), is left out
-  of the snapshot and reported with the reason, never planned on.
+  names a checkpoint directory on unusable storage (``shaping.checkpoint_dir``), or whose
+  coordinator arguments the coordinator would refuse (``shaping.coordinator_args``), is left out
+  of the snapshot and reported with the reason, never planned on; what its pods take is
+  used by others, so nothing is placed on it.
 """
 
 from __future__ import annotations
@@ -35,7 +37,12 @@ from edl_scheduler.controller.naming import (
     LABEL_JOB,
     LABEL_ROLE,
 )
-from edl_scheduler.controller.shaping import ShapingError, checkpoint_dir, ps_snapshot_dir
+from edl_scheduler.controller.shaping import (
+    ShapingError,
+    checkpoint_dir,
+    coordinator_args,
+    ps_snapshot_dir,
+)
 from edl_scheduler.core import (
     Job,
     Node,
@@ -226,6 +233,7 @@ def observe(
 
     others: dict[str, Resources] = {}
     replicas: dict[str, list[tuple[str, Replica]]] = {}
+    replica_pods: dict[str, list[Obj]] = {}
     for pod in pods:
         node = pod.get("spec", {}).get("nodeName")
         if not node or pod.get("status", {}).get("phase") in _FINISHED:
@@ -235,16 +243,11 @@ def observe(
             if found is not None:
                 created = str(pod["metadata"].get("creationTimestamp", ""))
                 replicas.setdefault(found[0], []).append((created, found[1]))
+                replica_pods.setdefault(found[0], []).append(pod)
                 continue
         others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
-    node_views = tuple(
-        replace(
-            cached("node", n, lambda o: node_view(o, Resources())),
-            used_by_others=others.get(n["metadata"]["name"], Resources()),
-        )
-        for n in sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
-    )
-    known = {n.name for n in node_views}
+    nodes = sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
+    known = {str(n["metadata"]["name"]) for n in nodes}
     jobs: list[Job] = []
     parsed: dict[str, TrainingJob] = {}
     rejected: dict[str, str] = {}
@@ -256,6 +259,7 @@ def observe(
             priority = resolve_priority(tj, priority_classes)
             ps_snapshot_dir(tj)
             checkpoint_dir(tj)
+            coordinator_args(tj)
         except (TrainingJobError, ShapingError) as err:
             rejected[key] = str(err).replace("\n", " ")
             continue
@@ -275,4 +279,16 @@ def observe(
         efficiency = efficiency_of(tj)
         jobs.append(job if efficiency is None else replace(job, efficiency=efficiency))
         parsed[key] = tj
+    # A rejected job is not planned, but its pods still run: what they take is used.
+    for key in rejected:
+        for pod in replica_pods.get(key, ()):
+            node = str(pod["spec"]["nodeName"])
+            others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
+    node_views = tuple(
+        replace(
+            cached("node", n, lambda o: node_view(o, Resources())),
+            used_by_others=others.get(n["metadata"]["name"], Resources()),
+        )
+        for n in nodes
+    )
     return Observation(Snapshot(node_views, tuple(jobs), reservations), rejected, parsed)

@@ -48,6 +48,7 @@ from edl_scheduler.controller.naming import (
     state_config_map_name,
 )
 from edl_scheduler.core import Role
+from trainer_runtime.protocol.options import options_problem
 
 Manifest = dict[str, Any]
 
@@ -285,7 +286,9 @@ def replica_pod(
 
 
 def coordinator_args(tj: TrainingJob) -> list[str]:
-    """The dataset options of the job's coordinator, from its annotation."""
+    """The dataset options of the job's coordinator, from its annotation, as the
+    coordinator accepts them (``trainer_runtime.protocol.options``): checked when the job
+    is observed, so that a job the coordinator would refuse is never started."""
     raw = tj.metadata.annotations.get(ANNOTATION_COORDINATOR_ARGS)
     if not raw:
         raise ShapingError(
@@ -293,12 +296,19 @@ def coordinator_args(tj: TrainingJob) -> list[str]:
             "coordinator's dataset options, e.g. '--samples 50000 --epochs 3'"
         )
     try:
-        return shlex.split(raw)
+        args = shlex.split(raw)
     except ValueError as error:
         raise ShapingError(
             f"metadata.annotations[{ANNOTATION_COORDINATOR_ARGS!r}] is not valid shell "
             f"quoting ({error}): fix the quotes"
         ) from None
+    problem = options_problem(args)
+    if problem is not None:
+        raise ShapingError(
+            f"metadata.annotations[{ANNOTATION_COORDINATOR_ARGS!r}]: the coordinator refuses "
+            f"them ({problem}): give its dataset options, e.g. '--samples 50000 --epochs 3'"
+        )
+    return args
 
 
 def coordinator_pod(

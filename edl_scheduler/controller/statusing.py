@@ -27,7 +27,7 @@ from edl_scheduler.controller.podstate import (
     terminating,
     timestamp_of,
 )
-from edl_scheduler.core import Action, JobDecision, Role
+from edl_scheduler.core import Action, JobDecision, Reason, Role
 
 
 def decision_events(cycle: JobCycle, decision: JobDecision) -> None:
@@ -189,11 +189,14 @@ def compute_status(
     conditions = [
         c
         for c in status.get("conditions", [])
-        if c.get("type") not in ("Valid", "Admitted", SUSPENDED_CONDITION)
+        if c.get("type") not in ("Valid", "Admitted", SUSPENDED_CONDITION, SET_ASIDE_CONDITION)
     ]
     suspension = _suspension_condition(cycle, decision, held, phase)
     if suspension is not None:
         conditions.append(suspension)
+    aside = _set_aside_condition(cycle, decision)
+    if aside is not None:
+        conditions.append(aside)
     conditions.append(
         {
             "type": "Valid",
@@ -227,6 +230,40 @@ SUSPENDED_CONDITION = "Suspended"
 PREEMPTED = "Preempted"
 USER_SUSPENDED = "UserSuspended"
 RESUMED = "Resumed"
+
+
+#: The condition that says the planner set the job aside (``True``, reason ``SetAside``, the
+#: message naming the problem and the fix: the job keeps what it has and is not planned)
+#: and, once planned again, ``False`` with reason ``Planned``. Absent on a job never set
+#: aside.
+SET_ASIDE_CONDITION = "SetAside"
+PLANNED = "Planned"
+
+
+def _set_aside_condition(cycle: JobCycle, decision: JobDecision | None) -> dict[str, Any] | None:
+    """The ``SetAside`` condition after this cycle; a Warning Event when the job is set
+    aside anew or for another problem (not at every cycle it stays so)."""
+    status, now = cycle.status, cycle.now
+    old = next(
+        (c for c in status.get("conditions", []) if c.get("type") == SET_ASIDE_CONDITION), None
+    )
+    if decision is not None and decision.reason is Reason.SET_ASIDE:
+        if old is None or old.get("status") != "True" or old.get("message") != decision.message:
+            cycle.emit(EventType.WARNING, EventReason.SET_ASIDE, decision.message)
+        value, reason, message = "True", SET_ASIDE_CONDITION, decision.message
+    elif old is not None and decision is not None:
+        value, reason, message = "False", PLANNED, ""
+    elif old is not None:
+        return dict(old)
+    else:
+        return None
+    return {
+        "type": SET_ASIDE_CONDITION,
+        "status": value,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": condition_time(status, SET_ASIDE_CONDITION, value, now),
+    }
 
 
 def _suspension(status: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -39,18 +39,20 @@ from edl_scheduler.core.snapshot import (
     Toleration,
     TolerationOp,
 )
-from edl_scheduler.core.validating import SnapshotError
+from edl_scheduler.core.validating import ClusterError, JobError, SnapshotError
 
 __all__ = [
     "HOLD_REASONS",
     "PRESETS",
     "Action",
     "Admission",
+    "ClusterError",
     "Constraints",
     "Growth",
     "Invariant",
     "Job",
     "JobDecision",
+    "JobError",
     "Node",
     "NodeSelectorTerm",
     "Ordering",

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Final
 
 from edl_scheduler.core.placing import gang_fits, place_gang
-from edl_scheduler.core.plan import Reason
+from edl_scheduler.core.plan import Reason, counted
 from edl_scheduler.core.policy import Admission, Growth, Policy, Preemption
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
@@ -117,22 +117,6 @@ def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
         and victim.priority == js.priority
         and may_shrink_voluntarily(session, victim)
     )
-
-
-def suspend_by_spec(session: Session) -> None:
-    """Every replica of a running job whose spec says ``suspend`` leaves, before admission
-    so that what it frees is for others this very cycle. A user's suspension is no
-    preemption: it obeys no policy's preemption setting and no stability rule."""
-    for js in session.jobs:
-        if not js.job.suspended or not js.running:
-            continue
-        stmt = session.statement()
-        for role in (Role.WORKER, Role.PSERVER):
-            for replica in js.live[role]:
-                stmt.remove(js, replica)
-        stmt.commit()
-        js.suspended = True
-        js.reason, js.message = Reason.USER_SUSPENDED, "suspended by its spec: every replica leaves"
 
 
 def _may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
@@ -333,7 +317,7 @@ class Admitter:
                 what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY
             if not quiet:
                 js.message = (
-                    f"waiting: needs {gpus} GPUs {what} ({js.lo} workers), "
+                    f"waiting: needs {counted(gpus, 'GPU')} {what} ({counted(js.lo, 'worker')}), "
                     f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
                 )
             ahead += 1
@@ -532,5 +516,5 @@ class Admitter:
         js.reason = Reason.STARTED if not js.was_running else Reason.GREW
         via = f" after taking workers from {', '.join(names)}" if names else ""
         verb = "started" if not js.was_running else "restored to its minimum"
-        js.message = f"{verb} with {js.size()} workers{via}"
+        js.message = f"{verb} with {counted(js.size(), 'worker')}{via}"
         self._update_pools(js)

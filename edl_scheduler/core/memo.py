@@ -162,21 +162,27 @@ class PlanMemo:
         """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
         the object the memo was built for."""
         if nodes is not self._nodes or policy is not self._policy:
+            self.forget()
             self._nodes, self._policy = nodes, policy
-            self.jobs = {}
-            self.nodes_valid = False
-            self._layout = None
-            self.ranked = None
-            self.keys = []
-            self.used = []
-            self.steady = {}
-            self.moved = {}
-            self.parked = {}
-            self.names = {}
-            self.shown = None
-            self.fresh = []
-            self.last = ()
-            self.order = []
+
+    def forget(self) -> None:
+        """Drop everything derived, the bound nodes and policy too: the next cycle derives
+        every job afresh, as on a new memo."""
+        self._nodes = self._policy = None
+        self.jobs = {}
+        self.nodes_valid = False
+        self._layout = None
+        self.ranked = None
+        self.keys = []
+        self.used = []
+        self.steady = {}
+        self.moved = {}
+        self.parked = {}
+        self.names = {}
+        self.shown = None
+        self.fresh = []
+        self.last = ()
+        self.order = []
 
     def layout(self, nodes: tuple[Node, ...]) -> Layout:
         """``layout_of(nodes)`` for the bound nodes, derived once."""

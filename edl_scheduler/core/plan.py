@@ -40,6 +40,8 @@ class Reason(Enum):
     STARTED = "Started"
     GREW = "Grew"
     SHRUNK_TO_ADMIT = "ShrunkToAdmit"
+    #: Its spec's maximum fell below what it runs: the surplus drains (``complying``).
+    SHRUNK_TO_MAXIMUM = "ShrunkToMaximum"
     #: Gave workers to a running job that makes more progress with them (``rebalancing``).
     REBALANCED = "Rebalanced"
     SUSPENDED_TO_ADMIT = "SuspendedToAdmit"
@@ -57,6 +59,9 @@ class Reason(Enum):
     TOO_LARGE = "TooLarge"
     USER_SUSPENDED = "UserSuspended"
     BELOW_MINIMUM = "BelowMinimum"
+    #: Its state is one the planner cannot accept (``validating.JobError``): kept as it is
+    #: for the cycle, the message naming the problem and the fix; the others are planned.
+    SET_ASIDE = "SetAside"
 
     # Identity hashing, C-level, as ``snapshot.Role``'s: growth asks whether every job's
     # reason is in a set at every plan. No set of reasons is iterated for an output.
@@ -75,6 +80,11 @@ HOLD_REASONS: Final = frozenset(
         Reason.BELOW_MINIMUM,
     }
 )
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun`` for a person: "1 worker", "2 workers"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 @dataclass(slots=True, init=False)

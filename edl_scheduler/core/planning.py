@@ -2,11 +2,14 @@
 
 The cycle, in order:
 
-1. Validate the snapshot (``validating``): an inconsistent picture raises a typed error
-   naming the job or node, and nothing is planned on it.
+1. Validate the snapshot (``validating``): inconsistent nodes raise a typed error naming
+   the node, and nothing is planned; a job whose state the planner cannot accept is set
+   aside (its replicas stay and take their capacity; its decision names the problem and
+   the fix) and the others are planned as if it were not there.
 2. Open a session: capacity left on every node after other pods and every live replica;
-   reservations from the last plan that still hold; jobs ranked by the policy. A running
-   job whose spec says ``suspend`` gives up every replica now.
+   reservations from the last plan that still hold; jobs ranked by the policy. What a
+   job's spec asks now is obeyed first (``complying``): a running job whose spec says
+   ``suspend`` gives up every replica, one above its maximum the surplus.
 3. Admit (``admitting``): in rank order, every waiting job starts as a whole gang, taking
    workers (or whole jobs) from lower-ranked ones where the policy allows; or it says why
    it waits.
@@ -29,17 +32,26 @@ import gc
 from collections.abc import Sequence
 from typing import Final
 
-from edl_scheduler.core.admitting import Admitter, rounds_start_nothing, suspend_by_spec
+from edl_scheduler.core.admitting import Admitter, rounds_start_nothing
+from edl_scheduler.core.complying import drain_surplus, suspend_by_spec
 from edl_scheduler.core.errors import PlanningError
 from edl_scheduler.core.growing import WAITING, Grower, cooling_message
 from edl_scheduler.core.memo import PlanMemo
-from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
+from edl_scheduler.core.plan import (
+    HOLD_REASONS,
+    Action,
+    JobDecision,
+    Plan,
+    Reason,
+    RoleChange,
+    counted,
+)
 from edl_scheduler.core.policy import Growth, Policy
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.snapshot import Reservation, Role, Snapshot
+from edl_scheduler.core.snapshot import Job, Reservation, Role, Snapshot
 from edl_scheduler.core.throughput import job_model
-from edl_scheduler.core.validating import validate
+from edl_scheduler.core.validating import JobError, set_aside, validate
 
 #: Admission-growth rounds after the first; each must start a job to go on.
 _EXTRA_ROUNDS: Final = 3
@@ -111,10 +123,14 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
         return js.reason, js.message
     if after >= js.hi:
         if not session.policy.elastic:
-            return Reason.RIGID, f"running {after} workers, its requested size (rigid policy)"
-        return Reason.AT_MAXIMUM, f"running {after} workers, at its maximum"
+            return (
+                Reason.RIGID,
+                f"running {counted(after, 'worker')}, its requested size (rigid policy)",
+            )
+        return Reason.AT_MAXIMUM, f"running {counted(after, 'worker')}, at its maximum"
     return Reason.NO_ROOM, (
-        f"running {after} workers, below its maximum {js.hi}: no node it may use has room"
+        f"running {counted(after, 'worker')}, below its maximum {js.hi}: no node it may use has "
+        "room"
     )
 
 
@@ -169,6 +185,24 @@ def _reservations(session: Session, jobs: list[JobState]) -> tuple[Reservation, 
                 )
                 out.append(Reservation(h.job, names[node], h.role, h.count + there, h.expires_at))
     return tuple(out)
+
+
+def _set_aside(job: Job, problems: tuple[JobError, ...]) -> JobDecision:
+    """The decision of a job set aside: it keeps what it has; the message is its problem
+    (what is wrong and the fix). A plan of changes only leaves it out: it changes
+    nothing."""
+    message = next(str(p) for p in problems if p.subject == job.name)
+    live = [r for r in job.replicas if not r.draining]
+    workers = sum(1 for r in live if r.role is _W)
+    pservers = len(live) - workers
+    return JobDecision(
+        job=job.name,
+        action=Action.KEEP if workers else Action.WAIT,
+        reason=Reason.SET_ASIDE,
+        message=f"set aside: {message}",
+        workers=RoleChange(_W, workers, workers),
+        pservers=RoleChange(_P, pservers, pservers) if job.pserver is not None else None,
+    )
 
 
 def _guard(session: Session, jobs: list[JobState]) -> None:
@@ -269,9 +303,16 @@ def _plan(
 ) -> Plan:
     if memo is not None:
         memo.bind(snapshot.nodes, policy)
-    validate(snapshot, memo)  # 1
+    problems = validate(snapshot, memo)  # 1
+    aside: list[Job] = []
+    if problems:
+        snapshot, aside = set_aside(snapshot, problems)
+        if memo is not None:
+            memo.forget()  # it holds only jobs that passed; the next cycle starts afresh
+            memo = None
     session = Session(snapshot, policy, now, memo, changes_only=changes_only, occupied=occupied)
-    suspend_by_spec(session)
+    suspend_by_spec(session)  # 2
+    drain_surplus(session)
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
     grower.run()  # 4
@@ -333,6 +374,7 @@ def _plan(
         if decision.changed:  # (the two paths above keep every size: they change nothing)
             changes.append(decision)
     _guard(session, session.jobs)  # 6
+    decisions.extend(_set_aside(job, problems) for job in aside)
     return Plan(
         now=now,
         decisions=tuple(decisions),

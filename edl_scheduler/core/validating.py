@@ -1,128 +1,177 @@
-"""What must hold of a snapshot before the planner decides anything.
+"""What must hold of a snapshot before the planner decides anything, and what becomes of a
+job that breaks it.
 
-An inconsistent snapshot is a driver bug or a race (a worker reported on a node that has
-gone, more workers than the job allows). The planner refuses it with a typed error naming
-the job or node, rather than planning on it: a plan built on a wrong picture could
-over-commit a node.
+An inconsistent snapshot is a driver bug, a race (a worker reported on a node that has
+gone) or a user's edit the driver passed on unchecked. The planner never plans on a wrong
+picture, since a plan built on one could over-commit a node; but one job's bad state must
+never stop planning for the others. So the problems are of two scopes:
+
+- ``JobError``: one job's state (a replica on an unknown node, bounds the planner cannot
+  honour, two replicas or two jobs of one name). ``validate`` returns these; ``plan`` sets
+  each such job aside for the cycle (``set_aside``): it keeps the replicas it has, the
+  capacity they take is used as other pods' is, and its decision says what is wrong and
+  how to fix it (``Reason.SET_ASIDE``). Every other job is planned as if the job were not
+  there.
+- ``ClusterError``: the nodes themselves (a node listed twice, negative capacity). No job
+  can be planned safely on such a picture, so ``validate`` raises and the cycle stops.
+
+A job with more live replicas than its maximum is no error: the user lowered the maximum,
+and the planner drains the surplus (``complying``).
+
+What must stay true: the set of jobs set aside is a function of the snapshot alone; with a
+``PlanMemo`` it is the same as without one.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from edl_scheduler.core.memo import PlanMemo
+from edl_scheduler.core.resources import NO_RESOURCES, Resources
 from edl_scheduler.core.snapshot import Job, Role, RoleSpec, Snapshot
 
 
 class SnapshotError(ValueError):
-    """Base class: ``subject`` names the offending job or node."""
+    """Base class: ``subject`` names the offending job or node; the message says what is
+    wrong and what fixes it."""
 
     def __init__(self, subject: str, message: str) -> None:
         super().__init__(message)
         self.subject = subject
 
 
-class UnknownNodeError(SnapshotError):
+class JobError(SnapshotError):
+    """One job's state the planner cannot accept: that job is set aside for the cycle."""
+
+
+class ClusterError(SnapshotError):
+    """The nodes are inconsistent: no job can be planned, and the cycle stops."""
+
+
+class UnknownNodeError(JobError):
     pass
 
 
-class OverMaximumError(SnapshotError):
+class NegativeCapacityError(JobError):
     pass
 
 
-class NegativeCapacityError(SnapshotError):
+class DuplicateNameError(JobError):
+    """Two jobs, or two replicas of one job, share a name."""
+
+
+class InvalidJobError(JobError):
     pass
 
 
-class DuplicateNameError(SnapshotError):
+class DuplicateNodeError(ClusterError):
     pass
 
 
-class InvalidJobError(SnapshotError):
+class NegativeNodeCapacityError(ClusterError):
     pass
 
 
-def _check_role(job: Job, role: Role, spec: RoleSpec | None, live: int, any_of_role: bool) -> None:
+def _role_problem(
+    job: Job, role: Role, spec: RoleSpec | None, any_of_role: bool
+) -> JobError | None:
+    name, what = job.name, role.value
     if spec is None:
         if any_of_role:
-            raise InvalidJobError(
-                job.name, f"job {job.name} has {role.value} replicas but no {role.value} spec"
+            return InvalidJobError(
+                name,
+                f"job {name} has {what} replicas but no {what} spec: give the job a "
+                f"{what} spec, or delete its {what} replicas",
             )
-        return
-    if spec.min_replicas < (1 if role is Role.WORKER else 0):
-        raise InvalidJobError(
-            job.name, f"job {job.name}: {role.value} minReplicas ({spec.min_replicas}) < 1"
+        return None
+    least = 1 if role is Role.WORKER else 0
+    if spec.min_replicas < least:
+        return InvalidJobError(
+            name,
+            f"job {name}: {what} minReplicas ({spec.min_replicas}) is below {least}: "
+            f"set it to at least {least}",
         )
     if spec.max_replicas < spec.min_replicas:
-        raise InvalidJobError(
-            job.name,
-            f"job {job.name}: {role.value} maxReplicas ({spec.max_replicas}) is below "
-            f"minReplicas ({spec.min_replicas})",
+        return InvalidJobError(
+            name,
+            f"job {name}: {what} maxReplicas ({spec.max_replicas}) is below minReplicas "
+            f"({spec.min_replicas}): raise maxReplicas or lower minReplicas",
         )
     if spec.resources.is_negative():
-        raise NegativeCapacityError(
-            job.name, f"job {job.name}: {role.value} resources are negative"
+        return NegativeCapacityError(
+            name,
+            f"job {name}: {what} resources are negative ({spec.resources}): request zero "
+            "or more of each",
         )
-    if live > spec.max_replicas:
-        raise OverMaximumError(
-            job.name,
-            f"job {job.name} has {live} live {role.value} replicas, more than its "
-            f"maxReplicas ({spec.max_replicas})",
-        )
+    return None
 
 
-def _check_job(job: Job, node_names: set[str]) -> None:
-    # One pass over the replicas (this runs for every job of every cycle); the checks are
-    # then made in the order roles, requested size, replicas.
-    live_w = live_p = 0
+def problem_of(job: Job, node_names: set[str]) -> JobError | None:
+    """The first problem of ``job`` on its own (its name against others' is checked by
+    ``validate``), or None. Checked in the order roles, requested size, replicas."""
     pservers = False
     for replica in job.replicas:
-        if replica.role is Role.WORKER:
-            live_w += not replica.draining
-        else:
+        if replica.role is not Role.WORKER:
             pservers = True
-            live_p += not replica.draining
-    _check_role(job, Role.WORKER, job.worker, live_w, live_w > 0)
-    _check_role(job, Role.PSERVER, job.pserver, live_p, pservers)
+            break
+    found = _role_problem(job, Role.WORKER, job.worker, False)
+    if found is None:
+        found = _role_problem(job, Role.PSERVER, job.pserver, pservers)
+    if found is not None:
+        return found
     if job.requested is not None and not (
         job.worker.min_replicas <= job.requested <= job.worker.max_replicas
     ):
-        raise InvalidJobError(
+        return InvalidJobError(
             job.name,
             f"job {job.name}: requested size {job.requested} is outside "
-            f"[{job.worker.min_replicas}, {job.worker.max_replicas}]",
+            f"[{job.worker.min_replicas}, {job.worker.max_replicas}]: request a size "
+            "between minReplicas and maxReplicas",
         )
     if not job.replicas:
-        return
+        return None
     names: set[str] = set()
     for replica in job.replicas:
         if replica.node not in node_names:
-            raise UnknownNodeError(
+            return UnknownNodeError(
                 job.name,
-                f"job {job.name}: replica {replica.name} is on unknown node {replica.node!r}",
+                f"job {job.name}: replica {replica.name} is on unknown node "
+                f"{replica.node!r}: delete the replica (it is replaced on a node that "
+                "exists) or bring the node back",
             )
         if replica.name in names:
-            raise DuplicateNameError(
-                job.name, f"job {job.name}: replica name {replica.name!r} appears twice"
+            return DuplicateNameError(
+                job.name,
+                f"job {job.name}: replica name {replica.name!r} appears twice: give each "
+                "replica its own name",
             )
         names.add(replica.name)
+    return None
 
 
-def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> None:
-    """Raise a SnapshotError for the first inconsistency found; return None when valid.
+def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> tuple[JobError, ...]:
+    """Raise a ClusterError if the nodes are inconsistent; else return the problems of
+    the jobs to set aside, in snapshot order (empty when every job is valid).
 
-    With a ``memo``, jobs it holds (validated in an earlier cycle on the same nodes) and
-    nodes it validated are not checked again; when a check fails the first error is the
-    same as without it, because a held job passed every check of its own."""
+    With a ``memo``, jobs it holds (validated in an earlier cycle on the same nodes, with
+    no problem, since a cycle that finds one forgets the memo) and nodes it validated are
+    not checked again; the problems found are the same as without it, because a held job
+    passed every check of its own and any clash of names takes the full path."""
     if memo is not None and memo.nodes_valid:
         fresh = memo.sort_out(snapshot.jobs)
         if _distinct(fresh, memo):
             node_names = memo.node_names
+            problems = []
             for job in fresh:
-                _check_job(job, node_names)
-            return
-    _validate(snapshot)
+                found = problem_of(job, node_names)
+                if found is not None:
+                    problems.append(found)
+            return tuple(problems)
+    problems_all = _validate(snapshot)
     if memo is not None:
         memo.nodes_valid = True
         memo.node_names = {node.name for node in snapshot.nodes}
+    return problems_all
 
 
 def _distinct(fresh: list[Job], memo: PlanMemo) -> bool:
@@ -144,19 +193,69 @@ def _distinct(fresh: list[Job], memo: PlanMemo) -> bool:
     return True
 
 
-def _validate(snapshot: Snapshot) -> None:
+def _validate(snapshot: Snapshot) -> tuple[JobError, ...]:
     node_names: set[str] = set()
     for node in snapshot.nodes:
         if node.name in node_names:
-            raise DuplicateNameError(node.name, f"node {node.name!r} appears twice")
+            raise DuplicateNodeError(
+                node.name,
+                f"node {node.name!r} appears twice: the driver must list each node once",
+            )
         node_names.add(node.name)
         if node.allocatable.is_negative() or node.used_by_others.is_negative():
-            raise NegativeCapacityError(
-                node.name, f"node {node.name}: allocatable or used capacity is negative"
+            raise NegativeNodeCapacityError(
+                node.name,
+                f"node {node.name}: allocatable or used capacity is negative: the driver "
+                "must report zero or more of each",
             )
-    job_names: set[str] = set()
+    counts: dict[str, int] = {}
     for job in snapshot.jobs:
-        if job.name in job_names:
-            raise DuplicateNameError(job.name, f"job {job.name!r} appears twice")
-        job_names.add(job.name)
-        _check_job(job, node_names)
+        counts[job.name] = counts.get(job.name, 0) + 1
+    problems: list[JobError] = []
+    for job in snapshot.jobs:
+        found: JobError | None
+        if counts[job.name] > 1:
+            found = DuplicateNameError(
+                job.name,
+                f"job {job.name!r} appears {counts[job.name]} times: every one is set "
+                "aside until one name names one job (rename or delete the others)",
+            )
+        else:
+            found = problem_of(job, node_names)
+        if found is not None:
+            problems.append(found)
+    return tuple(problems)
+
+
+def set_aside(snapshot: Snapshot, problems: tuple[JobError, ...]) -> tuple[Snapshot, list[Job]]:
+    """The snapshot without the jobs that ``problems`` name, and those jobs, in snapshot
+    order.
+
+    A job set aside keeps its replicas, so what they take stays taken: in the snapshot
+    returned, the capacity of its replicas that count toward its size, on nodes of the
+    snapshot, is used by others there (its role's resources; none where the role has no
+    spec or its resources are negative, which is all the planner can know of them).
+    Draining ones are left out, as for every job: their capacity is already counted free
+    for whoever they were drained for. Its reservations go with it."""
+    names = {p.subject for p in problems}
+    taken: dict[str, Resources] = {}
+    kept: list[Job] = []
+    aside: list[Job] = []
+    for job in snapshot.jobs:
+        if job.name not in names:
+            kept.append(job)
+            continue
+        aside.append(job)
+        for replica in job.replicas:
+            spec = job.role_spec(replica.role)
+            if replica.draining or spec is None or spec.resources.is_negative():
+                continue
+            taken[replica.node] = taken.get(replica.node, NO_RESOURCES) + spec.resources
+    nodes = tuple(
+        replace(node, used_by_others=node.used_by_others + taken[node.name])
+        if node.name in taken
+        else node
+        for node in snapshot.nodes
+    )
+    left = tuple(r for r in snapshot.reservations if r.job not in names)
+    return Snapshot(nodes, tuple(kept), left), aside

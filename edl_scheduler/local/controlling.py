@@ -13,6 +13,8 @@ Each cycle, in this order:
 4. Act: victims are drained through the coordinator (``CoordinatorClient.drain``), so they
    leave at a step boundary and survivors keep their processes; new workers start with the
    runtime's environment contract; the coordinator learns the target (``set_target``).
+   A job the planner set aside (its state is one it cannot accept) is left as it is, with
+   a Warning Event that names the problem and the fix; the others are planned as usual.
 5. Write each job's status (phase, message, replicas, progress, throughput), its Events
    and its resize history to SQLite.
 
@@ -46,6 +48,7 @@ from edl_scheduler.core import (
     Job,
     Node,
     Plan,
+    Reason,
     Replica,
     Reservation,
     Resources,
@@ -65,6 +68,7 @@ from edl_scheduler.local.launching import (
     free_port,
     slots_per_worker,
 )
+from edl_scheduler.local.logs import LogNotFound, find_log, log_names
 from edl_scheduler.local.processes import AdoptionError, ProcessSupervisor
 from edl_scheduler.local.spawning import Spawner
 from edl_scheduler.local.statusing import (
@@ -125,6 +129,8 @@ class LocalCluster:
             clock,
         )
         self._last_cycle = clock()
+        #: Job -> the message of the SetAside decision last told in an Event.
+        self._aside: dict[str, str] = {}
         config.log_dir.mkdir(parents=True, exist_ok=True)
         config.state_dir.mkdir(parents=True, exist_ok=True)
 
@@ -234,30 +240,22 @@ class LocalCluster:
                 "to rerun it",
             )
 
+    def log_names(self, key: str) -> list[str]:
+        """The short names of the job's logs kept on disk (``logs.log_names``)."""
+        self.get(key)
+        return log_names(self.config.log_dir, key)
+
     def log_path(self, key: str, worker: str | None) -> Path:
+        """The log of ``worker`` of job ``key`` (``logs.find_log``)."""
         row = self.get(key)
-        if worker is None:
-            live = [w for w in self.store.workers(key) if not w.draining]
-            if live:
-                worker = live[0].name
-            else:
-                logs = sorted(self.config.log_dir.glob(f"{key.replace('/', '.')}.worker-*.log"))
-                worker = logs[-1].stem if logs else coordinator_name(row.key)
-        if worker == "coordinator":
-            worker = coordinator_name(row.key)
-        path = (self.config.log_dir / f"{worker}.log").resolve()
-        inside = path.parent == self.config.log_dir.resolve()
-        if (
-            not inside
-            or not path.is_file()
-            or not path.name.startswith(key.replace("/", ".") + ".")
-        ):
-            raise LocalError(
-                ErrorKind.NOT_FOUND,
-                f"no log for {worker!r} of job {key}: name one of its workers "
-                "(`edlctl describe`) or 'coordinator'",
-            )
-        return path
+        progress = self._progress.get(row.key)
+        members = getattr(progress, "members", None) or ()
+        ranks = {str(m.worker_id): int(getattr(m, "rank", 0)) for m in members}
+        live = [w.name for w in self.store.workers(key) if not w.draining]
+        try:
+            return find_log(self.config.log_dir, key, worker, ranks, live)
+        except LogNotFound as error:
+            raise LocalError(ErrorKind.NOT_FOUND, str(error)) from None
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -305,10 +303,18 @@ class LocalCluster:
             result = plan(snapshot, self.config.policy, now)
             self.reservations = result.reservations
             self._save_reservations()
+            aside: dict[str, str] = {}
             for decision in result.decisions:
                 found = self.store.job(decision.job)
-                if found is not None:
-                    self._act(found, decision, now)
+                if found is None:
+                    continue
+                if decision.reason is Reason.SET_ASIDE:
+                    aside[decision.job] = decision.message
+                    if self._aside.get(decision.job) != decision.message:  # once, not per cycle
+                        self._event(decision.job, "Warning", "SetAside", decision.message)
+                    continue  # kept as it is: nothing is started or drained
+                self._act(found, decision, now)
+            self._aside = aside
             for row in self.store.jobs():
                 if not row.job.status.phase.final:
                     self._write_status(row, result, now, elapsed)

@@ -26,7 +26,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from edl_scheduler.api import Framework, Strategy, TrainingJob
+from edl_scheduler.core.plan import counted
 from edl_scheduler.local.processes import ProcessSpec
+from trainer_runtime.protocol.options import options_problem
 
 ANNOTATION_COORDINATOR_ARGS = "edl.dev/coordinator-args"
 """The coordinator's dataset options on a TrainingJob (shared with the Kubernetes controller)."""
@@ -111,17 +113,17 @@ def check_launchable(job: TrainingJob, total_slots: int) -> None:
     need = job.spec.min_replicas * slots_per_worker(job)
     if need > total_slots:
         raise LaunchError(
-            f"spec.minReplicas: {job.spec.min_replicas} workers of "
-            f"{slots_per_worker(job)} slot(s) need {need} slots at once, but this local "
+            f"spec.minReplicas: {counted(job.spec.min_replicas, 'worker')} of "
+            f"{counted(slots_per_worker(job), 'slot')} need {need} slots at once, but this local "
             f"cluster has {total_slots}: lower minReplicas (or the GPUs per worker), or "
             "start the local service with more --slots"
         )
-    options = coordinator_options(job)
-    if "--samples" not in options and not any(o.startswith("--samples=") for o in options):
+    problem = options_problem(coordinator_options(job))
+    if problem is not None:
         raise LaunchError(
-            f"metadata.annotations.{ANNOTATION_COORDINATOR_ARGS}: must give the dataset "
-            "size to the coordinator, e.g. '--samples 4096 --epochs 3' (edlctl submit "
-            "--samples N --epochs E sets it)"
+            f"metadata.annotations.{ANNOTATION_COORDINATOR_ARGS}: the coordinator refuses "
+            f"them ({problem}): give its dataset options, e.g. '--samples 4096 --epochs 3' "
+            "(edlctl submit --samples N --epochs E sets them)"
         )
 
 

@@ -46,6 +46,7 @@ from edl_scheduler.local.wire import (
     ShutdownRequest,
     SubmitRequest,
     WorkerView,
+    progress_of,
 )
 
 LOG = logging.getLogger("edl.local")
@@ -55,6 +56,8 @@ LOG_CHUNK_MAX = 256 * 1024
 
 def summary_of(row: JobRow, now: float) -> JobSummary:
     job = row.job
+    throughput = [t.model_dump(by_alias=True) for t in job.status.throughput]
+    done, speed = progress_of(job.status.progress, throughput, job.status.replicas)
     return JobSummary(
         name=job.metadata.name,
         namespace=job.metadata.namespace,
@@ -67,6 +70,8 @@ def summary_of(row: JobRow, now: float) -> JobSummary:
         age_s=max(0.0, now - row.created),
         message=job.status.message,
         restarts=job.status.restarts,
+        done=done,
+        samples_per_second=speed,
     )
 
 
@@ -92,7 +97,11 @@ class LocalService:
             try:
                 self.cluster.cycle()
             except Exception:  # a bug in one cycle must not end the service
-                LOG.exception("planning cycle failed; retrying next period")
+                LOG.exception(
+                    "PLANNING STOPPED for every job by this error; the next cycle, in %.1f s, "
+                    "tries again",
+                    self.config.period_s,
+                )
             self.stopping.wait(max(0.05, self.config.period_s - (time.monotonic() - began)))
 
     # -- the endpoint ----------------------------------------------------------------------
@@ -214,6 +223,7 @@ class LocalService:
             ],
             progress=dict(row.job.status.progress),
             coordinator_pid=row.coordinator_pid,
+            logs=self.cluster.log_names(key),
         )
 
     def cluster_view(self) -> ClusterView:

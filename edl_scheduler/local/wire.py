@@ -6,6 +6,7 @@ TrainingJob objects), so a script or ``edlctl`` sees one shape whatever runs the
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -42,6 +43,26 @@ class JobSummary(BaseModel):
     age_s: float
     message: str = ""
     restarts: int = 0
+    done: float | None = None
+    """The share of the job's samples (all epochs) committed, 0 to 1 (None: not reported)."""
+    samples_per_second: float | None = None
+    """The throughput last measured at its current size (None: not measured)."""
+
+
+def progress_of(
+    progress: Mapping[str, Any], throughput: Sequence[Mapping[str, Any]], replicas: int
+) -> tuple[float | None, float | None]:
+    """(share done, samples per second at ``replicas`` workers) from a job's status: its
+    ``progress`` block and ``throughput`` samples, as either backend writes them."""
+    done = None
+    total = int(progress.get("samplesPerEpoch") or 0) * int(progress.get("epochs") or 0)
+    if total > 0:
+        done = min(1.0, max(0.0, int(progress.get("samplesDone") or 0) / total))
+    speed = None
+    for sample in throughput:
+        if int(sample.get("workers") or 0) == replicas:
+            speed = float(sample.get("samplesPerSecond") or 0.0)
+    return done, speed
 
 
 class WorkerView(BaseModel):
@@ -78,6 +99,9 @@ class JobDetails(BaseModel):
     resizes: list[ResizeView] = Field(default_factory=list)
     progress: dict[str, Any] = Field(default_factory=dict)
     coordinator_pid: int | None = None
+    logs: list[str] = Field(default_factory=list)
+    """The logs kept of the job's processes, by the short names ``edlctl logs --worker``
+    takes (they stay after a process, or the job, ended)."""
 
 
 class ClusterView(BaseModel):

@@ -19,6 +19,7 @@ from edl_scheduler.local.wire import (
     LogChunk,
     ResizeView,
     WorkerView,
+    progress_of,
 )
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "LogChunk",
     "ResizeView",
     "WorkerView",
+    "progress_of",
     "split_name",
 ]
 

@@ -30,6 +30,7 @@ from edl_scheduler.sdk.base import (
     LogChunk,
     ResizeView,
     WorkerView,
+    progress_of,
     split_name,
 )
 from edl_scheduler.sdk.errors import Conflict, EdlError, InvalidRequest, NotFound, Unreachable
@@ -50,6 +51,10 @@ def _timestamp(value: object) -> float | None:
 def summary_of(obj: dict[str, Any], now: float) -> JobSummary:
     meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status") or {}
     created = _timestamp(meta.get("creationTimestamp")) or now
+    replicas = int(status.get("replicas", 0))
+    done, speed = progress_of(
+        status.get("progress") or {}, status.get("throughput") or [], replicas
+    )
     return JobSummary(
         name=meta.get("name", "?"),
         namespace=meta.get("namespace", "default"),
@@ -57,11 +62,13 @@ def summary_of(obj: dict[str, Any], now: float) -> JobSummary:
         priority=int(spec.get("priority", status.get("priority", 0)) or 0),
         min_replicas=int(spec.get("minReplicas", 0)),
         max_replicas=int(spec.get("maxReplicas", 0)),
-        replicas=int(status.get("replicas", 0)),
+        replicas=replicas,
         phase=str(status.get("phase", "Pending")),
         age_s=max(0.0, now - created),
         message=str(status.get("message", "")),
         restarts=int(status.get("restarts", 0)),
+        done=done,
+        samples_per_second=speed,
     )
 
 

@@ -208,6 +208,12 @@ INVALID: list[tuple[str, Callable[[Document], None], str, tuple[str, ...]]] = [
         ("is required", "give the container image"),
     ),
     (
+        "GPUs on the container",
+        _set(f"{CONTAINER}.0.resources", {"limits": {"nvidia.com/gpu": -1}}),
+        f"{CONTAINER}[0].resources.limits.nvidia.com/gpu",
+        ("GPUs go in the job's spec.resources", "move the request there"),
+    ),
+    (
         "volume without claim",
         _set("spec.coordinator", {"state": {"kind": "volume"}}),
         "spec.coordinator.state.claimName",

@@ -13,6 +13,8 @@ Aspects tested:
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -104,7 +106,21 @@ def test_every_verb(home: Path, tmp_path: Path) -> None:
     logs = edlctl(home, "logs", "verbs", "--worker", "coordinator", "--tail", "50")
     assert logs.exit_code == 0 and "listening on 127.0.0.1" in logs.output
     top = edlctl(home, "top", "--once")
-    assert top.exit_code == 0 and "slots used" in top.output and "verbs" in top.output
+    assert top.exit_code == 0 and "slots in use" in top.output and "verbs" in top.output
+    assert "DONE" in top.output and "SAMPLES/S" in top.output
+    # Into a pipe, without --once: a view every interval (a live display would write none).
+    piped = subprocess.Popen(
+        [str(Path(sys.executable).parent / "edlctl"), "--home", str(home), "top", "--interval",
+         "0.2"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        assert piped.stdout is not None
+        seen = [piped.stdout.readline() for _ in range(40)]
+    finally:
+        piped.kill()
+        piped.wait(10)
+    assert sum("slots in use" in line for line in seen) >= 2, seen
 
     deleted = edlctl(home, "delete", "verbs")
     assert deleted.exit_code == 0 and "deleted verbs" in deleted.output
@@ -166,7 +182,7 @@ def test_restarting_the_service_loses_no_job(own_home: Path, tmp_path: Path) -> 
     with LocalClient(home) as client:
         before = {w.pid for w in client.describe("durable").workers}
     assert edlctl(home, "local", "stop", "--keep-running").exit_code == 0
-    assert edlctl(home, "local", "status").exit_code == 1
+    assert edlctl(home, "local", "status").exit_code == 5  # Unreachable, as the docs say
     assert edlctl(home, "local", "start", "--slots", "4").exit_code == 0
     with LocalClient(home) as client:
         assert {w.pid for w in client.describe("durable").workers} == before

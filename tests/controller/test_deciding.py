@@ -13,7 +13,10 @@ Aspects:
 - the coordinator's "finished" makes the job Succeeded; its pods go as they exit, the rest
   at the drain deadline, the coordinator last;
 - an invalid job gets Valid=False and one Warning Event, and no second write when nothing
-  changed;
+  changed; the pods of one still running keep their room;
+- a maximum lowered below what runs drains the newest replicas; a job the planner set aside
+  is left as it is, with SetAside=True and one Warning Event, and SetAside=False once
+  planned again;
 - phases follow JobPhase's diagram (Suspended -> Pending -> Running);
 - status is written only when it changed; per-job coordinator ports are unique, also against
   the coordinator pods of deleted jobs (``held_ports``);
@@ -376,6 +379,89 @@ def test_invalid_job_is_reported_once() -> None:
     assert [e.type.value for e in of(Emit, out.intents)] == ["Warning"]
     again = JobView(body | {"status": status}, None, bad.rejected)
     assert decide({"ns/j": again}, None, CONFIG, NOW, names()).intents == []
+
+
+def _node(name: str, gpus: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "spec": {},
+        "status": {
+            "allocatable": {"nvidia.com/gpu": str(gpus)},
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+
+def test_a_maximum_lowered_below_what_runs_drains_the_newest() -> None:
+    """``kubectl scale`` or ``edit`` to 1 while 3 run: the newest two drain through the
+    coordinator, with a ScaledDown Event; another job is planned in the same cycle."""
+    body = job_body(max_r=1, phase="Running", startTime="2027-01-01T00:00:02Z")
+    workers = [pod(f"j-worker-{i}") for i in range(3)]
+    for i, w in enumerate(workers):
+        w["metadata"]["creationTimestamp"] = f"2027-01-01T00:00:0{i + 1}Z"
+    other = job_body("k", max_r=1)
+    pods = [*workers, coordinator()]
+    obs = observe([_node("n0", 4)], pods, [body, other], {})
+    p = plan(obs.snapshot, preset("edl"), NOW)
+    d = p.decision("ns/j")
+    assert d.reason is Reason.SHRUNK_TO_MAXIMUM and d.workers.remove == ("j-worker-2", "j-worker-1")
+    assert p.decision("ns/k").action is Action.START
+    views = {"ns/j": view(body, pods, coordinator_ready=True), "ns/k": view(other)}
+    out = decide(views, p, CONFIG, NOW, names())
+    assert of(Drain, out.intents) == [Drain("ns/j", "j-worker-2"), Drain("ns/j", "j-worker-1")]
+    assert SetTarget("ns/j", 1) in of(SetTarget, out.intents)
+    assert [
+        c.manifest["metadata"]["labels"]["edl.dev/job"] for c in of(CreatePod, out.intents)
+    ] == ["k"]
+    down = [e for e in of(Emit, out.intents) if e.reason.value == "ScaledDown"]
+    assert len(down) == 1 and "maxReplicas is 1" in down[0].message
+
+
+def test_a_job_set_aside_is_left_as_it_is_and_said_once() -> None:
+    body = job_body(phase="Running", startTime="2027-01-01T00:00:02Z")
+    pods = [pod("a"), coordinator()]
+    message = "set aside: job ns/j: replica a is on unknown node 'gone': delete the replica"
+    aside = JobDecision(
+        "ns/j", Action.KEEP, Reason.SET_ASIDE, message, RoleChange(Role.WORKER, 1, 1)
+    )
+    out = decide({"ns/j": view(body, pods)}, Plan(NOW, (aside,)), CONFIG, NOW, names())
+    assert not of(CreatePod, out.intents) and not of(Drain, out.intents)
+    assert not of(DeletePod, out.intents) and not of(SetTarget, out.intents)
+    warned = [e for e in of(Emit, out.intents) if e.reason.value == "SetAside"]
+    assert len(warned) == 1 and warned[0].type.value == "Warning" and warned[0].message == message
+    status = of(PatchStatus, out.intents)[0].status
+    cond = next(c for c in status["conditions"] if c["type"] == "SetAside")
+    assert cond["status"] == "True" and cond["message"] == message
+    # Still set aside the next cycle: no second Event.
+    again = decide(
+        {"ns/j": view(body | {"status": status}, pods)}, Plan(NOW, (aside,)), CONFIG, NOW + 1,
+        names(),
+    )  # fmt: skip
+    assert not [e for e in of(Emit, again.intents) if e.reason.value == "SetAside"]
+    # Planned again: the condition turns False.
+    steady = decision(Action.KEEP, 1, 1)
+    out = decide(
+        {"ns/j": view(body | {"status": status}, pods)}, Plan(NOW, (steady,)), CONFIG, NOW + 2,
+        names(),
+    )  # fmt: skip
+    status = of(PatchStatus, out.intents)[0].status
+    cond = next(c for c in status["conditions"] if c["type"] == "SetAside")
+    assert cond["status"] == "False" and cond["reason"] == "Planned"
+
+
+def test_the_pods_of_a_rejected_job_keep_their_room() -> None:
+    """A job left out of the snapshot (its spec is refused) still runs its pods: what they
+    take is not handed to another job."""
+    bad = job_body(min_r=3, max_r=2)  # min above max: refused
+    bad["metadata"]["name"] = "j"
+    other = job_body("k", max_r=4)
+    pods = [pod("j-worker-0"), pod("j-worker-1")]
+    for p in pods:
+        p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    obs = observe([_node("n0", 4)], pods, [bad, other], {})
+    assert "ns/j" in obs.rejected
+    assert obs.snapshot.nodes[0].used_by_others.gpu == 2
+    assert plan(obs.snapshot, preset("edl"), NOW).decision("ns/k").workers.target == 2
 
 
 def test_unchanged_status_is_not_written_again() -> None:

@@ -7,7 +7,8 @@ Aspects:
 - our replica pods become the job's replicas, oldest first; terminating or draining ones
   still occupy their node but do not count; replicas on a deleted node are left out;
 - priorities resolve from spec.priority, else the named PriorityClass; an unknown class or
-  an invalid spec leaves the job out with a reason that names the field;
+  an invalid spec or coordinator arguments the coordinator refuses leave the job out with
+  a reason that names the field;
 - the resulting snapshot plans: GPUs used by other pods are never handed out.
 """
 
@@ -77,7 +78,12 @@ def k8s_job(name: str, lo: int = 1, hi: int = 4, **spec: Any) -> dict[str, Any]:
     return {
         "apiVersion": "edl.dev/v1alpha1",
         "kind": "TrainingJob",
-        "metadata": {"name": name, "namespace": "ns", "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "annotations": {"edl.dev/coordinator-args": "--samples 1000"},
+        },
         "spec": {
             "minReplicas": lo,
             "maxReplicas": hi,
@@ -127,6 +133,8 @@ def test_nodes_other_pods_and_our_replicas() -> None:
 
 
 def test_priorities_and_rejected_jobs() -> None:
+    lots = k8s_job("lots")
+    lots["metadata"]["annotations"]["edl.dev/coordinator-args"] = "--samples lots"
     obs = observe(
         nodes=[k8s_node("n0")],
         pods=[],
@@ -136,6 +144,7 @@ def test_priorities_and_rejected_jobs() -> None:
             k8s_job("classy", priorityClassName="high"),
             k8s_job("unknown-class", priorityClassName="nope"),
             k8s_job("bad", lo=4, hi=2),
+            lots,
         ],
         priority_classes={"high": 1000},
     )
@@ -143,6 +152,7 @@ def test_priorities_and_rejected_jobs() -> None:
     assert got == {"ns/plain": 0, "ns/direct": 7, "ns/classy": 1000}
     assert "spec.priorityClassName" in obs.rejected["ns/unknown-class"]
     assert "spec.maxReplicas" in obs.rejected["ns/bad"]
+    assert "'lots' is not a whole number of at least 1" in obs.rejected["ns/lots"]
 
 
 def test_the_snapshot_plans_around_other_workloads() -> None:

@@ -27,10 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from edl_scheduler.core import PRESETS, PlanMemo, Policy, Snapshot, plan, preset
+from edl_scheduler.core import PRESETS, PlanMemo, Policy, Reason, Snapshot, plan, preset
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.policy import with_overrides
-from edl_scheduler.core.validating import SnapshotError
 from simulations.engine import SimConfig, simulate
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, with_elasticity
@@ -92,45 +91,48 @@ def test_the_memo_forgets_on_another_policy_or_other_nodes() -> None:
     assert plan(big, preset("edl"), 100.0, memo=memo) == plan(big, preset("edl"), 100.0)
 
 
-def test_an_invalid_job_raises_the_same_error_after_valid_cycles() -> None:
+def test_an_invalid_job_is_set_aside_as_without_a_memo_after_valid_cycles() -> None:
     good = snapshot([node("n0").gpus(4)], [job("a").min(1).max(2).running(("n0", 1))])
     memo = PlanMemo()
     plan(good, preset("edl"), 0.0, memo=memo)
-    bad_job = job("a").min(1).max(2).running(("n9", 1)).build()  # an unknown node
-    bad = Snapshot(good.nodes, (bad_job,))
-    with pytest.raises(SnapshotError) as plain:
-        plan(bad, preset("edl"), 0.0)
-    with pytest.raises(SnapshotError) as memoized:
-        plan(bad, preset("edl"), 0.0, memo=memo)
-    assert str(memoized.value) == str(plain.value)
+    bad_job = job("b").min(1).max(2).running(("n9", 1)).build()  # an unknown node
+    bad = Snapshot(good.nodes, (good.jobs[0], bad_job))
+    memoized = plan(bad, preset("edl"), 0.0, memo=memo)
+    assert memoized == plan(bad, preset("edl"), 0.0)
+    assert memoized.decision("b").reason is Reason.SET_ASIDE
+    assert memo.jobs == {}  # a cycle that sets a job aside forgets: the next starts afresh
+    assert plan(good, preset("edl"), 0.0, memo=memo) == plan(good, preset("edl"), 0.0)
     twice = Snapshot(good.nodes, (good.jobs[0], good.jobs[0]))  # held job, duplicated
-    with pytest.raises(SnapshotError, match="appears twice"):
-        plan(twice, preset("edl"), 0.0, memo=memo)
+    memoized = plan(twice, preset("edl"), 0.0, memo=memo)
+    assert memoized == plan(twice, preset("edl"), 0.0)
+    assert "appears 2 times" in memoized.decision("a").message
 
 
 def test_names_are_checked_against_the_held_jobs_shown_now() -> None:
     """Validation with a memo checks only the names of jobs it has not seen (``_distinct``):
-    a new job named like a held job shown in the same snapshot is refused, as without a
+    a new job named like a held job shown in the same snapshot is set aside, as without a
     memo; one named like a held job that has left is not."""
     nodes = snapshot([node("n0").gpus(4)], []).nodes
     a, b = job("a").min(1).max(2).running(("n0", 1)).build(), job("b").min(1).build()
     memo = PlanMemo()
-    for jobs in ((a, b), (a, b)):  # the second cycle takes the memo's path
-        snap = Snapshot(nodes, jobs)
-        assert plan(snap, preset("edl"), 0.0, memo=memo) == plan(snap, preset("edl"), 0.0)
     for clash in (
         (a, b, job("a").min(1).build()),  # a new job, a held one's name
         (a, job("c").min(1).build(), job("c").min(2).build()),  # two new ones, one name
         (b, b),  # a held job shown twice
     ):
+        for jobs in ((a, b), (a, b)):  # the second cycle takes the memo's path
+            snap = Snapshot(nodes, jobs)
+            assert plan(snap, preset("edl"), 0.0, memo=memo) == plan(snap, preset("edl"), 0.0)
+        assert memo.nodes_valid and memo.jobs  # held: the clash is checked on the memo's path
         snap = Snapshot(nodes, clash)
-        with pytest.raises(SnapshotError) as plain:
-            plan(snap, preset("edl"), 0.0)
-        with pytest.raises(SnapshotError) as memoized:
-            plan(snap, preset("edl"), 0.0, memo=memo)
-        assert str(memoized.value) == str(plain.value)
+        memoized = plan(snap, preset("edl"), 0.0, memo=memo)
+        assert memoized == plan(snap, preset("edl"), 0.0)
+        assert Reason.SET_ASIDE in {d.reason for d in memoized.decisions}
+    for jobs in ((a, b), (a, b)):
+        plan(Snapshot(nodes, jobs), preset("edl"), 0.0, memo=memo)
     again = Snapshot(nodes, (b, job("a").min(1).max(3).build()))  # "a" left: its name is free
     assert plan(again, preset("edl"), 0.0, memo=memo) == plan(again, preset("edl"), 0.0)
+    assert Reason.SET_ASIDE not in {d.reason for d in plan(again, preset("edl"), 0.0).decisions}
     assert memo.names == {d.job.name: d for d in memo.jobs.values()}
 
 

@@ -427,7 +427,7 @@ def test_a_started_job_held_below_its_maximum_says_why() -> None:
     )
     b = run(snap, now=0.0).decision("b")
     assert b.action is Action.START and b.reason is Reason.HELD_FOR_WAITING
-    assert b.message.startswith("started with 1 workers;")
+    assert b.message.startswith("started with 1 worker;")
 
 
 def test_a_restored_job_is_not_grown_during_its_cooldown() -> None:

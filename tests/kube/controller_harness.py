@@ -388,6 +388,10 @@ class Cluster:
         )
         return found
 
+    def jobs(self, ns: str) -> list[dict[str, Any]]:
+        found = self.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)
+        return list(found["items"])
+
     def status(self, ns: str, name: str) -> dict[str, Any]:
         found: dict[str, Any] = self.job(ns, name).get("status", {})
         return found
@@ -542,15 +546,19 @@ def played_coordinators() -> PlayedCoordinators:
 
 def settle(cluster: Cluster, ns: str) -> None:
     """Plays the kubelet once: bound pending pods become Running (coordinators run for
-    real, see ``PlayedCoordinators``; workers run no process), pods being deleted are
-    removed at once."""
+    real, see ``PlayedCoordinators``; workers run no process), pods being deleted and pods
+    of jobs that no longer exist are removed at once."""
     played = played_coordinators()
     pods = cluster.core.list_namespaced_pod(ns).items
     played.stop_all_but(ns, {p.metadata.uid for p in pods if not p.metadata.deletion_timestamp})
+    jobs = {str(j["metadata"]["name"]) for j in cluster.jobs(ns)}
     for pod in pods:
         name = pod.metadata.name
+        job = (pod.metadata.labels or {}).get("edl.dev/job")
         try:
-            if pod.metadata.deletion_timestamp:
+            if pod.metadata.deletion_timestamp or (job is not None and job not in jobs):
+                # Being deleted, or left by a deleted job (the garbage collector's to
+                # remove; its Secret may be gone): removed, never started.
                 cluster.core.delete_namespaced_pod(name, ns, grace_period_seconds=0)
             elif pod.spec.node_name and pod.status.phase == "Pending":
                 if (pod.metadata.labels or {}).get("edl.dev/role") == "coordinator":

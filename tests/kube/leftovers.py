@@ -37,6 +37,16 @@ def job_keys(api: KubeAPI) -> set[tuple[str, str]]:
     return {_key(job) for job in all_jobs(api)}
 
 
+def orphaned_job_keys(api: KubeAPI) -> set[tuple[str, str]]:
+    """(namespace, job) of every pod of ours whose TrainingJob is gone: a job a test deleted
+    whose pods the garbage collector has not removed yet. Such a pod is still there for the
+    next test (its Secret may be gone already), so it is waited out like a job's."""
+    core = kubernetes.client.CoreV1Api(api.api_client)
+    pods = core.list_pod_for_all_namespaces(label_selector="edl.dev/job").items
+    owners = {(p.metadata.namespace, (p.metadata.labels or {})["edl.dev/job"]) for p in pods}
+    return owners - job_keys(api)
+
+
 class OtherTestsJobs(AssertionError):
     """Unfinished TrainingJobs of another test are on the API server."""
 

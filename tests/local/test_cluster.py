@@ -7,10 +7,12 @@ Aspects tested:
 - failed workers are replaced until failurePolicy.maxRestarts, then the job Fails, with the
   exit code and the worker's last log line in its Events; a failing coordinator is charged to
   the same budget
-- bad requests (too many slots, no command, no dataset options, PriorityClass, duplicate
-  names, unknown jobs, min > max, a log outside the job's) are refused with the field and
-  the fix, changing nothing
+- bad requests (too many slots, no command, no dataset options or ones the coordinator
+  refuses, PriorityClass, duplicate names, unknown jobs, min > max, a log outside the
+  job's) are refused with the field and the fix, changing nothing
 - delete stops a job's processes
+- a maximum lowered below what runs drains the surplus gracefully, and other jobs are
+  planned meanwhile
 (suspend/resume and adoption after a service restart are tested through edlctl, in
 tests/cli/test_local_cli.py)
 """
@@ -140,6 +142,26 @@ def test_priority_shrinks_gracefully_and_the_job_grows_back(harness: Harness) ->
     assert h.cluster.get(low).job.status.restarts == 0
 
 
+def test_a_maximum_lowered_below_what_runs_drains_the_surplus(harness: Harness) -> None:
+    """``scale --max`` below the live size: the newest worker drains at a step boundary, the
+    survivor keeps its PID, no sample is lost, and a job submitted meanwhile is planned."""
+    h = harness
+    key = h.submit(plain_job("lr2", 1, 2, samples=6000, step_time_s=0.05))
+    h.until("lr2 runs 2 workers", lambda: members(h, key) == 2)
+    before = h.pids(key)
+    h.cluster.scale(key, None, 1)
+    other = h.submit(plain_job("other", 1, 1, samples=400))
+    h.until("lr2 is down to 1 worker", lambda: members(h, key) == 1 and len(h.pids(key)) == 1)
+    assert h.pids(key) < before  # the survivor was not restarted
+    h.until("the other job succeeds", lambda: h.phase(other) is JobPhase.SUCCEEDED)
+    h.until("lr2 succeeds", lambda: h.phase(key) is JobPhase.SUCCEEDED, timeout_s=180)
+    status = h.cluster.get(key).job.status
+    assert status.restarts == 0 and status.progress["samplesDone"] == 6000
+    reasons = [e.reason for e in h.store.events(key)]
+    assert "WorkerFailed" not in reasons and "SetAside" not in reasons
+    assert [(r.from_replicas, r.to_replicas) for r in h.store.resizes(key)][-1] == (2, 1)
+
+
 def test_failed_workers_are_replaced_until_the_budget_is_spent(harness: Harness) -> None:
     h = harness
     crash = [sys.executable, "-c", "import sys; print('bad input file'); sys.exit(3)"]
@@ -194,6 +216,10 @@ def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
     refused(ErrorKind.INVALID, "command: is required", lambda: h.submit(no_command))
     no_samples = plain_job("nosamples").replace("--samples 2000 ", "")
     refused(ErrorKind.INVALID, "--samples 4096", lambda: h.submit(no_samples))
+    lots = plain_job("lots").replace("--samples 2000 ", "--samples lots ")
+    refused(ErrorKind.INVALID, "'lots' is not a whole number", lambda: h.submit(lots))
+    unknown = plain_job("unknown").replace("--samples 2000 ", "--samples 2000 --bogus 1 ")
+    refused(ErrorKind.INVALID, "unrecognized arguments: --bogus", lambda: h.submit(unknown))
     classy = plain_job("classy").replace("priority: 0", "priorityClassName: high")
     refused(ErrorKind.INVALID, "give spec.priority", lambda: h.submit(classy))
     assert h.store.jobs() == []

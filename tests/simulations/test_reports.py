@@ -3,7 +3,10 @@
 Aspects:
 - summary numbers on a hand-computed run (JCT statistics, queueing, makespan, utilization);
 - ``python -m simulations run``: every output file, summary.json keyed by the policy
-  arguments as given, ``@rigid`` overriding the elasticity, bad input as a clean error;
+  arguments as given, ``@rigid`` overriding the elasticity, bad input as a clean error (a
+  trace that is missing, a folder or binary; a workload whose profiles are elsewhere), a
+  byte-order mark read past; plots titled with what ran, every line visible where two are
+  equal;
 - golden summaries of every preset on ``60_job.csv`` (8 GPUs, so that queues form): a change
   in the engine or the planner that moves a number shows here, and must be explained;
 - the Philly-1d fidelity check of ``tiresias`` against the Tiresias simulator (slow).
@@ -76,6 +79,75 @@ def test_run_command_refuses_bad_input(tmp_path: Path) -> None:
     assert "bad.csv:2: 64 GPUs requested, the cluster has 8" in result.output
     result = CliRunner().invoke(main, [*args[:-4], "--policy", "edl@bendy", *args[-2:]])
     assert "@rigid or @elastic" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [
+        ("nope.csv", "nope.csv: no such file: give the path of a trace file"),
+        (".", "is a folder: give one trace file in it"),
+        ("binary.csv", "binary.csv: not a UTF-8 text file"),
+    ],
+)
+def test_a_trace_that_cannot_be_read_is_one_error_line(
+    tmp_path: Path, name: str, said: str
+) -> None:
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00\x81" * 64)
+    args = ["run", "--trace", str(tmp_path / name), "--format", "tiresias", "--cluster", "2x4"]
+    result = CliRunner().invoke(main, [*args, "--policy", "edl", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and result.exception is not None
+    assert isinstance(result.exception, SystemExit), result.exception  # no traceback
+    assert result.output.startswith("Error: ") and said in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path: Path) -> None:
+    marked = tmp_path / "marked.csv"
+    marked.write_bytes(b"\xef\xbb\xbf" + (DATA / "60_job.csv").read_bytes())
+    args = ["run", "--trace", str(marked), "--format", "tiresias", "--cluster", "2x4"]
+    args += ["--policy", "fifo-gang", "--no-plots", "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+
+
+def test_a_pollux_workload_without_its_profiles_points_at_the_option(tmp_path: Path) -> None:
+    workload = tmp_path / "workload.csv"
+    workload.write_text("name,time,application,num_replicas,batch_size\nj,0,cifar10,1,128\n")
+    args = ["run", "--trace", str(workload), "--format", "pollux", "--cluster", "2x4"]
+    result = CliRunner().invoke(main, [*args, "--policy", "edl", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "no profile for application 'cifar10'" in result.output
+    assert "point --profiles at" in result.output
+
+
+def _has_colour(png: Path, rgb: tuple[float, float, float]) -> bool:
+    """Whether a line of that colour crosses the plot (more than its legend's sample)."""
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(png))[:, :, :3]
+    return bool(((abs(pixels - rgb) < 0.1).all(axis=2)).sum() > 500)
+
+
+def test_plots_say_what_ran_and_show_every_line_where_two_are_equal(tmp_path: Path) -> None:
+    from matplotlib import colors
+
+    from simulations.plotting import plot_jct_cdf, plot_utilization
+
+    jobs = [SimJob("a", 0, 4, 100, 4, 4), SimJob("b", 0, 4, 50, 4, 4)]
+    run = simulate(jobs, ClusterSpec(1, 4), preset("fifo-gang"), NO_COSTS)
+    same = {"first": run, "second": run}  # equal lines: the first must not be hidden
+    for plot in (plot_utilization, plot_jct_cdf):
+        png = tmp_path / f"{plot.__name__}.png"
+        plot(same, png, "trace.csv (tiresias), 2 jobs on 1x4 (4 GPUs), rigid")
+        for colour in ("C0", "C1"):
+            assert _has_colour(png, colors.to_rgb(colour)), (plot.__name__, colour)
+    result = CliRunner().invoke(
+        main,
+        ["run", "--trace", str(DATA / "60_job.csv"), "--format", "tiresias", "--cluster", "2x4",
+         "--policy", "fifo-gang", "--out", str(tmp_path / "o")],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "o" / "jct_cdf.png").stat().st_size > 0
 
 
 # Golden: python -m simulations run --trace tests/simulations/data/60_job.csv

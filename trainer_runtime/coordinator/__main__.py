@@ -15,34 +15,17 @@ import signal
 import sys
 import threading
 import time
-from pathlib import Path
 
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
-from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
+from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import FileStore, MemoryStore, StateStore
 from trainer_runtime.environment import JOB_TOKEN
+from trainer_runtime.protocol.options import ConsumptionMode, parser
 from trainer_runtime.sharding import DatasetPlan
 
 
 def parsing(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer_runtime.coordinator")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--port-file", type=Path)
-    parser.add_argument("--samples", type=int, required=True, help="samples in the dataset")
-    parser.add_argument("--shard-size", type=int, default=64)
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--mode", choices=[m.value for m in ConsumptionMode], default=ConsumptionMode.GROUP.value
-    )
-    parser.add_argument("--state-file", type=Path, help="persist here (default: memory only)")
-    parser.add_argument("--join-window-s", type=float, default=0.2)
-    parser.add_argument("--lease-timeout-s", type=float, default=10.0)
-    parser.add_argument(
-        "--exit-when-finished", action="store_true", help="stop once the last epoch is committed"
-    )
-    return parser.parse_args(argv)
+    return parser().parse_args(argv)
 
 
 def loading(args: argparse.Namespace, store: StateStore) -> CoordinatorState:

@@ -15,7 +15,6 @@ What must stay true:
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
 from dataclasses import dataclass, field
@@ -24,22 +23,12 @@ from typing import Any
 from edl_scheduler.gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
+from trainer_runtime.protocol.options import ConsumptionMode
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
 
 LOG = logging.getLogger(__name__)
 
 SMOOTHING = 0.2
-
-
-class ConsumptionMode(enum.Enum):
-    """How a job's workers consume the ledger; fixed for the job's life (no transitions).
-
-    GROUP: an allreduce group walks step windows; its rank 0 commits them.
-    INDEPENDENT: each worker leases and commits whole shards on its own.
-    """
-
-    GROUP = "group"
-    INDEPENDENT = "independent"
 
 
 class FencedError(PermissionError):
