@@ -1,14 +1,17 @@
 """The local service: the control loop in a thread, and an HTTP endpoint on a unix socket.
 
 Why HTTP (FastAPI on uvicorn) on a unix socket: the verbs are plain request/response on
-small JSON documents, the socket file's permissions keep other users of the machine out
-without a token, no TCP port can collide, and FastAPI validates requests with the same
-pydantic models the SDK reads. gRPC would need generated stubs for no gain here.
+small JSON documents, the socket's mode and its peer's credentials keep other users of
+the machine out without a token (``guarding``), no TCP port can collide, and FastAPI
+validates requests with the same pydantic models the SDK reads. gRPC would need generated
+stubs for no gain here.
 
 What must stay true:
 - Bad input gets a 4xx answer naming the problem and the fix; the service and every other
   job carry on (no request handler can raise past FastAPI).
 - One service per home directory (an exclusive lock on ``service.lock``).
+- Only processes of the service's own uid are answered; its home, socket and files are
+  its owner's only (``guarding``).
 - Stopping the service either stops every job's processes (the jobs stay in the database
   and are started again next time) or, with ``keep_running``, leaves them for the next
   service to adopt; a crash is the second case.
@@ -29,10 +32,12 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from edl_scheduler.api import TrainingJobError, load_training_job
 from edl_scheduler.local.config import LocalConfig
 from edl_scheduler.local.controlling import LocalCluster, LocalError
+from edl_scheduler.local.guarding import bind_socket, owner_only, prepare_home
 from edl_scheduler.local.processes import ProcessSupervisor, UnknownProcess
 from edl_scheduler.local.storing import JobRow, Store
 from edl_scheduler.local.wire import (
@@ -80,6 +85,9 @@ class LocalService:
 
     def __init__(self, config: LocalConfig) -> None:
         self.config = config
+        # Before anything is written: every file is this user's only (``guarding``).
+        os.umask(0o077)
+        prepare_home(config.home)
         self.store = Store(config.home / "state.db")
         self.supervisor = ProcessSupervisor()
         self.cluster = LocalCluster(config, self.store, self.supervisor)
@@ -244,21 +252,23 @@ class LocalService:
 
     def serve(self) -> None:
         """Run until asked to stop (``/shutdown``, SIGTERM or SIGINT)."""
-        # The socket, the database (job tokens) and the logs are this user's only.
-        os.umask(0o077)
         with exclusive(self.config.home / "service.lock"):
             socket_path = self.config.home / SOCKET_NAME
-            socket_path.unlink(missing_ok=True)
+            sock = bind_socket(socket_path)
             (self.config.home / "service.pid").write_text(str(os.getpid()))
             self.cluster.recover()
             self.loop_thread.start()
             config = uvicorn.Config(
-                self.app, uds=str(socket_path), log_level="warning", access_log=False
+                self.app,
+                http=owner_only(AutoHTTPProtocol, os.geteuid()),
+                log_level="warning",
+                access_log=False,
             )
             self.server = uvicorn.Server(config)
             try:
-                self.server.run()
+                self.server.run(sockets=[sock])
             finally:
+                sock.close()
                 self.stopping.set()
                 self.loop_thread.join(timeout=30)
                 if self.keep_running:

@@ -18,6 +18,7 @@ import httpx
 from pydantic import BaseModel
 
 from edl_scheduler.local.config import DEFAULT_HOME
+from edl_scheduler.local.guarding import HomeError, prepare_home
 from edl_scheduler.local.serving import SOCKET_NAME
 from edl_scheduler.local.wire import (
     ClusterView,
@@ -161,7 +162,10 @@ def start_service(
     client = LocalClient(home)
     if service_running(client.home):
         return client
-    client.home.mkdir(parents=True, exist_ok=True)
+    try:
+        prepare_home(client.home)
+    except HomeError as error:
+        raise EdlError(str(error)) from None
     argv = [sys.executable, "-m", "edl_scheduler.local", "--home", str(client.home)]
     argv += ["--period", str(period_s)]
     if slots is not None:
@@ -169,7 +173,7 @@ def start_service(
     if policy is not None:
         argv += ["--policy", str(policy)]
     log = client.home / "service.log"
-    with log.open("ab") as out:
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as out:
         process = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
