@@ -10,6 +10,9 @@ What must stay true:
 - Every wait is bounded by the contract's timeout; a coordinator that stays unreachable
   longer raises `CoordinatorUnreachable`.
 - A worker the coordinator no longer knows stops (`Fenced`), it never trains on alone.
+- A watch the coordinator refuses for good (a wrong token: `TokenRefused`) is said in an
+  error line and stops the worker at its next step boundary; only a dropped stream (the
+  coordinator restarting) is retried quietly.
 """
 
 from __future__ import annotations
@@ -21,7 +24,16 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from trainer_runtime.client import CoordinatorClient, CoordinatorUnreachable, Fenced
+import grpc
+
+from trainer_runtime.client import (
+    CoordinatorClient,
+    CoordinatorError,
+    CoordinatorUnreachable,
+    Fenced,
+    TokenRefused,
+    translating,
+)
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.protocol import pb
 
@@ -76,6 +88,9 @@ class WorkerAgent:
         self.generation = 0
         self.notice: Any = pb.Notice(generation=0)
         self.lost_since: float | None = None
+        #: Why the coordinator refused the watch for good (a wrong token, a removed
+        #: worker): raised at the next ``awaiting_assignment``.
+        self.refused: CoordinatorError | None = None
         self.stopping = threading.Event()
         self.watcher = threading.Thread(target=self.watching, name="edl-watch", daemon=True)
 
@@ -97,8 +112,20 @@ class WorkerAgent:
                     self.lost_since = None
                     if self.stopping.is_set():
                         return
-            except Exception as error:  # the stream drops when the coordinator restarts
-                LOG.debug("watch stream ended: %s", error)
+            except grpc.RpcError as error:
+                problem = translating(error)
+                if isinstance(problem, TokenRefused):
+                    # No retry mends a refused token: said, and told to the training loop
+                    # at its next step boundary (``changed``).
+                    LOG.error("the coordinator refuses this worker's token: %s", problem)
+                    self.refused = problem
+                    return
+                if isinstance(problem, CoordinatorUnreachable):  # it restarts: quietly
+                    LOG.debug("watch stream ended: %s", problem)
+                else:
+                    LOG.warning("watch stream failed: %s; opening it again", problem)
+            except Exception:
+                LOG.exception("watch stream failed; opening it again")
             if self.stopping.is_set():
                 return
             if self.lost_since is None:
@@ -109,7 +136,8 @@ class WorkerAgent:
         """Whether the worker must stop at this step boundary and ask for its generation."""
         notice = self.notice
         return bool(
-            notice.generation > self.generation
+            self.refused is not None
+            or notice.generation > self.generation
             or notice.generation < 0
             or notice.draining
             or notice.finished
@@ -118,6 +146,8 @@ class WorkerAgent:
     def awaiting_assignment(self) -> Assignment:
         """The next generation this worker belongs to, or why it must stop; bounded wait."""
         deadline = time.monotonic() + self.contract.timeout_s
+        if self.refused is not None:
+            raise self.refused
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:

@@ -11,9 +11,17 @@ The protocol: the Lease names its holder, when it was last renewed and for how l
 holds. A replica takes the Lease when it is free or its holder let it lapse; it renews it
 while it holds it, and gives it up when it stops gracefully (``release``). Every write
 carries the resourceVersion it read, so two replicas racing for the Lease cannot both win
-(the loser gets 409). What must stay true: a replica believes it leads only until
-``renewTime + leaseDuration`` as it last wrote it, minus a safety margin, so an old leader
-stops acting before a new one may start.
+(the loser gets 409).
+
+Time: no replica compares another's clock with its own. ``renewTime`` is written for people
+to read; whether a Lease has lapsed is measured, as client-go does, from when this replica
+last saw the Lease's record change (holder, renewal, duration), on its own monotonic
+clock: a holder that renews keeps changing it, so a standby whose wall clock runs ahead
+never takes a Lease that is renewed. What must stay true: a replica believes it leads only
+until a little less than ``leaseDurationSeconds`` after its last successful write began, on
+its monotonic clock, and a standby waits at least ``leaseDurationSeconds`` after it last saw
+that write, so an old leader stops acting before a new one may start (clock rates agree,
+offsets do not matter).
 """
 
 from __future__ import annotations
@@ -35,29 +43,53 @@ def _micro(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(raw: object) -> float:
-    if not raw:
-        return 0.0
-    return datetime.fromisoformat(str(raw).replace("Z", "+00:00")).timestamp()
-
-
 class LeaderElector:
     """Holds or waits for one Lease. ``try_lead`` is called by the loop every cycle."""
 
     def __init__(
-        self, kube: Kube, name: str, namespace: str, identity: str, duration_s: float
+        self,
+        kube: Kube,
+        name: str,
+        namespace: str,
+        identity: str,
+        duration_s: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
     ) -> None:
+        """``clock``: this replica's monotonic clock, the only one its decisions read;
+        ``wall``: the time written into the Lease for people to read."""
         self.kube = kube
         self.name = name
         self.namespace = namespace
         self.identity = identity
         self.duration_s = duration_s
+        self.clock = clock
+        self.wall = wall
         self._valid_until = 0.0
         self._last_renew = 0.0
+        #: The Lease's record as last read, and when (``clock``) it was first read so.
+        self._seen: tuple[object, ...] | None = None
+        self._seen_at = 0.0
 
     def is_leader(self, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
+        now = self.clock() if now is None else now
         return now < self._valid_until
+
+    def _lapsed(self, held: dict[str, object], now: float) -> bool:
+        """Whether the Lease ``held`` (its spec, as just read) has gone unrenewed for its
+        whole duration, as this replica has watched it."""
+        record = (
+            held.get("holderIdentity"),
+            held.get("renewTime"),
+            held.get("leaseDurationSeconds"),
+            held.get("leaseTransitions"),
+        )
+        if record != self._seen:
+            self._seen, self._seen_at = record, now
+        raw = held.get("leaseDurationSeconds")
+        duration = float(raw) if isinstance(raw, int | float | str) else self.duration_s
+        return now >= self._seen_at + duration
 
     def renewing(
         self, stopping: threading.Event, elected: Callable[[], None] = lambda: None
@@ -76,7 +108,7 @@ class LeaderElector:
 
     def try_lead(self) -> bool:
         """Renew (at most every third of the duration) or take the Lease; whether we lead."""
-        now = time.time()
+        now = self.clock()
         if self.is_leader(now) and now - self._last_renew < self.duration_s / 3:
             return True
         path = namespaced(self.namespace, "leases", self.name, group=LEASES_GROUP)
@@ -90,11 +122,11 @@ class LeaderElector:
         spec = {
             "holderIdentity": self.identity,
             "leaseDurationSeconds": max(1, int(self.duration_s)),
-            "renewTime": _micro(now),
+            "renewTime": _micro(self.wall()),
         }
         try:
             if lease is None:
-                spec["acquireTime"] = _micro(now)
+                spec["acquireTime"] = spec["renewTime"]
                 body = {
                     "apiVersion": LEASES_GROUP,
                     "kind": "Lease",
@@ -107,18 +139,16 @@ class LeaderElector:
             else:
                 held = lease.get("spec", {})
                 holder = held.get("holderIdentity")
-                expires = _parse(held.get("renewTime")) + float(
-                    held.get("leaseDurationSeconds", self.duration_s)
-                )
-                if holder and holder != self.identity and now < expires:
+                lapsed = self._lapsed(held, now)
+                if holder and holder != self.identity and not lapsed:
                     self._valid_until = 0.0
                     return False
                 if holder != self.identity:
-                    spec["acquireTime"] = _micro(now)
+                    spec["acquireTime"] = spec["renewTime"]
                     spec["leaseTransitions"] = int(held.get("leaseTransitions", 0)) + 1
                     log.info("taking the Lease from %s", holder or "nobody")
                 else:
-                    spec["acquireTime"] = held.get("acquireTime") or _micro(now)
+                    spec["acquireTime"] = held.get("acquireTime") or spec["renewTime"]
                     spec["leaseTransitions"] = int(held.get("leaseTransitions", 0))
                 lease["spec"] = spec
                 self.kube.request("PUT", path, lease)  # carries resourceVersion: 409 if raced
@@ -150,7 +180,7 @@ class LeaderElector:
                 return False
             held["holderIdentity"] = None
             held["leaseDurationSeconds"] = 1
-            held["renewTime"] = _micro(time.time())
+            held["renewTime"] = _micro(self.wall())
             lease["spec"] = held
             self.kube.request("PUT", path, lease)
         except KubeError as error:

@@ -5,23 +5,29 @@ Aspects:
   it is a member of the first generation;
 - the pauses between tries stay short and bounded (20 ms doubling to 100 ms, the channel's
   reconnection back-off alike), so it joins within about 0.1 s of the coordinator
-  listening, and a worker's whole timeout is spent trying, not sleeping.
+  listening, and a worker's whole timeout is spent trying, not sleeping;
+- a watch refused for the worker's token is an error line and stops the worker, not a
+  silent retry.
 """
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
 from typing import Any
 
+import pytest
 from tenacity import RetryCallState
 
 from trainer_runtime import client as client_module
-from trainer_runtime.client import CoordinatorClient
+from trainer_runtime.agent import WorkerAgent
+from trainer_runtime.client import CoordinatorClient, TokenRefused
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
+from trainer_runtime.environment import WorkerContract
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import DatasetPlan
 
@@ -73,3 +79,31 @@ def test_the_pauses_between_tries_are_short_and_bounded() -> None:
         pauses.append(client_module.RETRY_PAUSES(state))
     assert pauses[0] <= 0.02 and max(pauses) <= 0.1
     assert sum(pauses) >= 30.0, "a 30 s timeout must be spent in tries every 0.1 s at most"
+
+
+def test_a_watch_refused_for_its_token_stops_the_worker_with_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The token is checked on every call: a worker whose token the coordinator refuses
+    (rotated, or another job's) says so in an error line and stops at its next step
+    boundary, instead of reopening the watch forever in silence."""
+    state = CoordinatorState.starting(
+        DatasetPlan(40, 4, 1), ConsumptionMode.INDEPENDENT, join_window_s=0.05
+    )
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    contract = WorkerContract(
+        f"127.0.0.1:{server.port}", "another job's token", "job", "w0", "n", timeout_s=5.0
+    )
+    agent = WorkerAgent(contract)
+    try:
+        with caplog.at_level(logging.ERROR, logger="trainer_runtime.agent"):
+            agent.watcher.start()  # (registration is refused too; the watch alone here)
+            agent.watcher.join(10)
+        assert not agent.watcher.is_alive()
+        assert isinstance(agent.refused, TokenRefused) and agent.changed()
+        assert any("refuses this worker's token" in r.getMessage() for r in caplog.records)
+        with pytest.raises(TokenRefused):
+            agent.awaiting_assignment()
+    finally:
+        agent.closing()
+        server.stop()
