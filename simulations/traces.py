@@ -13,9 +13,11 @@ Formats (see ``../shared/traces/README.md`` for where each comes from and its li
   (``num_switch,num_node_p_switch,num_gpu_p_node,...``).
 
 What must stay true: a malformed row (a missing column, a value that is not a number, a
-negative duration, more GPUs than the cluster has) is never silently dropped. It raises a
-``TraceError`` naming the file and line, or, with ``skip_bad_rows``, is skipped and counted
-in ``Workload.skipped_rows`` (the CLI prints the count as a warning).
+duration or submit time that is negative, not finite or beyond ten years, more GPUs than
+the cluster has) is never silently dropped. It raises a ``TraceError`` naming the file and
+line, or, with ``skip_bad_rows``, is skipped and counted in ``Workload.skipped_rows`` (the
+CLI prints the count as a warning). A trace with no job, or two jobs of one id, is a
+``TraceError`` too.
 """
 
 from __future__ import annotations
@@ -125,9 +127,24 @@ def _collect(
     return jobs, skipped
 
 
+#: The longest duration and the latest submit time a trace may give, in seconds (ten
+#: years): beyond it a number is a unit mistake or junk, and one never-ending job would keep
+#: the simulation from finishing.
+MAX_SECONDS = 10 * 365 * 86400.0
+
+
+def seconds(text: str, what: str) -> float:
+    """A finite number of seconds in [0, ``MAX_SECONDS``] from a trace's text, or a
+    ValueError naming ``what`` and the bound."""
+    value = float(text)
+    if not 0.0 <= value <= MAX_SECONDS:  # (nan fails too)
+        raise ValueError(
+            f"{what} {text!r} is not a number of seconds in [0, {MAX_SECONDS:.0f}] (ten years)"
+        )
+    return value
+
+
 def _check(duration: float, gpus: int, cluster: ClusterSpec | None) -> None:
-    if duration < 0:
-        raise ValueError(f"negative duration {duration:g}")
     if gpus < 1:
         raise ValueError(f"a job needs at least 1 GPU, not {gpus}")
     if cluster is not None and gpus > cluster.gpus:
@@ -139,6 +156,16 @@ def _job(name: str, submit: float, gpus: int, duration: float, group: str) -> Si
 
 
 def _finish(jobs: list[SimJob], source: Path, skipped: int) -> Workload:
+    """The workload of ``jobs``, by submit time; a trace with no job (a header alone, or
+    only rows skipped) or with two jobs of one id is a TraceError."""
+    if not jobs:
+        why = f"all {skipped} rows were malformed" if skipped else "it has a header alone"
+        raise TraceError(f"{source}: no job to simulate ({why}): give a trace with job rows")
+    seen: set[str] = set()
+    for job in jobs:
+        if job.name in seen:
+            raise TraceError(f"{source}: job {job.name!r} appears twice: give each job its own id")
+        seen.add(job.name)
     jobs.sort(key=lambda j: (j.submit_time, j.name))
     return Workload(tuple(jobs), str(source), skipped)
 
@@ -150,11 +177,9 @@ def load_tiresias(
     required = ("job_id", "num_gpu", "submit_time", "duration")
 
     def parse(line: int, row: dict[str, str]) -> SimJob:
-        gpus, duration = int(row["num_gpu"]), float(row["duration"])
+        gpus, duration = int(row["num_gpu"]), seconds(row["duration"], "duration")
         _check(duration, gpus, cluster)
-        submit = float(row["submit_time"])
-        if submit < 0:
-            raise ValueError(f"negative submit time {submit:g}")
+        submit = seconds(row["submit_time"], "submit time")
         return _job(f"job-{row['job_id']}", submit, gpus, duration, row.get("model_name") or "")
 
     jobs, skipped = _collect(path, required, parse, skip_bad_rows)
@@ -174,7 +199,7 @@ def load_philly(
     stamps: list[float] = []
 
     def parse(line: int, row: dict[str, str]) -> SimJob:
-        gpus, duration = int(row["num_gpus"]), float(row["duration"])
+        gpus, duration = int(row["num_gpus"]), seconds(row["duration"], "duration")
         _check(duration, gpus, cluster)
         # Naive local times, read as they are: no time zone, so no daylight-saving jumps.
         stamp = (datetime.fromisoformat(row["timestamp"]) - _EPOCH).total_seconds()
@@ -224,10 +249,8 @@ def load_pollux(
 
     def parse(line: int, row: dict[str, str]) -> SimJob:
         replicas, batch = int(row["num_replicas"]), int(row["batch_size"])
-        submit = float(row["time"])
+        submit = seconds(row["time"], "submit time")
         _check(0.0, replicas, cluster)
-        if submit < 0:
-            raise ValueError(f"negative submit time {submit:g}")
         if batch < 1:
             raise ValueError(f"batch size {batch} < 1")
         name = row["application"]

@@ -88,8 +88,8 @@ class WorkerAgent:
         self.generation = 0
         self.notice: Any = pb.Notice(generation=0)
         self.lost_since: float | None = None
-        #: Why the coordinator refused the watch for good (a wrong token, a removed
-        #: worker): raised at the next ``awaiting_assignment``.
+        #: Why the coordinator refused the watch for good (a wrong token): raised at
+        #: the next ``awaiting_assignment``.
         self.refused: CoordinatorError | None = None
         self.stopping = threading.Event()
         self.watcher = threading.Thread(target=self.watching, name="edl-watch", daemon=True)

@@ -127,6 +127,8 @@ def _message(
             return f"must be a whole number (got {got}): write it without quotes or decimals"
         case "float_type" | "float_parsing":
             return f"must be a number (got {got})"
+        case "finite_number":
+            return f"must be a finite number (got {got}): write a number of seconds or units"
         case "bool_type" | "bool_parsing":
             return f"must be true or false (got {got})"
         case "string_type":

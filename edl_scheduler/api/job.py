@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from edl_scheduler.api.errors import Problem, TrainingJobError, problems_from
 from edl_scheduler.api.meta import API_VERSION, KIND, ApiModel, ObjectMeta
+from edl_scheduler.api.reading import read_yaml, shape_problem
 from edl_scheduler.api.spec import TrainingJobSpec
 from edl_scheduler.api.status import TrainingJobStatus
 
@@ -85,28 +86,6 @@ class TrainingJob(ApiModel):
         )
 
 
-class _YamlLoader(yaml.SafeLoader):
-    """Safe YAML, except that timestamps stay strings for pydantic to check."""
-
-
-_YamlLoader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-
-
-def _parse_yaml(text: str) -> list[Any]:
-    try:
-        return list(yaml.load_all(text, Loader=_YamlLoader))
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "(document)"
-        problem = getattr(error, "problem", None) or str(error)
-        raise TrainingJobError(
-            [Problem(where, f"is not valid YAML ({problem}): fix the syntax")], "YAML"
-        ) from None
-
-
 def _subject(data: object) -> str:
     if isinstance(data, Mapping):
         metadata = data.get("metadata")
@@ -116,6 +95,9 @@ def _subject(data: object) -> str:
 
 
 def _validate(data: object, document: int | None) -> TrainingJob:
+    shape = shape_problem(data)
+    if shape is not None:
+        raise TrainingJobError([Problem(shape.path, shape.message, document)])
     if not isinstance(data, Mapping):
         problem = Problem(
             "(document)",
@@ -137,18 +119,15 @@ def load_training_job(data: Mapping[str, Any] | str) -> TrainingJob:
     Raises `TrainingJobError` listing every problem as `<path>: <problem and fix>`.
     """
     if isinstance(data, str):
-        documents = [doc for doc in _parse_yaml(data) if doc is not None]
+        documents = [doc for doc in read_yaml(data) if doc is not None]
         if len(documents) != 1:
-            raise TrainingJobError(
-                [
-                    Problem(
-                        "(document)",
-                        f"holds {len(documents)} YAML documents where one job was expected: "
-                        "use load_training_jobs_yaml for several",
-                    )
-                ],
-                "YAML",
+            found = (
+                "holds no YAML document (it is empty): give one TrainingJob"
+                if not documents
+                else f"holds {len(documents)} YAML documents where one job was expected: give "
+                "one job per file (from Python, load_training_jobs_yaml reads several)"
             )
+            raise TrainingJobError([Problem("(document)", found)], "YAML")
         return _validate(documents[0], None)
     return _validate(data, None)
 
@@ -161,7 +140,7 @@ def load_training_jobs_yaml(text: str) -> list[TrainingJob]:
     """
     jobs: list[TrainingJob] = []
     problems: list[Problem] = []
-    for position, data in enumerate(_parse_yaml(text), start=1):
+    for position, data in enumerate(read_yaml(text), start=1):
         if data is None:
             continue
         try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError
+from pydantic import ConfigDict, Field, ValidationError
 
-from edl_scheduler.api.errors import TrainingJobError, problems_from
+from edl_scheduler.api.errors import Problem, TrainingJobError, problems_from
 from edl_scheduler.api.meta import ApiModel
+from edl_scheduler.api.reading import read_yaml
 
 PresetName = Literal[
     "edl", "edl-fulfillment", "fifo-gang", "fifo-backfill", "tiresias", "tiresias-pollux"
@@ -25,7 +25,10 @@ PresetName = Literal[
 
 
 class PolicyConfig(ApiModel):
-    """A preset and the fields that override it; unset fields keep the preset's value."""
+    """A preset and the fields that override it; unset fields keep the preset's value.
+    Every number is finite: an infinite cool-down or horizon is a typo, not a policy."""
+
+    model_config = ConfigDict(**ApiModel.model_config, allow_inf_nan=False)
 
     base: PresetName = "edl"
     """The preset to start from."""
@@ -80,7 +83,11 @@ class PolicyConfig(ApiModel):
 def load_policy_config(text: str) -> PolicyConfig:
     """Parse a policy file; problems raise ``TrainingJobError`` (the API's one error type
     for bad input) naming each field."""
-    data = yaml.safe_load(text) or {}
+    documents = [d for d in read_yaml(text) if d is not None]
+    if len(documents) > 1:
+        problem = Problem("(document)", "holds several YAML documents: give one policy")
+        raise TrainingJobError([problem], subject="policy")
+    data = documents[0] if documents else {}
     try:
         return PolicyConfig.model_validate(data)
     except ValidationError as err:

@@ -45,6 +45,16 @@ __all__ = [
 # Kubernetes caps user PriorityClass values at one billion; higher values are for the system.
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 1_000_000_000
+# Bounds on what a job may ask, each far above what any cluster or job needs and well within
+# what the planner, a timeout and the runtime can hold: a larger number is a typo or junk,
+# refused with the field rather than carried into every cycle. Counts are whole numbers as
+# written (strict: `true` or `2.0` is not a count).
+MAX_REPLICAS = 10_000
+MAX_GPUS = 64
+MAX_TIMEOUT_S = 86_400
+MAX_RESTARTS = 100_000
+MAX_BATCH = 2**31 - 1
+MAX_STEPS = 10**9
 
 
 class Framework(StrEnum):
@@ -90,7 +100,7 @@ class LrRule(StrEnum):
 class ReplicaResources(ApiModel):
     """What one replica requests. cpu and memory are Kubernetes quantities."""
 
-    gpu: int = Field(default=0, ge=0, alias="nvidia.com/gpu")
+    gpu: int = Field(default=0, ge=0, le=MAX_GPUS, strict=True, alias="nvidia.com/gpu")
     """GPUs per replica."""
     cpu: Quantity | None = None
     """CPU per replica, e.g. 4 or 500m."""
@@ -122,9 +132,9 @@ def _check_replica_range(model: PServerSpec | TrainingJobSpec) -> None:
 class PServerSpec(ApiModel):
     """The parameter servers of a `ps` job."""
 
-    min_replicas: int = Field(ge=1)
+    min_replicas: int = Field(ge=1, le=MAX_REPLICAS, strict=True)
     """Fewest parameter servers the job runs with."""
-    max_replicas: int = Field(ge=1)
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, strict=True)
     """Most parameter servers the job may be given."""
     resources: ReplicaResources = Field(default_factory=ReplicaResources)
     """What one parameter server requests."""
@@ -175,16 +185,16 @@ class CoordinatorSpec(ApiModel):
 class Timeouts(ApiModel):
     """Bounds on the resize protocol, so that no worker waits forever."""
 
-    join_seconds: int = Field(default=60, ge=1)
+    join_seconds: int = Field(default=60, ge=1, le=MAX_TIMEOUT_S, strict=True)
     """How long a new worker may take to join a generation before it is replaced."""
-    drain_seconds: int = Field(default=30, ge=1)
+    drain_seconds: int = Field(default=30, ge=1, le=MAX_TIMEOUT_S, strict=True)
     """How long a leaving worker may take to hand back its shards before it is deleted."""
 
 
 class FailurePolicy(ApiModel):
     """What the job tolerates before it fails."""
 
-    max_restarts: int = Field(default=3, ge=0)
+    max_restarts: int = Field(default=3, ge=0, le=MAX_RESTARTS, strict=True)
     """Worker failures the job survives before its phase becomes Failed."""
 
 
@@ -193,11 +203,11 @@ class BatchPolicy(ApiModel):
 
     mode: BatchMode = BatchMode.NONE
     """fixedGlobalBatch, scaleWithWorkers or none."""
-    global_batch_size: int | None = Field(default=None, ge=1)
+    global_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH, strict=True)
     """The global batch kept under fixedGlobalBatch (at least maxReplicas)."""
     lr_rule: LrRule = LrRule.NONE
     """How the learning rate follows the batch under scaleWithWorkers."""
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS, strict=True)
     """Steps over which a learning-rate change is ramped in."""
     momentum_compensation: bool = False
     """Correct momentum after a learning-rate change."""
@@ -238,11 +248,11 @@ class BatchPolicy(ApiModel):
 class TrainingJobSpec(ApiModel):
     """What the user asks for: a range of workers, a priority, and how to run them."""
 
-    min_replicas: int = Field(ge=1)
+    min_replicas: int = Field(ge=1, le=MAX_REPLICAS, strict=True)
     """Fewest workers the job runs with; it starts only when this many fit at once."""
-    max_replicas: int = Field(ge=1)
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, strict=True)
     """Most workers the job may be given; `kubectl scale` sets this."""
-    priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)
     """A plain priority value; higher runs first. Give this or priorityClassName."""
     priority_class_name: str | None = Field(default=None, min_length=1)
     """A Kubernetes PriorityClass whose value is the job's priority."""

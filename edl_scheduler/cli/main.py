@@ -167,6 +167,8 @@ def submit(
             text = sys.stdin.read() if str(file) == "-" else file.read_text()
         except OSError as error:
             fail(f"cannot read {file}: {error.strerror}: check the path", 2)
+        except UnicodeDecodeError:
+            fail(f"{file} is not UTF-8 text: give the TrainingJob as a YAML file", 2)
         workdir = Path.cwd() if str(file) == "-" else file.resolve().parent
     elif command is not None:
         if name is None:

@@ -32,6 +32,7 @@ from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
 from edl_scheduler.controller.podstate import left_for_good
+from edl_scheduler.controller.vetting import PodField
 from edl_scheduler.core import preset
 from edl_scheduler.core.building import policy_from_config
 
@@ -255,6 +256,13 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     show_default=True,
     help="Seconds after which the API server ends each watch (it is renewed).",
 )
+@click.option(
+    "--allow-pod-field",
+    "allowed_pod_fields",
+    multiple=True,
+    type=click.Choice([f.value for f in PodField]),
+    help="Let jobs' pod templates use this field (refused by default; repeat for several).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     kubeconfig: Path | None,
@@ -274,6 +282,7 @@ def main(
     coordinator_ports: str,
     inject_api_faults: float,
     watch_timeout: int,
+    allowed_pod_fields: tuple[str, ...],
     verbose: bool,
 ) -> None:
     """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
@@ -308,6 +317,7 @@ def main(
             metrics_host=metrics_host,
             metrics_port=metrics_port,
             watch_timeout_s=watch_timeout,
+            allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
         )
     except (ConfigError, TrainingJobError) as error:
         raise click.UsageError(str(error)) from None

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 from dataclasses import dataclass, field
 
+from edl_scheduler.controller.vetting import PodField
 from edl_scheduler.core import Policy, preset
 
 
@@ -92,6 +93,9 @@ class ControllerConfig:
     watch_timeout_s: int = 120
     #: The liveness endpoint fails when no cycle has completed for this long.
     liveness_stale_s: float = 60.0
+    #: Pod-template fields that widen what a pod may do on its node (``vetting``) which the
+    #: admin allows jobs to use; the others make a job invalid.
+    allowed_pod_fields: frozenset[PodField] = frozenset()
 
     def token_for(self, uid: str) -> str:
         """The job's token: derived, so a restarted controller knows it without reading the

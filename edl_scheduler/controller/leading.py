@@ -139,7 +139,9 @@ class LeaderElector:
             else:
                 held = lease.get("spec", {})
                 holder = held.get("holderIdentity")
-                lapsed = self._lapsed(held, now)
+                # Read after the GET returned: a slow read must not date the record before
+                # a renewal it already shows (it would lapse early).
+                lapsed = self._lapsed(held, self.clock())
                 if holder and holder != self.identity and not lapsed:
                     self._valid_until = 0.0
                     return False

@@ -258,7 +258,13 @@ class PlanningLoop:
         pods = self.actuator.expectations.overlay_pods(world.pods, time.monotonic())
         bodies = [self.actuator.expectations.overlay_job(b) for b in world.jobs]
         observation = observe(
-            world.nodes, pods, bodies, world.priority_classes, self.reservations, self.memo
+            world.nodes,
+            pods,
+            bodies,
+            world.priority_classes,
+            self.reservations,
+            self.memo,
+            self.config.allowed_pod_fields,
         )  # 3
         phases.done("observe")
         result = plan(observation.snapshot, self.config.policy, now)

@@ -16,8 +16,9 @@ must stay true:
   replaces them elsewhere;
 - a TrainingJob that fails validation, names an unknown PriorityClass, is a
   parameter-server job without shared snapshot storage (``shaping.ps_snapshot_dir``), or
-  names a checkpoint directory on unusable storage (``shaping.checkpoint_dir``), or whose
-  coordinator arguments the coordinator would refuse (``shaping.coordinator_args``), is left out
+  names a checkpoint directory on unusable storage (``shaping.checkpoint_dir``), whose
+  coordinator arguments the coordinator would refuse (``shaping.coordinator_args``), or
+  whose pod template asks for what the admin did not allow (``vetting``), is left out
   of the snapshot and reported with the reason, never planned on; what its pods take is
   used by others, so nothing is placed on it.
 """
@@ -43,6 +44,7 @@ from edl_scheduler.controller.shaping import (
     coordinator_args,
     ps_snapshot_dir,
 )
+from edl_scheduler.controller.vetting import PodField, refused_field
 from edl_scheduler.core import (
     Job,
     Node,
@@ -224,6 +226,7 @@ def observe(
     priority_classes: Mapping[str, int],
     reservations: tuple[Reservation, ...] = (),
     memo: Memo | None = None,
+    allowed: frozenset[PodField] = frozenset(),
 ) -> Observation:
     """Build the planner's snapshot from the cluster's objects. With ``memo``, objects that
     did not change since an earlier call are not parsed again."""
@@ -260,6 +263,11 @@ def observe(
             ps_snapshot_dir(tj)
             checkpoint_dir(tj)
             coordinator_args(tj)
+            refused = refused_field(
+                obj.get("spec", {}).get("template", {}).get("spec", {}), allowed
+            )
+            if refused is not None:
+                raise ShapingError(refused)
         except (TrainingJobError, ShapingError) as err:
             rejected[key] = str(err).replace("\n", " ")
             continue
@@ -276,6 +284,17 @@ def observe(
         mine = tuple(r for _, r in ordered if r.node in known)
         last = tj.status.last_resize.time.timestamp() if tj.status.last_resize else None
         job = replace(job_from_training_job(tj, priority, mine, last), resizes=tj.status.resizes)
+        if job.pserver is None and any(r.role is Role.PSERVER for r in mine):
+            # Parameter servers of a spec that has none now: the planner sets the job aside
+            # and cannot know what they take; their pods say it, as other pods' do.
+            for pod in replica_pods.get(key, ()):
+                if (pod.get("metadata", {}).get("labels") or {}).get(
+                    LABEL_ROLE
+                ) == Role.PSERVER.value:
+                    node = str(pod["spec"]["nodeName"])
+                    others[node] = others.get(node, Resources()) + cached(
+                        "requests", pod, pod_requests
+                    )
         efficiency = efficiency_of(tj)
         jobs.append(job if efficiency is None else replace(job, efficiency=efficiency))
         parsed[key] = tj

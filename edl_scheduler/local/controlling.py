@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edl_scheduler.api import JobPhase, TrainingJob
+from edl_scheduler.api import JobPhase, TrainingJob, TrainingJobError, load_training_job
 from edl_scheduler.core import (
     Job,
     Node,
@@ -199,9 +199,13 @@ class LocalCluster:
                     ErrorKind.INVALID,
                     f"max: {hi} is below min ({lo}): raise max or lower min",
                 )
-            updated = row.job.model_copy(
+            changed = row.job.model_copy(
                 update={"spec": spec.model_copy(update={"min_replicas": lo, "max_replicas": hi})}
             )
+            try:  # validated as a submission is (model_copy checks nothing)
+                updated = load_training_job(changed.to_dict())
+            except TrainingJobError as error:
+                raise LocalError(ErrorKind.INVALID, str(error).replace("\n", " ")) from None
             try:
                 check_launchable(updated, self.config.slots)
             except LaunchError as error:
@@ -312,7 +316,9 @@ class LocalCluster:
                     aside[decision.job] = decision.message
                     if self._aside.get(decision.job) != decision.message:  # once, not per cycle
                         self._event(decision.job, "Warning", "SetAside", decision.message)
-                    continue  # kept as it is: nothing is started or drained
+                    if self.store.workers(found.key):  # kept as it is, its coordinator too
+                        self._ensure_coordinator(found)
+                    continue  # nothing is started or drained
                 self._act(found, decision, now)
             self._aside = aside
             for row in self.store.jobs():

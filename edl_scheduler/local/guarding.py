@@ -32,8 +32,8 @@ from typing import Any
 LOG = logging.getLogger("edl.local")
 #: The mode bits no file or folder of the home may give to others.
 _OTHERS = 0o077
-#: ``struct ucred``: pid, uid, gid.
-_UCRED = struct.Struct("3i")
+#: ``struct ucred``: pid (signed), uid and gid (unsigned).
+_UCRED = struct.Struct("iII")
 
 
 class HomeError(ValueError):
@@ -97,14 +97,14 @@ def bind_socket(path: Path) -> socket.socket:
 def peer_uid(transport: asyncio.BaseTransport) -> int | None:
     """The uid of the process at the other end of a unix-socket connection (None: not a
     unix socket, or the kernel did not say)."""
-    sock: Any = transport.get_extra_info("socket")
-    if sock is None or sock.family != socket.AF_UNIX:
-        return None
     try:
+        sock: Any = transport.get_extra_info("socket")
+        if sock is None or sock.family != socket.AF_UNIX:
+            return None
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
-    except OSError:
+        _, uid, _ = _UCRED.unpack(raw)
+    except Exception:  # no SO_PEERCRED here (not Linux), or no answer: nobody is trusted
         return None
-    _, uid, _ = _UCRED.unpack(raw)
     return int(uid)
 
 

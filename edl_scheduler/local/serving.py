@@ -31,6 +31,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -121,6 +122,19 @@ class LocalService:
         @app.exception_handler(LocalError)
         def _local_error(_: Request, error: LocalError) -> JSONResponse:
             return JSONResponse({"detail": str(error)}, status_code=error.kind.value)
+
+        @app.exception_handler(RequestValidationError)
+        def _request_error(_: Request, error: RequestValidationError) -> JSONResponse:
+            # Said in words, without echoing the input: FastAPI's own answer repeats it,
+            # and an input such as Infinity cannot be written back as JSON (a 500).
+            found = "; ".join(
+                f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'the body'}: {e.get('msg')}"
+                for e in error.errors()[:5]
+            )
+            return JSONResponse(
+                {"detail": f"invalid request ({found}): fix it as the API's schema says"},
+                status_code=422,
+            )
 
         @app.exception_handler(TrainingJobError)
         def _job_error(_: Request, error: TrainingJobError) -> JSONResponse:

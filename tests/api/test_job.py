@@ -8,11 +8,14 @@ Aspects tested:
   their line, a non-mapping document, several documents given to the single loader;
 - problems from several documents are reported together, tagged with their position;
 - metadata fields we do not model (resourceVersion, ownerReferences) are kept;
+- input limits: YAML aliases (an expansion bomb), nesting deeper than 64 levels and objects
+  over 1.5 MiB are refused at once, as text and as mappings (walked without recursion);
 - property: random valid specs round-trip through YAML unchanged.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +113,56 @@ def test_single_loader_refuses_several_documents() -> None:
     text = yaml.safe_dump(allreduce_document()) + "---\n" + yaml.safe_dump(ps_document())
     with pytest.raises(TrainingJobError, match="holds 2 YAML documents"):
         load_training_job(text)
-    with pytest.raises(TrainingJobError, match="holds 0 YAML documents"):
+    with pytest.raises(TrainingJobError, match=r"holds no YAML document \(it is empty\)"):
         load_training_job("")
+
+
+def _bomb(levels: int) -> str:
+    """YAML whose aliases expand to 9**levels nodes in a few hundred bytes."""
+    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, levels + 1):
+        refs = ",".join([f"*a{i - 1}"] * 9)
+        lines.append(f"a{i}: &a{i} [{refs}]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        (_bomb(9), "aliases (*name) are not accepted"),
+        ("[" * 5000 + "]" * 5000, "nests deeper than 64 levels"),
+        ("a: " + "b" * 1_600_000, "more than the 1572864 (1.5 MiB) one object may hold"),
+    ],
+)
+def test_yaml_that_would_hang_or_exhaust_the_reader_is_refused(text: str, said: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(TrainingJobError) as caught:
+        load_training_job(text)
+    assert said in str(caught.value)
+    assert time.monotonic() - started < 5  # refused, not expanded
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a: " + "9" * 5000, "? !!timestamp 2001-12-14\n: 1\n", "a: !!binary 'no base64!'"],
+)
+def test_values_the_reader_cannot_take_are_a_clean_refusal(text: str) -> None:
+    with pytest.raises(TrainingJobError):
+        load_training_job(text)
+
+
+def test_a_mapping_too_deep_or_too_large_is_refused_without_recursion() -> None:
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(100_000):
+        node["a"] = {}
+        node = node["a"]
+    with pytest.raises(TrainingJobError, match="nests deeper than 64 levels"):
+        load_training_job(deep)
+    document = allreduce_document()
+    document["metadata"]["annotations"] = {"big": "x" * 2_000_000}
+    with pytest.raises(TrainingJobError, match=r"1\.5 MiB"):
+        load_training_job(document)
 
 
 def test_kubernetes_metadata_is_kept() -> None:

@@ -4,8 +4,9 @@ Aspects tested:
 - every verb: local start/status/stop, submit (-f and --command), ls, describe, why, scale,
   suspend, resume, logs, top, delete; their output names what changed
 - bad input gives one clear message and a non-zero exit code, and the service stays up:
-  invalid YAML, min > max, an unknown job, more slots than exist, a command that exits at
-  once (the job Fails, with the exit code in its Events)
+  invalid YAML, a binary or empty file, YAML aliases, min > max, an unknown job, more
+  slots than exist, a command that exits at once (the job Fails, with the exit code in its
+  Events)
 - no service: a clear message and exit code 5
 - stopping the service with --keep-running and starting it again loses no job: the workers
   keep their PIDs and the job finishes
@@ -140,6 +141,19 @@ def test_bad_input_is_refused_and_the_service_stays_up(home: Path, tmp_path: Pat
     bad_yaml.write_text("apiVersion: edl.dev/v1alpha1\nkind: [TrainingJob\n")
     result = edlctl(home, "submit", "-f", str(bad_yaml))
     assert result.exit_code == 2 and "not valid YAML" in result.output
+
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 32)
+    result = edlctl(home, "submit", "-f", str(binary))
+    assert result.exit_code == 2 and "is not UTF-8 text" in result.output
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    result = edlctl(home, "submit", "-f", str(empty))
+    assert result.exit_code == 2 and "holds no YAML document (it is empty)" in result.output
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("a: &a [x, x]\nb: [*a, *a]\n")
+    result = edlctl(home, "submit", "-f", str(bomb))
+    assert result.exit_code == 2 and "aliases (*name) are not accepted" in result.output
 
     inverted = tmp_path / "inverted.yaml"
     inverted.write_text(plain_job("inverted", 3, 2))

@@ -464,6 +464,21 @@ def test_the_pods_of_a_rejected_job_keep_their_room() -> None:
     assert plan(obs.snapshot, preset("edl"), NOW).decision("ns/k").workers.target == 2
 
 
+def test_parameter_servers_left_without_a_spec_keep_their_room() -> None:
+    """A job whose spec no longer has parameter servers while some still run is set aside;
+    what they take comes from their pods, so nothing else is placed on it."""
+    body = job_body(phase="Running", startTime="2027-01-01T00:00:02Z")
+    pods = [pod("j-worker-0"), pod("j-pserver-0", role="pserver"), coordinator()]
+    for p in pods[:2]:
+        p["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    other = job_body("k", max_r=4)
+    obs = observe([_node("n0", 4)], pods, [body, other], {})
+    p = plan(obs.snapshot, preset("edl"), NOW)
+    assert p.decision("ns/j").reason is Reason.SET_ASIDE
+    assert "pserver replicas but no pserver spec" in p.decision("ns/j").message
+    assert p.decision("ns/k").workers.target == 2
+
+
 def test_unchanged_status_is_not_written_again() -> None:
     body = job_body(phase="Running")
     pods = [pod("a"), coordinator()]

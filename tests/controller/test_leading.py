@@ -166,6 +166,35 @@ def test_skewed_clocks_never_give_two_leaders(clock: World) -> None:
     assert led_at is not None and 30.0 <= led_at <= 30.0 + DURATION + DURATION / 6 + 0.5
 
 
+def test_a_slow_read_does_not_make_a_lease_lapse_early(clock: World) -> None:
+    """The standby's GET takes 4 s (a loaded API server) and returns a Lease renewed while
+    it was in flight; its holder then dies. The standby must count the duration from when
+    it saw that renewal, not from when it asked, or it would take the Lease while the old
+    holder still believes it leads."""
+    store = LeaseStore()
+    a = elector(store, "pod-a", clock)
+    b = elector(store, "pod-b", clock)
+    assert a.try_lead() and not b.try_lead()
+    real_request = store.request
+    armed = [True]
+
+    def slow(method: str, path: str, body: Any = None, **kw: Any) -> Any:
+        if method == "GET" and armed[0]:
+            armed[0] = False
+            clock.now += 4.0
+            assert a.try_lead()  # renewed while b's read is in flight
+        return real_request(method, path, body, **kw)
+
+    clock.now += DURATION / 3 + 0.1  # a's renewal is due
+    store.request = slow  # type: ignore[method-assign]
+    assert not b.try_lead()
+    for _ in range(int(DURATION / 0.5) + 4):  # a has died; b asks every half second
+        clock.now += 0.5
+        b.try_lead()
+        assert not (a.is_leader() and b.is_leader()), clock.now
+    assert b.is_leader()
+
+
 def test_a_leader_stopping_gracefully_gives_its_lease_up(clock: World) -> None:
     store = LeaseStore()
     a = elector(store, "pod-a", clock)

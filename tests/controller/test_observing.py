@@ -9,14 +9,20 @@ Aspects:
 - priorities resolve from spec.priority, else the named PriorityClass; an unknown class or
   an invalid spec or coordinator arguments the coordinator refuses leave the job out with
   a reason that names the field;
-- the resulting snapshot plans: GPUs used by other pods are never handed out.
+- the resulting snapshot plans: GPUs used by other pods are never handed out;
+- a pod template that widens its pods (privileged, hostPath, host namespaces, added
+  capabilities, a service account) makes the job invalid, naming the field and the
+  controller option that allows it, unless the admin allowed it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from edl_scheduler.controller.observing import observe, pod_requests
+from edl_scheduler.controller.vetting import PodField
 from edl_scheduler.core import Resources, plan, preset
 
 
@@ -164,3 +170,32 @@ def test_the_snapshot_plans_around_other_workloads() -> None:
     )
     p = plan(obs.snapshot, preset("edl"), 0.0)
     assert p.decision("ns/j").workers.add_nodes == ("n1",) * 4
+
+
+@pytest.mark.parametrize(
+    ("pod_spec", "field", "path"),
+    [
+        ({"hostNetwork": True}, PodField.HOST_NETWORK, "hostNetwork"),
+        ({"hostPID": True}, PodField.HOST_PID, "hostPID"),
+        ({"hostIPC": True}, PodField.HOST_IPC, "hostIPC"),
+        ({"serviceAccountName": "admin"}, PodField.SERVICE_ACCOUNT, "serviceAccountName"),
+        ({"volumes": [{"name": "n", "hostPath": {"path": "/"}}]}, PodField.HOST_PATH,
+         "volumes[0].hostPath"),
+        ({"containers": [{"name": "t", "image": "i", "securityContext": {"privileged": True}}]},
+         PodField.PRIVILEGED, "containers[0].securityContext.privileged"),
+        ({"initContainers": [{"name": "i", "image": "i",
+                              "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]},
+         PodField.CAPABILITIES, "initContainers[0].securityContext.capabilities.add"),
+    ],
+)  # fmt: skip
+def test_a_template_that_widens_its_pods_is_refused_unless_allowed(
+    pod_spec: dict[str, Any], field: PodField, path: str
+) -> None:
+    job = k8s_job("wide")
+    job["spec"]["template"]["spec"].update(pod_spec)
+    refused = observe([k8s_node("n0")], [], [job], {})
+    assert not refused.snapshot.jobs
+    reason = refused.rejected["ns/wide"]
+    assert f"spec.template.spec.{path}" in reason and f"--allow-pod-field {field.value}" in reason
+    allowed = observe([k8s_node("n0")], [], [job], {}, allowed=frozenset({field}))
+    assert [j.name for j in allowed.snapshot.jobs] == ["ns/wide"]

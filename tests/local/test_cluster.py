@@ -229,6 +229,8 @@ def test_bad_requests_are_refused_and_change_nothing(harness: Harness) -> None:
     refused(ErrorKind.NOT_FOUND, "does not exist", lambda: h.cluster.delete("default/nope"))
     refused(ErrorKind.INVALID, "below min", lambda: h.cluster.scale(key, 3, 2))
     refused(ErrorKind.INVALID, "has 4", lambda: h.cluster.scale(key, 5, 8))
+    refused(ErrorKind.INVALID, "at most 10000", lambda: h.cluster.scale(key, 1, 20_000))
+    h.cluster.cycle()  # the job is still read and planned
     outside = h.home / "default.ok.secret.log"
     outside.write_text("not a log of the job")
     refused(ErrorKind.NOT_FOUND, "no log", lambda: h.cluster.log_path(key, "../default.ok.secret"))

@@ -13,6 +13,7 @@ Aspects tested:
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import stat
@@ -81,7 +82,7 @@ def call_as(uid: int, home: Path) -> str:
     """What the service answers a submission from a process of ``uid``: a child of this
     process that enters ``home`` as root, becomes ``uid`` and connects to the socket by its
     name there (so no folder above it need let that user through)."""
-    body = b'{"manifest": "x", "workdir": "/"}'
+    body = json.dumps({"manifest": plain_job("intruder", samples=100), "workdir": "/"}).encode()
     request = (
         b"POST /jobs HTTP/1.1\r\nhost: edl\r\ncontent-type: application/json\r\n"
         + b"content-length: %d\r\n\r\n" % len(body)
@@ -126,3 +127,6 @@ def test_a_peer_of_another_uid_is_refused(home: Path) -> None:
     assert f"uid {NOBODY}" in answer
     with LocalClient(home) as client:  # the owner is answered, and nothing was submitted
         assert client.list() == []
+        # (The same request from the owner is carried out: the refusal was the peer's.)
+        client.submit(plain_job("owners", samples=100), home)
+        assert [j.name for j in client.list()] == ["owners"]

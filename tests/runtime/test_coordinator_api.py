@@ -1,7 +1,8 @@
 """The coordinator API over real gRPC, in one process.
 
 Aspects:
-- a call with a wrong token is refused and changes nothing;
+- a call with a wrong token is refused and changes nothing; so is one naming a worker, node
+  or address longer than a Kubernetes name (a 3 MB id would grow every saved state);
 - registration, the join window and the generation a worker is told;
 - a stale-generation commit is rejected (fencing);
 - a dropped watch stream (a dead worker) returns its leases to todo at once;
@@ -21,6 +22,7 @@ import pytest
 
 from trainer_runtime.client import (
     CoordinatorClient,
+    CoordinatorError,
     CoordinatorUnreachable,
     Fenced,
     TokenRefused,
@@ -43,6 +45,18 @@ def test_wrong_token_is_refused(coordinator: CoordinatorServer) -> None:
     with pytest.raises(TokenRefused):
         intruder.register("w0", "n", "")
     assert coordinator.service.state.membership.workers == {}
+
+
+def test_a_name_too_long_is_refused_and_kept_out_of_the_state(
+    coordinator: CoordinatorServer,
+) -> None:
+    client = client_of(coordinator)
+    for worker, node, address in (("w" * 3_000_000, "n", ""), ("w0", "n", "a" * 300)):
+        with pytest.raises(CoordinatorError, match=r"INVALID_ARGUMENT.*more than 261"):
+            client.register(worker, node, address)
+    assert coordinator.service.state.membership.workers == {}
+    client.register("w" * 253, "n" * 253, "")  # a Kubernetes name is fine
+    assert list(coordinator.service.state.membership.workers) == ["w" * 253]
 
 
 def test_registered_workers_enter_one_generation_together(coordinator: CoordinatorServer) -> None:

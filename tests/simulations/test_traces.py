@@ -5,15 +5,21 @@ Aspects:
 - the Tiresias format and the Philly format: names, submit times (Philly's relative to its
   first job, time-zone free), groups, sorting;
 - malformed rows: an error naming file and line, or with ``skip_bad_rows`` a count;
+  non-finite, negative and huge times refused; a trace without jobs or with an id twice
+  refused; any file at all (a property) is a workload of finite jobs or one TraceError;
 - elasticity bounds, scaling curves and their parser, seeded priorities.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from simulations.traces import (
     TRACES_ENV,
@@ -99,7 +105,12 @@ def test_philly_format(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ("2,1,10,5,m,-4,1", "negative duration"),
+        ("2,1,10,5,m,-4,1", "duration '-4' is not a number of seconds"),
+        ("2,1,10,5,m,nan,1", "duration 'nan' is not a number of seconds"),
+        ("2,1,10,5,m,inf,1", "duration 'inf' is not a number of seconds"),
+        ("2,1,10,5,m,1e308,1", "duration '1e308' is not a number of seconds"),
+        ("2,1,nan,5,m,4,1", "submit time 'nan' is not a number of seconds"),
+        ("2,1,1e20,5,m,4,1", "submit time '1e20' is not a number of seconds"),
         ("2,9,10,5,m,4,1", "9 GPUs requested, the cluster has 8"),
         ("2,x,10,5,m,4,1", "invalid literal"),
         ("2,1,,5,m,4,1", "empty value in column(s) submit_time"),
@@ -112,6 +123,19 @@ def test_bad_rows_name_file_and_line(tmp_path: Path, row: str, message: str) -> 
         load_tiresias(path, ClusterSpec(2, 4))
     workload = load_tiresias(path, ClusterSpec(2, 4), skip_bad_rows=True)
     assert (len(workload.jobs), workload.skipped_rows) == (1, 1)
+
+
+def test_a_trace_without_jobs_or_with_one_id_twice_is_refused(tmp_path: Path) -> None:
+    header = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+    empty = write(tmp_path, "empty.csv", header)
+    with pytest.raises(TraceError, match=r"empty\.csv: no job to simulate \(it has a header"):
+        load_tiresias(empty)
+    bad = write(tmp_path, "bad.csv", header + "1,1,0,5,m,x,1\n")
+    with pytest.raises(TraceError, match=r"all 1 rows were malformed"):
+        load_tiresias(bad, skip_bad_rows=True)
+    twice = write(tmp_path, "twice.csv", header + "7,1,0,5,m,4,1\n7,1,5,5,m,4,1\n")
+    with pytest.raises(TraceError, match=r"job 'job-7' appears twice"):
+        load_tiresias(twice)
 
 
 def test_missing_column(tmp_path: Path) -> None:
@@ -162,3 +186,42 @@ def test_shape_is_seeded() -> None:
     assert {j.priority for j in jobs} == {0, 1, 2}  # type: ignore[attr-defined]
     with pytest.raises(ValueError):
         parse_priorities("draw:0")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.one_of(
+        st.binary(max_size=300),
+        st.lists(
+            st.lists(
+                st.one_of(
+                    st.integers(-5, 10**6).map(str),
+                    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                    st.text(max_size=8),
+                ),
+                min_size=7,
+                max_size=7,
+            ),
+            max_size=6,
+        ).map(
+            lambda rows: (
+                "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                + "".join(",".join(r).replace("\n", " ") + "\n" for r in rows)
+            ).encode()
+        ),
+    )
+)
+def test_any_trace_file_is_a_workload_or_a_trace_error(data: bytes) -> None:
+    """Junk bytes, junk cells, non-finite and huge numbers, ids twice, no rows: a workload
+    of finite jobs, or one TraceError; never another exception."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "t.csv"
+        path.write_bytes(data)
+        try:
+            workload = load_tiresias(path, ClusterSpec(2, 4))
+        except TraceError as error:
+            assert str(error).startswith(str(path))
+            return
+    assert workload.jobs and all(
+        math.isfinite(j.duration) and math.isfinite(j.submit_time) for j in workload.jobs
+    )

@@ -2,8 +2,11 @@
 
 The token comes from EDL_JOB_TOKEN (never from the command line, where `ps` shows it). With
 `--state-file`, a restarted coordinator loads the state a killed one saved and continues;
-the dataset options must then match the saved ones. The bound port is printed as
-`listening on HOST:PORT` and, with `--port-file`, written to that file (for `--port 0`).
+the dataset options must then match the saved ones, and a file that is not a coordinator
+state is refused with its name (exit 2). A state that can no longer be saved (a full disk)
+stops the coordinator with exit 3, to be restarted from the state last saved. The bound
+port is printed as `listening on HOST:PORT` and, with `--port-file`, written to that file
+(for `--port 0`).
 """
 
 from __future__ import annotations
@@ -35,7 +38,14 @@ def loading(args: argparse.Namespace, store: StateStore) -> CoordinatorState:
         return CoordinatorState.starting(
             plan, ConsumptionMode(args.mode), args.join_window_s, args.lease_timeout_s
         )
-    state = CoordinatorState.from_json(saved, now=time.monotonic())
+    where = args.state_file or "the state store"
+    try:
+        state = CoordinatorState.from_json(saved, now=time.monotonic())
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as error:
+        raise ValueError(
+            f"{where} is not a coordinator state ({type(error).__name__}: {error}): move it "
+            "away to start the job afresh, or restore the state saved before"
+        ) from None
     if state.ledger.plan != plan:
         raise SystemExit(f"the saved state is of another dataset plan: {state.ledger.plan}")
     return state
@@ -51,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     store: StateStore = FileStore(args.state_file) if args.state_file else MemoryStore()
     try:
         state = loading(args, store)
-    except ValueError as error:
+        service = CoordinatorService(state, store, token)
+    except (ValueError, OSError) as error:
         print(f"cannot start the coordinator: {error}", file=sys.stderr)
         return 2
-    server = CoordinatorServer(CoordinatorService(state, store, token), args.host, args.port)
+    server = CoordinatorServer(service, args.host, args.port)
     server.start()
     if args.port_file:
         args.port_file.write_text(str(server.port))
@@ -63,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopped.set())
     while not stopped.wait(0.2):
+        if service.failure is not None:
+            # Memory may be ahead of what was saved: exit, to be restarted from the saved
+            # state (the local service and the controller restart a failed coordinator).
+            server.stop()
+            print(f"stopped: the state could not be saved ({service.failure})", file=sys.stderr)
+            return 3
         if args.exit_when_finished and state.ledger.finished:
             time.sleep(1.0)
             break

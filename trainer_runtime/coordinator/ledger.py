@@ -227,11 +227,20 @@ class Ledger:
             ),
             maxlen=HISTORY_STEPS,
         )
+        plan = DatasetPlan(**data["plan"])
+        epoch, step = int(data["epoch"]), int(data["committed_step"])
+        todo = [SampleRange(int(a), int(b)) for a, b in data["todo"]]
+        if not 0 <= epoch <= plan.epochs:
+            raise ValueError(f"epoch {epoch} is outside [0, {plan.epochs}]")
+        if step < 0:
+            raise ValueError(f"committed_step {step} is negative")
+        if any(not 0 <= r.start < r.stop <= plan.samples for r in todo):
+            raise ValueError(f"a todo range is outside the dataset [0, {plan.samples})")
         return cls(
-            plan=DatasetPlan(**data["plan"]),
-            epoch=int(data["epoch"]),
-            committed_step=int(data["committed_step"]),
-            todo=[SampleRange(a, b) for a, b in data["todo"]],
+            plan=plan,
+            epoch=epoch,
+            committed_step=step,
+            todo=todo,
             leases=leases,
             history=history,
             next_lease_id=int(data["next_lease_id"]),

@@ -13,6 +13,7 @@ an unauthenticated call changes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -27,7 +28,8 @@ from trainer_runtime.coordinator.ledger import LedgerError
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import CoordinatorState, FencedError, NoiseRecord
 from trainer_runtime.coordinator.storing import StateStore
-from trainer_runtime.protocol import METHODS, SERVICE, TOKEN_HEADER, pb
+from trainer_runtime.protocol import METHODS, SERVICE, pb
+from trainer_runtime.protocol.checks import name_problem, token_matches
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 LOG = logging.getLogger(__name__)
@@ -75,6 +77,16 @@ def noise_from(request: Any) -> NoiseRecord | None:
     return NoiseRecord(int(m.init_batch), float(m.grad_sqr), float(m.grad_var), int(m.steps))
 
 
+#: Tries of one save before the coordinator gives up and stops (a disk full for longer
+#: than a few tenths of a second is not going to clear by itself).
+SAVE_TRIES = 3
+SAVE_PAUSE_S = 0.1
+
+
+class StateNotSaved(RuntimeError):
+    """The state could not be saved: the coordinator stops, and answers no more calls."""
+
+
 class CoordinatorService:
     """The handlers of the coordinator API, over one state, one lock and one store."""
 
@@ -92,24 +104,51 @@ class CoordinatorService:
         self.changed = threading.Condition()
         self.watch_serial: dict[str, int] = {}
         self.stopping = threading.Event()
+        #: Why the state could not be saved, once it could not: from then on no call is
+        #: answered (memory may be ahead of what is saved) and the process exits non-zero,
+        #: to be restarted from what was saved (``__main__``).
+        self.failure: Exception | None = None
         self.store.save(self.state.to_json())
 
     # ----- plumbing -----
 
     def saving(self) -> None:
-        """Persist and wake every waiter; the caller holds `self.changed`."""
-        self.store.save(self.state.to_json())
+        """Persist and wake every waiter; the caller holds `self.changed`. A save that fails
+        is tried again (``SAVE_TRIES``); one that keeps failing stops the coordinator
+        (``failure``) and raises ``StateNotSaved``, so that the call that made the change
+        is not answered as if it had been kept."""
+        document = self.state.to_json()
+        for attempt in range(SAVE_TRIES):
+            try:
+                self.store.save(document)
+                break
+            except Exception as error:
+                if attempt + 1 < SAVE_TRIES:
+                    LOG.warning("saving the state failed (%s); trying again", error)
+                    time.sleep(SAVE_PAUSE_S * (attempt + 1))
+                    continue
+                self.failure = error
+                self.stopping.set()
+                self.changed.notify_all()
+                LOG.critical(
+                    "cannot save the coordinator state (%s): stopping, to be restarted from "
+                    "the state last saved",
+                    error,
+                )
+                raise StateNotSaved(str(error)) from error
         self.changed.notify_all()
 
     def ticking_forever(self) -> None:
         while not self.stopping.wait(TICK_S):
             with self.changed:
                 if self.state.ticking(self.clock()):
-                    self.saving()
+                    try:
+                        self.saving()
+                    except StateNotSaved:
+                        return  # said in saving(); the process exits (``__main__``)
 
     def authorizing(self, context: grpc.ServicerContext) -> None:
-        metadata = dict(context.invocation_metadata())
-        if metadata.get(TOKEN_HEADER) != self.token:
+        if not token_matches(context.invocation_metadata(), self.token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
 
     def guarded(self, name: str) -> Callable[[Message, grpc.ServicerContext], Any]:
@@ -117,12 +156,24 @@ class CoordinatorService:
 
         def calling(request: Message, context: grpc.ServicerContext) -> Any:
             self.authorizing(context)
+            if self.failure is not None:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
+            problem = name_problem(request)
+            if problem is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             try:
-                return handler(request, context)
+                reply = handler(request, context)
+                if self.failure is not None:
+                    # Computed from a memory that may be ahead of what was saved (a call
+                    # that waited while another's save failed): not answered.
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
+                return reply
             except FencedError as error:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             except LedgerError as error:
                 context.abort(grpc.StatusCode.ABORTED, str(error))
+            except StateNotSaved:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
 
         return calling
 
@@ -179,6 +230,8 @@ class CoordinatorService:
                     self.changed.wait(WATCH_REFRESH_S)
                     notice = self.notice_for(worker_id)
                 self.state.membership.seeing(worker_id, self.clock())
+                if self.failure is not None:
+                    return  # no notice from a memory ahead of what was saved
             if notice != last:
                 last = notice
                 yield notice
@@ -192,7 +245,8 @@ class CoordinatorService:
             if phase in (WorkerPhase.MEMBER, WorkerPhase.PENDING):
                 LOG.warning("worker %s lost its connection: departing", worker_id)
                 self.state.departing(worker_id)
-                self.saving()
+                with contextlib.suppress(StateNotSaved):  # said in saving(); it stops
+                    self.saving()
 
     def AwaitGeneration(self, request: Any, context: grpc.ServicerContext) -> Any:
         deadline = self.clock() + min(max(request.timeout_s, 0.0), LONGEST_WAIT_S)

@@ -320,6 +320,8 @@ class CoordinatorState:
     @classmethod
     def from_json(cls, text: str, now: float) -> CoordinatorState:
         data: dict[str, Any] = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"the document is a JSON {type(data).__name__}, not an object")
         if data.get("format") != 1:
             raise ValueError(f"unknown coordinator state format {data.get('format')!r}")
         throughput = {

@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from trainer_runtime.protocol import TOKEN_HEADER
+from trainer_runtime.protocol.checks import name_problem, token_matches
 from trainer_runtime.protocol.parameter_server import (
     CHANNEL_OPTIONS,
     PS_METHODS,
@@ -123,7 +123,7 @@ class ParameterService:
     # ----- plumbing -----
 
     def authorizing(self, context: grpc.ServicerContext) -> None:
-        if dict(context.invocation_metadata()).get(TOKEN_HEADER) != self.token:
+        if not token_matches(context.invocation_metadata(), self.token):
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
 
     def guarded(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
@@ -131,6 +131,9 @@ class ParameterService:
 
         def calling(request: Any, context: grpc.ServicerContext) -> Any:
             self.authorizing(context)
+            problem = name_problem(request)
+            if problem is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             try:
                 return handler(request, context)
             except StaleGeneration as error:
@@ -149,6 +152,9 @@ class ParameterService:
 
         def calling(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             self.authorizing(context)
+            problem = name_problem(request)
+            if problem is not None:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             try:
                 yield from handler(request, context)
             except StaleGeneration as error:
