@@ -16,7 +16,7 @@ from rich.progress import Progress
 from edl_scheduler import native
 from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
-from simulations.reporting import markdown_table, write_reports
+from simulations.reporting import markdown_table, run_title, write_reports
 from simulations.scenario import FORMATS, load_workload, parse_policy, prepare, run_policies
 from simulations.traces import TraceError, default_traces, load_cluster
 from simulations.workload import Elasticity, ScalingSpecError, parse_priorities
@@ -120,8 +120,7 @@ def run(
         results = run_policies(
             jobs, spec, runs, config, processes=processes, done=lambda _: bar.advance(task)
         )
-    what = f"{Path(trace).name} ({fmt})" if fmt != "synthetic" else f"{trace} synthetic jobs"
-    title = f"{what}, {len(jobs)} jobs on {spec.label} ({spec.gpus} GPUs), {elasticity}"
+    title = run_title(trace, fmt, len(jobs), spec, elasticity)
     summaries = write_reports(results, out, plots=plots, title=title)
     click.echo(markdown_table(summaries), nl=False)
 

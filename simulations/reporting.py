@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from simulations.engine import SimResult
+from simulations.workload import ClusterSpec
 
 
 def _stats(values: Sequence[float]) -> tuple[float, float, float, float]:
@@ -157,6 +158,14 @@ def write_jobs_csv(results: Mapping[str, SimResult], path: Path) -> None:
                         f"{j.gpu_seconds:.1f}",
                     )
                 )
+
+
+def run_title(trace: str, fmt: str, jobs: int, cluster: ClusterSpec, elasticity: str) -> str:
+    """What ran, for a plot's title: the trace with its folder (a Pollux workload's folder
+    says its load, as ``workloads-2.0``), the jobs, the cluster and the elasticity."""
+    named = "/".join(Path(trace).parts[-2:])
+    what = f"{named} ({fmt})" if fmt != "synthetic" else f"{trace} synthetic jobs"
+    return f"{what}, {jobs} jobs on {cluster.label} ({cluster.gpus} GPUs), {elasticity}"
 
 
 def write_reports(

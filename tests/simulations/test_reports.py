@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from edl_scheduler.core import preset
 from simulations.cli import main
 from simulations.engine import SimConfig, simulate
-from simulations.reporting import markdown_table, summarize
+from simulations.reporting import markdown_table, run_title, summarize
 from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
 
@@ -141,6 +141,10 @@ def test_plots_say_what_ran_and_show_every_line_where_two_are_equal(tmp_path: Pa
         plot(same, png, "trace.csv (tiresias), 2 jobs on 1x4 (4 GPUs), rigid")
         for colour in ("C0", "C1"):
             assert _has_colour(png, colors.to_rgb(colour)), (plot.__name__, colour)
+    title = run_title(
+        "traces/workloads-2.0/workload-7.csv", "pollux", 320, ClusterSpec(16, 4), "elastic"
+    )
+    assert title == "workloads-2.0/workload-7.csv (pollux), 320 jobs on 16x4 (64 GPUs), elastic"
     result = CliRunner().invoke(
         main,
         ["run", "--trace", str(DATA / "60_job.csv"), "--format", "tiresias", "--cluster", "2x4",
