@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from edl_scheduler.core.admitting import Admitter, rounds_start_nothing
-from edl_scheduler.core.complying import drain_surplus, suspend_by_spec
+from edl_scheduler.core.complying import comply
 from edl_scheduler.core.errors import PlanningError
 from edl_scheduler.core.growing import WAITING, Grower, cooling_message
 from edl_scheduler.core.memo import PlanMemo
@@ -311,8 +311,7 @@ def _plan(
             memo.forget()  # it holds only jobs that passed; the next cycle starts afresh
             memo = None
     session = Session(snapshot, policy, now, memo, changes_only=changes_only, occupied=occupied)
-    suspend_by_spec(session)  # 2
-    drain_surplus(session)
+    comply(session)  # 2
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
     grower.run()  # 4
