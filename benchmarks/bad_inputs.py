@@ -135,6 +135,13 @@ def mutated(document: dict[str, Any], rng: random.Random) -> Any:
     return doc
 
 
+def alias_bomb(levels: int) -> str:
+    """YAML whose aliases expand to ``9 ** levels`` nodes in a few hundred bytes."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
 def as_text(value: Any, rng: random.Random) -> str:
     """``value`` as YAML, sometimes damaged as text."""
     try:
@@ -148,10 +155,7 @@ def as_text(value: Any, rng: random.Random) -> str:
         at = rng.randrange(len(text) + 1)
         return text[:at] + rng.choice("[]{}&*!|>%@`:'\"\t\\-?,#") + text[at:]
     if damage == 2:
-        levels = rng.randrange(2, 12)
-        lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
-        lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
-        return text + "\n" + "\n".join(lines) + "\n"
+        return text + "\n" + alias_bomb(rng.randrange(2, 12))
     if damage == 3:
         return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400))).decode("latin-1")
     if damage == 4:

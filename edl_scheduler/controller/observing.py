@@ -235,6 +235,12 @@ def observe(
         return memo.get(kind, obj, compute) if memo is not None else compute(obj)
 
     others: dict[str, Resources] = {}
+
+    def used_by_others(pod: Obj) -> None:
+        """What ``pod`` requests counts as taken on its node, as other workloads' pods do."""
+        node = str(pod["spec"]["nodeName"])
+        others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
+
     replicas: dict[str, list[tuple[str, Replica]]] = {}
     replica_pods: dict[str, list[Obj]] = {}
     for pod in pods:
@@ -248,7 +254,7 @@ def observe(
                 replicas.setdefault(found[0], []).append((created, found[1]))
                 replica_pods.setdefault(found[0], []).append(pod)
                 continue
-        others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
+        used_by_others(pod)
     nodes = sorted(nodes, key=lambda n: str(n["metadata"]["name"]))
     known = {str(n["metadata"]["name"]) for n in nodes}
     jobs: list[Job] = []
@@ -284,25 +290,20 @@ def observe(
         mine = tuple(r for _, r in ordered if r.node in known)
         last = tj.status.last_resize.time.timestamp() if tj.status.last_resize else None
         job = replace(job_from_training_job(tj, priority, mine, last), resizes=tj.status.resizes)
-        if job.pserver is None and any(r.role is Role.PSERVER for r in mine):
+        if job.pserver is None:
             # Parameter servers of a spec that has none now: the planner sets the job aside
-            # and cannot know what they take; their pods say it, as other pods' do.
+            # and cannot know what they take; their pods say it.
+            servers = {r.name for r in mine if r.role is Role.PSERVER}
             for pod in replica_pods.get(key, ()):
-                if (pod.get("metadata", {}).get("labels") or {}).get(
-                    LABEL_ROLE
-                ) == Role.PSERVER.value:
-                    node = str(pod["spec"]["nodeName"])
-                    others[node] = others.get(node, Resources()) + cached(
-                        "requests", pod, pod_requests
-                    )
+                if pod["metadata"]["name"] in servers:
+                    used_by_others(pod)
         efficiency = efficiency_of(tj)
         jobs.append(job if efficiency is None else replace(job, efficiency=efficiency))
         parsed[key] = tj
     # A rejected job is not planned, but its pods still run: what they take is used.
     for key in rejected:
         for pod in replica_pods.get(key, ()):
-            node = str(pod["spec"]["nodeName"])
-            others[node] = others.get(node, Resources()) + cached("requests", pod, pod_requests)
+            used_by_others(pod)
     node_views = tuple(
         replace(
             cached("node", n, lambda o: node_view(o, Resources())),

@@ -24,6 +24,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.bad_inputs import alias_bomb
 from edl_scheduler.api import (
     Strategy,
     TrainingJob,
@@ -117,19 +118,10 @@ def test_single_loader_refuses_several_documents() -> None:
         load_training_job("")
 
 
-def _bomb(levels: int) -> str:
-    """YAML whose aliases expand to 9**levels nodes in a few hundred bytes."""
-    lines = ['a0: &a0 ["x","x","x","x","x","x","x","x","x"]']
-    for i in range(1, levels + 1):
-        refs = ",".join([f"*a{i - 1}"] * 9)
-        lines.append(f"a{i}: &a{i} [{refs}]")
-    return "\n".join(lines) + "\n"
-
-
 @pytest.mark.parametrize(
     ("text", "said"),
     [
-        (_bomb(9), "aliases (*name) are not accepted"),
+        (alias_bomb(9), "aliases (*name) are not accepted"),
         ("[" * 5000 + "]" * 5000, "nests deeper than 64 levels"),
         ("a: " + "b" * 1_600_000, "more than the 1572864 (1.5 MiB) one object may hold"),
     ],

@@ -21,10 +21,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.bad_inputs import odd_value
 from edl_scheduler.local.config import build_config
 from edl_scheduler.local.serving import LocalService
 
-from ..api.test_bad_input import damaged_text, mutated, values
+from ..api.test_bad_input import bad_text
 from .jobs import plain_job
 
 JOB = yaml.safe_load(plain_job("fuzz", 1, 2))
@@ -44,9 +45,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(
     st.one_of(
-        values,
+        st.randoms(use_true_random=False).map(odd_value),
         st.fixed_dictionaries({"manifest": st.text(), "workdir": st.text(max_size=20)}),
-        mutated(JOB).flatmap(damaged_text).map(lambda text: {"manifest": text, "workdir": "/tmp"}),
+        bad_text(JOB).map(lambda text: {"manifest": text, "workdir": "/tmp"}),
     )
 )
 def test_any_submission_is_accepted_or_refused_with_a_reason(client: TestClient, body: Any) -> None:
