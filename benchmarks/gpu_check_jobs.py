@@ -24,9 +24,14 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainer_runtime.environment import trust_environ  # noqa: E402
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials  # noqa: E402
+
 #: The script each worker process runs (`--role ledger|overhead|pair`).
 SCRIPT = REPO / "benchmarks" / "gpu_nccl_check.py"
-TOKEN = "gpu-check"
+CREDENTIALS = JobCredentials(Issuer.generate(), "gpu-check")
 ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 WORKER_TIMEOUT_S = 8.0  # EDL_TIMEOUT_S of the ledger workers: every bounded wait
 
@@ -69,20 +74,27 @@ class Job:
             [sys.executable, "-m", "trainer_runtime.coordinator", "--port-file", str(port_file),
              "--samples", str(samples), "--shard-size", "10", "--epochs", str(epochs),
              "--join-window-s", str(window_s), "--lease-timeout-s", "15"],
-            env={**os.environ, "EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": python_path()},
+            env={**os.environ, **trust_environ(CREDENTIALS), "PYTHONPATH": python_path()},
             stdout=(root / "coordinator.log").open("ab"), stderr=subprocess.STDOUT,
         )  # fmt: skip
         waiting_for(lambda: port_file.exists() and port_file.read_text() != "", 60, "coordinator")
         self.address = f"127.0.0.1:{int(port_file.read_text())}"
         from trainer_runtime.client import CoordinatorClient
 
-        self.client = CoordinatorClient(self.address, TOKEN, timeout_s=5.0, retry_s=20.0)
+        self.client = CoordinatorClient(
+            self.address, CREDENTIALS.controller(), timeout_s=5.0, retry_s=20.0
+        )
 
     def contract(self, worker: str) -> Any:
         from trainer_runtime.environment import WorkerContract
 
         return WorkerContract(
-            self.address, TOKEN, "gpu-check", worker, f"node-{worker}", timeout_s=WORKER_TIMEOUT_S
+            self.address,
+            CREDENTIALS.worker(worker),
+            "gpu-check",
+            worker,
+            f"node-{worker}",
+            timeout_s=WORKER_TIMEOUT_S,
         )
 
     def starting(self, worker: str, argv: list[str]) -> None:

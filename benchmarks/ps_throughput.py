@@ -39,6 +39,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials  # noqa: E402
 from trainer_runtime.ps import serving as ps_serving  # noqa: E402
 from trainer_runtime.ps import transport  # noqa: E402
 from trainer_runtime.ps.layout import laying_out  # noqa: E402
@@ -46,14 +47,16 @@ from trainer_runtime.ps.serving import ParameterServer, ParameterService  # noqa
 from trainer_runtime.ps.snapshots import SnapshotDirectory  # noqa: E402
 from trainer_runtime.ps.transport import Links  # noqa: E402
 
-TOKEN = "ps-throughput"
+#: Derived from a fixed secret, so that the server processes this script starts (each
+#: imports it anew) check the credentials the client holds: one machine, 127.0.0.1 only.
+CREDENTIALS = JobCredentials(Issuer.from_secret("ps-throughput"), "ps-throughput")
 GENERATION = 1
 
 
 def serving(start: int, stop: int, size: int) -> None:
     """Child: one parameter server holding `[start, stop)`, until stdin closes."""
     directory = SnapshotDirectory(Path(os.environ.get("TMPDIR", "/tmp")) / "ps-throughput")
-    service = ParameterService(directory, TOKEN)
+    service = ParameterService(directory, CREDENTIALS.verifier())
     zeros = np.zeros(stop - start, dtype=np.float32)
     service.partition.adopting(
         GENERATION, start, stop, size, "float32", 0.01, 0.0, 0, 0, (zeros, zeros.copy())
@@ -138,7 +141,7 @@ def main() -> None:
         echo, echo_port = child(["--role", "echo", "--model-mb", str(args.model_mb)])
         children.append(echo)
         pieces = laying_out(size, servers)
-        links = Links(TOKEN, args.channels)
+        links = Links(CREDENTIALS.worker("w0"), args.channels)
         gradient = np.full(size, 1e-3, dtype=np.float32)
         params = np.empty(size, dtype=np.float32)
         connection = socket.create_connection(("127.0.0.1", echo_port))

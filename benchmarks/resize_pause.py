@@ -56,9 +56,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from trainer_runtime.environment import trust_environ  # noqa: E402
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials  # noqa: E402
+
 JOB = REPO / "tests" / "runtime" / "torch_job.py"
 PADDLE_JOB = REPO / "tests" / "runtime" / "paddle_job.py"
-TOKEN = "bench"
+#: The run's own launcher key: the coordinator gets its public half, each worker its
+#: credential, the driver the controller's.
+CREDENTIALS = JobCredentials(Issuer.generate(), "bench")
 SAMPLES = 200_000
 GLOBAL_BATCH = 32
 STEP_SLEEP_S = 0.01
@@ -201,7 +208,8 @@ def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) ->
     results = Results(extra={"join_from_ready_s": []})
     trace = Trace(root / "trace")
     trace.path.touch()
-    env = {**os.environ, "EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, **trust_environ(CREDENTIALS), "PYTHONPATH": str(REPO),
+           "OMP_NUM_THREADS": "1"}  # fmt: skip
     port_file = root / "port"
     processes: dict[str, subprocess.Popen[bytes]] = {}
     processes["coordinator"] = subprocess.Popen(
@@ -219,10 +227,11 @@ def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) ->
         sys.path.insert(0, str(REPO))
         from trainer_runtime.client import CoordinatorClient
 
-        client = CoordinatorClient(address, TOKEN)
+        client = CoordinatorClient(address, CREDENTIALS.controller())
 
         def starting(name: str) -> float:
             worker_env = {**env, "EDL_COORDINATOR": address, "EDL_JOB_ID": "bench",
+                          "EDL_JOB_TOKEN": CREDENTIALS.worker(name),
                           "EDL_WORKER_ID": name, "EDL_TIMEOUT_S": "30"}  # fmt: skip
             moment = time.time()
             processes[name] = subprocess.Popen(

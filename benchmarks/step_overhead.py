@@ -58,7 +58,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-TOKEN = "step-overhead"
+sys.path.insert(0, str(REPO))
+
+from trainer_runtime.environment import trust_environ  # noqa: E402
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials  # noqa: E402
+
+CREDENTIALS = JobCredentials(Issuer.generate(), "step-overhead")
 WORKERS = 2
 REPLY = "@edl "
 START_TIMEOUT_S = 300.0
@@ -256,7 +261,7 @@ def starting_coordinator(setting: Setting, blocks: int, root: Path) -> tuple[Any
         [sys.executable, "-m", "trainer_runtime.coordinator",
          "--samples", str(setting.samples(blocks)), "--shard-size", str(shard),
          "--join-window-s", "5", "--port-file", str(port_file)],
-        env={**os.environ, "EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO)},
+        env={**os.environ, **trust_environ(CREDENTIALS), "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 60
@@ -272,7 +277,7 @@ def starting_sides(name: str, blocks: int, address: str, root: Path) -> dict[str
     sys.path.insert(0, str(REPO))
     from trainer_runtime.client import CoordinatorClient
 
-    client = CoordinatorClient(address, TOKEN)
+    client = CoordinatorClient(address, CREDENTIALS.controller())
     client.set_target(WORKERS)
     client.close()
     base = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
@@ -283,7 +288,8 @@ def starting_sides(name: str, blocks: int, address: str, root: Path) -> dict[str
         env = {**base, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                "RANK": str(rank), "WORLD_SIZE": str(WORKERS)}  # fmt: skip
         sides["ddp"].append(Worker([*argv, "ddp"], env, root / f"ddp{rank}.log"))
-        env = {**base, "EDL_JOB_TOKEN": TOKEN, "EDL_COORDINATOR": address, "EDL_JOB_ID": "job",
+        env = {**base, "EDL_JOB_TOKEN": CREDENTIALS.worker(f"w{rank}"),
+               "EDL_COORDINATOR": address, "EDL_JOB_ID": "job",
                "EDL_WORKER_ID": f"w{rank}", "EDL_TIMEOUT_S": "60"}  # fmt: skip
         sides["ours"].append(Worker([*argv, "ours"], env, root / f"ours{rank}.log"))
     return sides

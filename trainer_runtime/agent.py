@@ -83,7 +83,11 @@ class WorkerAgent:
     def __init__(self, contract: WorkerContract, client: CoordinatorClient | None = None) -> None:
         self.contract = contract
         self.client = client or CoordinatorClient(
-            contract.coordinator, contract.token, timeout_s=5.0, retry_s=contract.timeout_s
+            contract.coordinator,
+            contract.token,
+            timeout_s=5.0,
+            retry_s=contract.timeout_s,
+            tls=contract.tls,
         )
         self.generation = 0
         self.notice: Any = pb.Notice(generation=0)

@@ -23,6 +23,7 @@ from tenacity import (
 )
 
 from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
+from trainer_runtime.protocol.tls import JobTls, opening_channel
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 TRANSIENT = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
@@ -44,7 +45,8 @@ class CoordinatorUnreachable(CoordinatorError):
 
 
 class TokenRefused(CoordinatorError):
-    """The coordinator refused the job token."""
+    """The coordinator refused the caller's credential, or this call for it (a worker acting
+    for another worker id, or calling a controller's method): no retry mends it."""
 
 
 class Fenced(CoordinatorError):
@@ -64,7 +66,7 @@ def is_transient(error: BaseException) -> bool:
 
 def translating(error: grpc.RpcError) -> CoordinatorError:
     code, details = error.code(), error.details()
-    if code is grpc.StatusCode.UNAUTHENTICATED:
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return TokenRefused(details)
     if code is grpc.StatusCode.FAILED_PRECONDITION:
         return Fenced(details)
@@ -88,24 +90,31 @@ def ranges_from(messages: Any) -> list[SampleRange]:
 
 
 class CoordinatorClient:
-    """One channel to one coordinator, with the job token on every call."""
+    """One channel to one coordinator (TLS with ``tls``), with the caller's credential on
+    every call."""
 
     def __init__(
-        self, address: str, token: str, timeout_s: float = 10.0, retry_s: float = 30.0
+        self,
+        address: str,
+        token: str,
+        timeout_s: float = 10.0,
+        retry_s: float = 30.0,
+        tls: JobTls | None = None,
     ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.metadata = ((TOKEN_HEADER, token),)
-        self.channel = grpc.insecure_channel(
+        self.channel = opening_channel(
             address,
-            options=[
+            [
                 ("grpc.keepalive_time_ms", 5000),
                 ("grpc.keepalive_timeout_ms", 2000),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.initial_reconnect_backoff_ms", int(RETRY_PAUSE_FIRST_S * 1000)),
                 ("grpc.max_reconnect_backoff_ms", int(RETRY_PAUSE_MAX_S * 1000)),
             ],
+            tls,
         )
         self.calls: dict[str, Any] = {}
         for name, shape in METHODS.items():

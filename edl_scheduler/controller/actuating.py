@@ -7,9 +7,10 @@ What must stay true:
 - a failed write is logged and left to the next cycle, which sees the world again and decides
   again (level-triggered); nothing is retried in a loop here;
 - each write waits for what it depends on and for nothing else: a new coordinator's pod
-  for its job's Secret and Service and the read of its saved state, the pods created with
-  it for the Secret and Service (none is created when one of them failed), a drain for its
-  victim's draining mark; the rest (the marks, other pods, deletions, the planned size,
+  for its job's Service and the read of its saved state, the pods created with it for the
+  Service (none is created when it failed), each replica pod for the Secret of its own
+  credential (created just before it; it goes with the job), a drain for its victim's
+  draining mark; the rest (the marks, other pods, deletions, the planned size,
   ``SetTarget``) go at once. The cycle waits for these, which are an admission's critical
   path. Statuses and Events come last and are
   written in the background (``StatusWriter``), never while a cycle acts, so they do not
@@ -63,7 +64,7 @@ from edl_scheduler.controller.naming import (
     STATE_KEY,
     state_config_map_name,
 )
-from edl_scheduler.controller.shaping import coordinator_pod, state_config_map
+from edl_scheduler.controller.shaping import Manifest, coordinator_pod, state_config_map
 
 log = logging.getLogger("edl.controller.actuating")
 
@@ -161,7 +162,7 @@ def _not_older(seen: str, written: str) -> bool:
 
 @dataclass(slots=True)
 class _SavedState:
-    """A coordinator's saved state as read beside its Secret, for the creation of its pod."""
+    """A coordinator's saved state as read beside its Service, for the creation of its pod."""
 
     read: bool = False
     document: str | None = None
@@ -298,7 +299,7 @@ class Actuator:
         self.writer = StatusWriter(self.expectations, self._patch_status, self._guarded)
         self.errors = 0
         self._marked: set[str] = set()
-        #: Jobs whose Secret and Service this run ensured, each created or already there.
+        #: Jobs whose Service this run ensured, created or already there.
         self._ensured: dict[str, list[str]] = {}
         #: Jobs whose coordinator accepted the planned size in the last run.
         self.targets_set: set[str] = set()
@@ -312,12 +313,12 @@ class Actuator:
         Returns once the objects, pods and coordinator calls are done; statuses and Events
         are then queued to ``writer`` and written in the background.
 
-        What waits for what: a job's coordinator pod for its Secret, Service and saved
-        state; pods created with it (``CreatePod.job``) for its Secret and Service; a drain
-        for its victim's draining mark. Nothing else waits: a victim's drain does not wait
-        for another job's Secret, nor a coordinator for the victims' marks (under a slow
-        API server, stages that each waited for their slowest write added up on every
-        admission)."""
+        What waits for what: a job's coordinator pod for its Service and saved state; pods
+        created with it (``CreatePod.job``) for its Service; each replica pod for the
+        Secret with its credential; a drain for its victim's draining mark. Nothing else
+        waits: a victim's drain does not wait for another job's Service, nor a coordinator
+        for the victims' marks (under a slow API server, stages that each waited for their
+        slowest write added up on every admission)."""
         self._marked = set()
         self._ensured = {}
         self.targets_set = set()
@@ -336,7 +337,7 @@ class Actuator:
                     call = functools.partial(self._ensure, intent.job, manifest)
                     first.append((f"objects {intent.job}", call))
             elif isinstance(intent, CreateCoordinator):
-                # Its saved state is read beside the Secret it needs, the pod created after.
+                # Its saved state is read beside the Service it needs, the pod created after.
                 key, state = intent.job.key, _SavedState()
                 first.append((f"state {key}", functools.partial(self._read_state, intent, state)))
                 create = functools.partial(self._create_coordinator, intent, state)
@@ -347,7 +348,7 @@ class Actuator:
                     )
                 )
             elif isinstance(intent, CreatePod) and intent.job:
-                create = functools.partial(self._create_pod, intent.manifest)
+                create = functools.partial(self._create_pod, intent.manifest, intent.credential)
                 then.append(
                     (
                         (f"objects {intent.job}",),
@@ -412,18 +413,18 @@ class Actuator:
             log.exception("unexpected failure while acting")
 
     def _when_ensured(self, job: str, needed: Mapping[str, int], call: Callable[[], None]) -> None:
-        """``call`` only if the job's Secret and Service ensured in this run (before it)
+        """``call`` only if the job's objects ensured in this run (before it; its Service)
         all exist: a pod never runs without them (a failed write is logged; the next cycle
         decides again)."""
         if len(self._ensured.get(job, ())) < needed.get(job, 0):
-            log.info("%s: its Secret or Service is not there yet; its pods wait", job)
+            log.info("%s: its Service (or TLS Secret) is not there yet; its pods wait", job)
             return
         call()
 
     def _call(self, intent: Intent) -> Callable[[], None]:
         """The writes that wait for nothing."""
         if isinstance(intent, CreatePod):
-            return lambda: self._create_pod(intent.manifest)
+            return lambda: self._create_pod(intent.manifest, intent.credential)
         if isinstance(intent, DeletePod):
             return lambda: self._delete_pod(intent)
         if isinstance(intent, SetTarget):
@@ -448,9 +449,15 @@ class Actuator:
         coordinator.set_target(intent.workers)
         self.targets_set.add(intent.job)
 
-    def _create_pod(self, manifest: dict[str, Any]) -> None:
+    def _create_pod(self, manifest: dict[str, Any], credential: Manifest | None = None) -> None:
         meta = manifest["metadata"]
         key = (meta["namespace"], meta["name"])
+        if credential is not None:  # first: the pod's container starts only once it exists
+            try:
+                self.kube.request("POST", namespaced(key[0], "secrets"), credential)
+            except KubeError as error:
+                if error.status != 409:
+                    raise
         shown = copy.deepcopy(manifest)
         shown["metadata"]["creationTimestamp"] = _iso_now()
         shown["status"] = {"phase": "Pending"}

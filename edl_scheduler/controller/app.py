@@ -263,6 +263,12 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     type=click.Choice([f.value for f in PodField]),
     help="Let jobs' pod templates use this field (refused by default; repeat for several).",
 )
+@click.option(
+    "--tls",
+    is_flag=True,
+    help="TLS between each job's pods, its coordinator and the controller (a certificate per "
+    "job, pinned by its clients).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     kubeconfig: Path | None,
@@ -283,6 +289,7 @@ def main(
     inject_api_faults: float,
     watch_timeout: int,
     allowed_pod_fields: tuple[str, ...],
+    tls: bool,
     verbose: bool,
 ) -> None:
     """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
@@ -318,6 +325,7 @@ def main(
             metrics_port=metrics_port,
             watch_timeout_s=watch_timeout,
             allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
+            tls=tls,
         )
     except (ConfigError, TrainingJobError) as error:
         raise click.UsageError(str(error)) from None

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from edl_scheduler.controller.vetting import PodField
 from edl_scheduler.core import Policy, preset
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials
+from trainer_runtime.protocol.tls import JobTls
 
 
 class ConfigError(ValueError):
@@ -96,6 +98,9 @@ class ControllerConfig:
     #: Pod-template fields that widen what a pod may do on its node (``vetting``) which the
     #: admin allows jobs to use; the others make a job invalid.
     allowed_pod_fields: frozenset[PodField] = frozenset()
+    #: TLS between each job's processes and to its coordinator (``--tls``): a certificate
+    #: per job, derived like its signing key, that its clients pin.
+    tls: bool = False
 
     def token_for(self, uid: str) -> str:
         """The job's token: derived, so a restarted controller knows it without reading the
@@ -106,3 +111,14 @@ class ControllerConfig:
                 "mounted into the controller's pod)"
             )
         return hmac.new(self.token_key, uid.encode(), hashlib.sha256).hexdigest()
+
+    def credentials_for(self, namespace: str, name: str, uid: str) -> JobCredentials:
+        """The job's credentials: a signing key derived from its token, which never leaves
+        the controller (pods get the public key and their own credential only), for the
+        job's identity (namespace, name and uid: a job recreated under the same name
+        refuses its predecessor's pods)."""
+        return JobCredentials(Issuer.from_secret(self.token_for(uid)), f"{namespace}/{name}/{uid}")
+
+    def tls_for(self, uid: str) -> JobTls | None:
+        """The job's TLS key and certificate when TLS is on (``tls``); None otherwise."""
+        return JobTls.derived(self.token_for(uid)) if self.tls else None

@@ -7,10 +7,11 @@ speaks the documented coordinator protocol (``trainer_runtime/protocol/coordinat
 through its generated messages.
 
 Layering: the trainer runtime and the controller are independent packages; they meet only
-through the protocol. This module is the one place the controller imports
-``trainer_runtime.protocol`` (the proto's generated messages and the method table, which
-import nothing else of the runtime); the import-linter contract names exactly this import,
-and a second contract forbids the controller every other runtime module. We do not use the
+through the protocol. This module is the one place the controller calls a coordinator
+through ``trainer_runtime.protocol`` (the proto's generated messages, the method table, and
+the TLS channel, which import nothing else of the runtime; ``config`` and ``shaping`` use
+its credentials and TLS only to issue them); the import-linter contract names exactly these
+imports, and a second contract forbids the controller every other runtime module. We do not use the
 runtime's ``CoordinatorClient``: its retries wait up to 30 s for a restarting coordinator,
 which suits a worker, while the controller wants one short call and to try again next cycle.
 
@@ -27,6 +28,7 @@ import grpc
 
 from edl_scheduler.api import GradientStatistics
 from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
+from trainer_runtime.protocol.tls import JobTls, opening_channel
 
 
 class CoordinatorCallError(RuntimeError):
@@ -86,20 +88,24 @@ class CoordinatorPort(Protocol):
 
 
 class GrpcCoordinator:
-    """One channel to one coordinator; every call carries the job token."""
+    """One channel to one coordinator (TLS with ``tls``); every call carries the
+    controller's credential for the job."""
 
-    def __init__(self, address: str, token: str, timeout_s: float = 1.0) -> None:
+    def __init__(
+        self, address: str, token: str, timeout_s: float = 1.0, tls: JobTls | None = None
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = ((TOKEN_HEADER, token),)
-        self._channel = grpc.insecure_channel(
+        self._channel = opening_channel(
             address,
-            options=[
+            [
                 # A coordinator that is starting is asked every 0.1 s (its first answer
                 # lets the job's workers be created): reconnect about as often.
                 ("grpc.initial_reconnect_backoff_ms", 100),
                 ("grpc.max_reconnect_backoff_ms", 250),
             ],
+            tls,
         )
         self._calls: dict[str, Any] = {}
         for name in ("Drain", "SetTarget", "GetProgress", "GetSnapshot"):

@@ -26,9 +26,10 @@ The rules, per job, in order:
 6. The plan's moves: new replicas on the planned nodes, named victims drained through the
    coordinator (a victim that never started is deleted at once), the new target sent to the
    coordinator once it answers. A job placed without a live coordinator gets one (with its
-   Service and the token Secret, if missing) at once. Its new replicas are created as soon
-   as the room they take is really free, in the same act as the coordinator when it is
-   (after the Secret and Service exist: ``actuating`` holds them back otherwise): a replica
+   Service, if missing) at once. Its new replicas, each with the Secret of its own
+   credential, are created as soon as the room they take is really free, in the same act as
+   the coordinator when it is (after the Service exists: ``actuating`` holds them back
+   otherwise): a replica
    started before its coordinator listens retries its registration until it does, and
    waiting for the coordinator's first answer before creating them added a cycle, the pod
    creation and a process start to every admission. Only while the coordinator's pod is
@@ -87,9 +88,10 @@ from edl_scheduler.controller.shaping import (
     coordinator_address,
     coordinator_pod,
     coordinator_service,
+    credential_secret,
     free_port,
     replica_pod,
-    token_secret,
+    tls_secret,
 )
 from edl_scheduler.controller.statusing import compute_status, decision_events, write_status
 from edl_scheduler.core import JobDecision, Plan, Reason, Resources, Role
@@ -404,7 +406,7 @@ def _act(
     else:
         adds = placed
     port = coordinator_port_of(view.coordinator)
-    ensured = ""  # the job's key when this cycle ensures its Secret and Service
+    ensured = ""  # the job's key when this cycle ensures its Service
     # The coordinator is created as soon as the plan places the job, while the room of its
     # replicas is still being vacated; the replicas with it when their room is free.
     if (placed or live_replicas) and not alive:
@@ -413,10 +415,9 @@ def _act(
             used_ports.append(port)
         node = placed[0][1] if placed else str(live_replicas[0]["spec"]["nodeName"])
         try:
-            token = config.token_for(tj.metadata.uid or "")
-            cycle.out.intents.append(
-                EnsureObjects(tj.key, (token_secret(tj, token), coordinator_service(tj, port)))
-            )
+            tls = tls_secret(tj, config)
+            objects = (coordinator_service(tj, port), *([tls] if tls is not None else []))
+            cycle.out.intents.append(EnsureObjects(tj.key, objects))
             coordinator_pod(tj, node, port, config, None)  # fails early on a bad job
             cycle.out.intents.append(CreateCoordinator(tj, node, port))
             ensured = tj.key
@@ -430,7 +431,9 @@ def _act(
     for role, node in adds:
         name = namer(tj.metadata.name, role.value)
         cycle.created[name] = node
-        cycle.out.intents.append(CreatePod(replica_pod(tj, name, node, role, address), job=ensured))
+        manifest = replica_pod(tj, name, node, role, address, config)
+        credential = credential_secret(tj, name, role, config)
+        cycle.out.intents.append(CreatePod(manifest, job=ensured, credential=credential))
     by_name = {str(meta_of(p)["name"]): p for p in view.replicas}
     for name in removes:
         pod = by_name.get(name)

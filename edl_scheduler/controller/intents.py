@@ -47,12 +47,14 @@ class EventReason(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class CreatePod:
-    """A replica pod. ``job``: the job's key, when the same cycle ensures the job's Secret
-    and Service (``EnsureObjects``): the pod is then created only once they exist, so that
-    no replica ever runs without them."""
+    """A replica pod. ``job``: the job's key, when the same cycle ensures the job's Service
+    (``EnsureObjects``): the pod is then created only once it exists, so that no replica
+    ever runs without it. ``credential``: the Secret with the pod's own credential, created
+    before the pod; like the pod, owned by the job (the controller deletes no Secret)."""
 
     manifest: Manifest
     job: str = ""
+    credential: Manifest | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -445,8 +445,15 @@ class PlanningLoop:
                 return have[1]
             if have is not None:
                 have[1].close()
-            token = self.config.token_for(found.tj.metadata.uid or "")
-            client = GrpcCoordinator(found.address, token, self.config.coordinator_timeout_s)
+            meta = found.tj.metadata
+            token = self.config.credentials_for(meta.namespace, meta.name, meta.uid or "")
+            tls = self.config.tls_for(meta.uid or "")
+            client = GrpcCoordinator(
+                found.address,
+                token.controller(),
+                self.config.coordinator_timeout_s,
+                tls.for_clients() if tls is not None else None,
+            )
             self._clients[key] = (found.address, client)
             return client
 

@@ -37,8 +37,12 @@ ANNOTATION_COORDINATOR_PORT: Final = f"{PREFIX}/coordinator-port"
 #: On a worker pod whose failure was already charged to the job's restart budget.
 ANNOTATION_FAILURE_COUNTED: Final = f"{PREFIX}/failure-counted"
 
-#: The key of the job's token in its Secret.
+#: The key of a replica's credential in its Secret.
 TOKEN_KEY: Final = "token"
+#: The key of the job's TLS key in its TLS Secret.
+TLS_KEY_KEY: Final = "tls.key"
+#: The role label of a replica's credential Secret.
+ROLE_CREDENTIAL: Final = "credential"
 #: The key of the coordinator's state in the job's state ConfigMap.
 STATE_KEY: Final = "state.json"
 #: The environment variable that hands a restarted coordinator its last saved state.
@@ -50,8 +54,14 @@ def coordinator_name(job: str) -> str:
     return f"{job}-coordinator"
 
 
-def secret_name(job: str) -> str:
-    return f"{job}-token"
+def tls_secret_name(job: str) -> str:
+    """The Secret with the key of the job's TLS certificate (its servers mount it)."""
+    return f"{job}-tls"
+
+
+def credential_name(pod: str) -> str:
+    """The Secret that holds the credential of the replica pod ``pod``."""
+    return f"{pod}-credential"
 
 
 def state_config_map_name(job: str) -> str:

@@ -1,7 +1,8 @@
 """The objects the controller creates for a TrainingJob, as pure functions returning manifests.
 
-For each job: worker (and parameter-server) pods, one coordinator pod, its Service, a Secret
-with the job's token, and a ConfigMap with the coordinator's last saved state. What must stay
+For each job: worker (and parameter-server) pods, each with a Secret holding its own
+credential, one coordinator pod, its Service, and a ConfigMap with the coordinator's last
+saved state. What must stay
 true of every one of them:
 - it carries the job's labels (``naming``), so that observing finds it again after a restart,
   and an owner reference to the TrainingJob (controller, blockOwnerDeletion), so that deleting
@@ -12,7 +13,12 @@ true of every one of them:
   node's resources, and a refusal comes back as a failed pod that the controller replaces
   without charging the job (``deciding``). Other workloads keep the default scheduler;
 - worker pods carry the runtime's environment contract (``trainer_runtime/environment.py``,
-  docs/runtime.md), with the token read from the Secret, never written into the pod spec;
+  docs/runtime.md), with their credential (issued for their own worker id,
+  ``trainer_runtime/protocol/credentials.py``) read from their Secret, never written into the
+  pod spec; the coordinator and the parameter servers get the job's public key and identity
+  (public: they check credentials and can make none); the signing key never leaves the
+  controller; with ``--tls``, every pod gets the job's certificate and only the job's
+  servers the key, from the job's TLS Secret (``tls_env``);
 - GPUs are both requested and limited (extended resources must be equal in both);
 - parameter-server pods run the runtime's server (``python -m trainer_runtime.ps``) in the
   worker's image and pod template, bound to the pod's IP; every replica of a ``ps`` job gets
@@ -40,15 +46,21 @@ from edl_scheduler.controller.naming import (
     LABEL_MANAGED,
     LABEL_ROLE,
     ROLE_COORDINATOR,
+    ROLE_CREDENTIAL,
     STATE_ENV,
     STATE_KEY,
+    TLS_KEY_KEY,
     TOKEN_KEY,
     coordinator_name,
-    secret_name,
+    credential_name,
     state_config_map_name,
+    tls_secret_name,
 )
 from edl_scheduler.core import Role
+from trainer_runtime.protocol.credentials import JobCredentials
 from trainer_runtime.protocol.options import options_problem
+from trainer_runtime.protocol.tls import CERT_ENV as TLS_CERT_ENV
+from trainer_runtime.protocol.tls import KEY_ENV as TLS_KEY_ENV
 
 Manifest = dict[str, Any]
 
@@ -218,10 +230,59 @@ def coordinator_address(tj: TrainingJob, port: int, config: ControllerConfig) ->
     return f"{host}:{port}"
 
 
-def _token_env() -> Manifest:
+def trust_env(credentials: JobCredentials) -> list[Manifest]:
+    """What lets a coordinator or a parameter server check the job's credentials (the
+    runtime's ``EDL_TRUSTED_KEY`` and ``EDL_JOB_IDENTITY``; public values)."""
+    return [
+        {"name": "EDL_TRUSTED_KEY", "value": credentials.issuer.public_text()},
+        {"name": "EDL_JOB_IDENTITY", "value": credentials.job},
+    ]
+
+
+def tls_env(tj: TrainingJob, config: ControllerConfig, server: bool) -> list[Manifest]:
+    """The runtime's TLS variables when the deployment turns TLS on: the job's certificate
+    for every process; its key, from the job's TLS Secret, for its servers only."""
+    tls = config.tls_for(tj.metadata.uid or "")
+    if tls is None:
+        return []
+    env: list[Manifest] = [{"name": TLS_CERT_ENV, "value": tls.cert_pem}]
+    if server:
+        ref = {"name": tls_secret_name(tj.metadata.name), "key": TLS_KEY_KEY}
+        env.append({"name": TLS_KEY_ENV, "valueFrom": {"secretKeyRef": ref}})
+    return env
+
+
+def tls_secret(tj: TrainingJob, config: ControllerConfig) -> Manifest | None:
+    """The Secret with the key of the job's TLS certificate, when TLS is on."""
+    tls = config.tls_for(tj.metadata.uid or "")
+    if tls is None or tls.key_pem is None:
+        return None
     return {
-        "name": "EDL_JOB_TOKEN",
-        "valueFrom": {"secretKeyRef": {"name": "", "key": TOKEN_KEY}},
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(tj, tls_secret_name(tj.metadata.name), ROLE_COORDINATOR),
+        "stringData": {TLS_KEY_KEY: tls.key_pem},
+    }
+
+
+def credentials_of(tj: TrainingJob, config: ControllerConfig) -> JobCredentials:
+    meta = tj.metadata
+    return config.credentials_for(meta.namespace, meta.name, meta.uid or "")
+
+
+def credential_secret(tj: TrainingJob, pod: str, role: Role, config: ControllerConfig) -> Manifest:
+    """The Secret with the credential of the replica ``pod`` (a worker's or a server's, for
+    its own worker id). Owned by the job like its pods, it goes with the job: the
+    controller never deletes (nor reads) a Secret."""
+    credentials = credentials_of(tj, config)
+    issued = credentials.server(pod) if role is Role.PSERVER else credentials.worker(pod)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _metadata(tj, credential_name(pod), ROLE_CREDENTIAL),
+        "stringData": {TOKEN_KEY: issued},
     }
 
 
@@ -231,8 +292,10 @@ def replica_pod(
     node: str,
     role: Role,
     address: str,
+    config: ControllerConfig,
 ) -> Manifest:
-    """A worker or parameter-server pod on ``node``, from the job's template."""
+    """A worker or parameter-server pod on ``node``, from the job's template; its
+    credential comes from ``credential_secret(tj, name, ...)``, created before it."""
     template = tj.spec.template.model_dump(
         mode="json", by_alias=True, exclude_none=True, exclude_unset=True
     )
@@ -247,9 +310,11 @@ def replica_pod(
     containers: list[Manifest] = spec["containers"]
     main = containers[0]
     main["resources"] = _resources(res)
-    token = _token_env()
-    token["valueFrom"]["secretKeyRef"]["name"] = secret_name(tj.metadata.name)
-    contract = [
+    token: Manifest = {
+        "name": "EDL_JOB_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": credential_name(name), "key": TOKEN_KEY}},
+    }
+    contract: list[Manifest] = [
         {"name": "EDL_COORDINATOR", "value": address},
         token,
         {"name": "EDL_JOB_ID", "value": tj.metadata.name},
@@ -258,6 +323,9 @@ def replica_pod(
         {"name": "EDL_WORKER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         {"name": "EDL_ROLE", "value": role.value},
     ]
+    if role is Role.PSERVER:
+        contract += trust_env(credentials_of(tj, config))
+    contract += tls_env(tj, config, server=role is Role.PSERVER)
     snapshots = ps_snapshot_dir(tj)
     if snapshots is not None:
         contract.append({"name": PS_SNAPSHOTS_ENV, "value": snapshots})
@@ -333,12 +401,10 @@ def coordinator_pod(
         mode,
         *coordinator_args(tj),
     ]
-    token = _token_env()
-    token["valueFrom"]["secretKeyRef"]["name"] = secret_name(tj.metadata.name)
     container: Manifest = {
         "name": "coordinator",
         "image": tj.spec.coordinator_image,
-        "env": [token],
+        "env": [*trust_env(credentials_of(tj, config)), *tls_env(tj, config, server=True)],
         "ports": [{"name": "grpc", "containerPort": port}],
         "resources": {
             "requests": {"cpu": config.coordinator_cpu, "memory": config.coordinator_memory}
@@ -378,16 +444,6 @@ def coordinator_service(tj: TrainingJob, port: int) -> Manifest:
             "selector": {LABEL_JOB: tj.metadata.name, LABEL_ROLE: ROLE_COORDINATOR},
             "ports": [{"name": "grpc", "port": port, "targetPort": port}],
         },
-    }
-
-
-def token_secret(tj: TrainingJob, token: str) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": _metadata(tj, secret_name(tj.metadata.name), ROLE_COORDINATOR),
-        "stringData": {TOKEN_KEY: token},
     }
 
 

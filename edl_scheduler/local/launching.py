@@ -28,6 +28,8 @@ from pathlib import Path
 from edl_scheduler.api import Framework, Strategy, TrainingJob
 from edl_scheduler.core.plan import counted
 from edl_scheduler.local.processes import ProcessSpec
+from trainer_runtime.environment import trust_environ
+from trainer_runtime.protocol.credentials import JobCredentials
 from trainer_runtime.protocol.options import options_problem
 
 ANNOTATION_COORDINATOR_ARGS = "edl.dev/coordinator-args"
@@ -132,7 +134,7 @@ def worker_process(
     name: str,
     slots: Sequence[int],
     port: int,
-    token: str,
+    credentials: JobCredentials,
     workdir: str,
     log_dir: Path,
     gpus: bool,
@@ -150,7 +152,7 @@ def worker_process(
     env.update(
         {
             "EDL_COORDINATOR": f"127.0.0.1:{port}",
-            "EDL_JOB_TOKEN": token,
+            "EDL_JOB_TOKEN": credentials.worker(name),
             "EDL_JOB_ID": job.metadata.name,
             "EDL_WORKER_ID": name,
             "EDL_NODE_NAME": LOCAL_NODE,
@@ -180,9 +182,15 @@ def checkpoint_dir(state_dir: Path, job: TrainingJob) -> Path:
 
 
 def coordinator_process(
-    job: TrainingJob, name: str, port: int, token: str, state_dir: Path, log_dir: Path
+    job: TrainingJob,
+    name: str,
+    port: int,
+    credentials: JobCredentials,
+    state_dir: Path,
+    log_dir: Path,
 ) -> ProcessSpec:
-    """The job's coordinator; its state file lets a restarted one continue where it was."""
+    """The job's coordinator; its state file lets a restarted one continue where it was. It
+    gets the public key of the job's credentials only (it checks them, never makes one)."""
     argv = [
         sys.executable,
         "-m",
@@ -199,6 +207,6 @@ def coordinator_process(
     return ProcessSpec(
         name=name,
         argv=argv,
-        env={"EDL_JOB_TOKEN": token, "PYTHONUNBUFFERED": "1"},
+        env={**trust_environ(credentials), "PYTHONUNBUFFERED": "1"},
         log_path=log_dir / f"{name}.log",
     )

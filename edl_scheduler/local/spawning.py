@@ -32,12 +32,21 @@ from edl_scheduler.local.processes import (
     UnknownProcess,
 )
 from edl_scheduler.local.storing import JobRow, Store, WorkerRow
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials
 
 KILL_GRACE_S = 5.0
 """After a drain's deadline or a stop request: SIGTERM, then SIGKILL this much later."""
 
 LOG_TAIL_BYTES = 2048
 LOG_TAIL_CHARS = 300
+
+
+def credentials_of(row: JobRow) -> JobCredentials:
+    """The job's credentials: a signing key derived from the random secret its row keeps
+    (``state.db``, the owner's only), so the service has no other key to keep; each
+    submission's secret is new, so a job submitted again refuses its predecessor's
+    processes."""
+    return JobCredentials(Issuer.from_secret(row.token), row.key)
 
 
 class Spawner:
@@ -86,7 +95,10 @@ class Spawner:
             from trainer_runtime.client import CoordinatorClient
 
             client = CoordinatorClient(
-                f"127.0.0.1:{row.port}", row.token, timeout_s=2.0, retry_s=1.0
+                f"127.0.0.1:{row.port}",
+                credentials_of(row).controller(),
+                timeout_s=2.0,
+                retry_s=1.0,
             )
             self._clients[row.key] = client
         return client
@@ -110,7 +122,12 @@ class Spawner:
                 return None
             self.supervisor.forget(name)
         spec = coordinator_process(
-            row.job, name, row.port, row.token, self.config.state_dir, self.config.log_dir
+            row.job,
+            name,
+            row.port,
+            credentials_of(row),
+            self.config.state_dir,
+            self.config.log_dir,
         )
         status = self.supervisor.start(spec)
         self.store.set_coordinator(row.key, status.pid, status.create_time)
@@ -132,7 +149,7 @@ class Spawner:
             name,
             slots,
             row.port,
-            row.token,
+            credentials_of(row),
             row.workdir,
             self.config.log_dir,
             self.config.gpus,

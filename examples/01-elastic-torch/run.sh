@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 workers=${1:-3}
-export EDL_JOB_TOKEN="example-$RANDOM" EDL_JOB_ID=example PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+export EDL_JOB_ID=example PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+source examples/launcher.sh  # this script's own credentials: see there
 export EDL_WORKERS=$workers
 work=$(mktemp -d)
 python -m trainer_runtime.coordinator --samples 4096 --shard-size 128 --epochs 60 \
@@ -14,12 +15,12 @@ while [ ! -s "$work/port" ]; do sleep 0.1; done
 export EDL_COORDINATOR="127.0.0.1:$(cat "$work/port")"
 pids=()
 for ((i = 0; i < workers; i++)); do
-  EDL_WORKER_ID=w$i python examples/01-elastic-torch/train.py & pids+=($!)
+  EDL_JOB_TOKEN=$(issue worker w$i) EDL_WORKER_ID=w$i python examples/01-elastic-torch/train.py & pids+=($!)
 done
 python - <<'PY'
 import os, time
 from trainer_runtime.client import CoordinatorClient
-client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_JOB_TOKEN"])
+client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_CONTROLLER_TOKEN"])
 workers = int(os.environ["EDL_WORKERS"])
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline:
@@ -31,11 +32,11 @@ victim = f"w{workers - 1}"
 print(f"draining {victim} at step", client.progress().committed_step, flush=True)
 client.drain(victim)
 PY
-EDL_WORKER_ID=w$workers python examples/01-elastic-torch/train.py & pids+=($!)
+EDL_JOB_TOKEN=$(issue worker w$workers) EDL_WORKER_ID=w$workers python examples/01-elastic-torch/train.py & pids+=($!)
 python - <<'PY'
 import os, time
 from trainer_runtime.client import CoordinatorClient
-client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_JOB_TOKEN"])
+client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_CONTROLLER_TOKEN"])
 newcomer = f"w{os.environ['EDL_WORKERS']}"
 deadline = time.monotonic() + 120
 while time.monotonic() < deadline:

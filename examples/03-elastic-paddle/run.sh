@@ -5,7 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 workers=${1:-3}
-export EDL_JOB_TOKEN="example-$RANDOM" EDL_JOB_ID=example PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+export EDL_JOB_ID=example PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+source examples/launcher.sh  # this script's own credentials: see there
 export EDL_WORKERS=$workers PADDLE_DISTRI_BACKEND=gloo
 work=$(mktemp -d)
 python -m trainer_runtime.coordinator --samples 4096 --shard-size 128 --epochs 30 \
@@ -15,13 +16,13 @@ while [ ! -s "$work/port" ]; do sleep 0.1; done
 export EDL_COORDINATOR="127.0.0.1:$(cat "$work/port")"
 pids=()
 for ((i = 0; i < workers; i++)); do
-  EDL_WORKER_ID=w$i python examples/03-elastic-paddle/train.py & pids+=($!)
+  EDL_JOB_TOKEN=$(issue worker w$i) EDL_WORKER_ID=w$i python examples/03-elastic-paddle/train.py & pids+=($!)
 done
 waiting() {  # waiting MEMBERS_AT_LEAST STEP_AT_LEAST [NAME]: until the job is there
   python - "$@" <<'PY'
 import os, sys, time
 from trainer_runtime.client import CoordinatorClient
-client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_JOB_TOKEN"])
+client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_CONTROLLER_TOKEN"])
 members, step = int(sys.argv[1]), int(sys.argv[2])
 name = sys.argv[3] if len(sys.argv) > 3 else None
 deadline = time.monotonic() + 120
@@ -41,8 +42,8 @@ echo "draining $victim"
 python -c "
 import os
 from trainer_runtime.client import CoordinatorClient
-CoordinatorClient(os.environ['EDL_COORDINATOR'], os.environ['EDL_JOB_TOKEN']).drain('$victim')"
-EDL_WORKER_ID=w$workers python examples/03-elastic-paddle/train.py & pids+=($!)
+CoordinatorClient(os.environ['EDL_COORDINATOR'], os.environ['EDL_CONTROLLER_TOKEN']).drain('$victim')"
+EDL_JOB_TOKEN=$(issue worker w$workers) EDL_WORKER_ID=w$workers python examples/03-elastic-paddle/train.py & pids+=($!)
 waiting "$workers" 0 "w$workers"
 waiting "$workers" 400
 echo "SIGKILL w1 (pid ${pids[1]})"

@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 workers=${1:-2}
-export EDL_JOB_TOKEN="example-$RANDOM" EDL_JOB_ID=example-ps PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+export EDL_JOB_ID=example-ps PYTHONPATH="$PWD" OMP_NUM_THREADS=1
+source examples/launcher.sh  # this script's own credentials: see there
 work=$(mktemp -d)
 export EDL_PS_SNAPSHOTS="$work/snapshots"
 python -m trainer_runtime.coordinator --samples 8192 --shard-size 256 --epochs 8 \
@@ -14,18 +15,18 @@ python -m trainer_runtime.coordinator --samples 8192 --shard-size 256 --epochs 8
 coordinator=$!
 while [ ! -s "$work/port" ]; do kill -0 "$coordinator" || exit 1; sleep 0.1; done
 export EDL_COORDINATOR="127.0.0.1:$(cat "$work/port")"
-server() { EDL_WORKER_ID=$1 python -m trainer_runtime.ps --snapshot-dir "$EDL_PS_SNAPSHOTS" & }
+server() { EDL_JOB_TOKEN=$(issue server "$1") EDL_WORKER_ID=$1 python -m trainer_runtime.ps --snapshot-dir "$EDL_PS_SNAPSHOTS" & }
 server ps0; ps0=$!
 server ps1; ps1=$!
 pids=()
 for ((i = 0; i < workers; i++)); do
-  EDL_WORKER_ID=w$i python examples/05-parameter-server/train.py & pids+=($!)
+  EDL_JOB_TOKEN=$(issue worker w$i) EDL_WORKER_ID=w$i python examples/05-parameter-server/train.py & pids+=($!)
 done
 waiting() {  # waiting "what" python-condition-on-progress
   python - "$1" "$2" <<'PY'
 import os, sys, time
 from trainer_runtime.client import CoordinatorClient
-client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_JOB_TOKEN"])
+client = CoordinatorClient(os.environ["EDL_COORDINATOR"], os.environ["EDL_CONTROLLER_TOKEN"])
 deadline = time.monotonic() + 180
 while time.monotonic() < deadline:
     p = client.progress()
@@ -44,11 +45,11 @@ server ps2
 waiting "ps2 joined" "'ps2' in servers"
 python -c "
 import os; from trainer_runtime.client import CoordinatorClient
-CoordinatorClient(os.environ['EDL_COORDINATOR'], os.environ['EDL_JOB_TOKEN']).drain('ps0')"
+CoordinatorClient(os.environ['EDL_COORDINATOR'], os.environ['EDL_CONTROLLER_TOKEN']).drain('ps0')"
 wait "$ps0" && echo "ps0 drained and exited 0"
 waiting "after the drain" "p.committed_step >= 100 and 'ps0' not in servers"
 kill -9 "$ps1" && echo "ps1 killed"
-EDL_WORKER_ID=w$workers python examples/05-parameter-server/train.py & pids+=($!)
+EDL_JOB_TOKEN=$(issue worker w$workers) EDL_WORKER_ID=w$workers python examples/05-parameter-server/train.py & pids+=($!)
 waiting "w$workers joined" "'w$workers' in members"
 for pid in "${pids[@]}"; do wait "$pid"; done
 wait "$coordinator"

@@ -62,6 +62,7 @@ from edl_scheduler.core import (
     plan,
     preset,
 )
+from trainer_runtime.protocol.credentials import CallerRole, Claims
 
 CONFIG = ControllerConfig(
     token_key=b"k" * 32, coordinator_host="127.0.0.1", coordinator_ports=PortRange(21000, 21010)
@@ -161,19 +162,27 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     first = decide({"ns/j": view(body)}, p, CONFIG, NOW, names())
     assert [type(i) for i in first.intents[:2]] == [EnsureObjects, CreateCoordinator]
     kinds = [m["kind"] for m in of(EnsureObjects, first.intents)[0].manifests]
-    assert kinds == ["Secret", "Service"]
+    assert kinds == ["Service"]
     # The workers are created in the same act as their coordinator (their room is free),
-    # held by the actuator until the Secret and Service exist (``job``); the size is told
-    # to the coordinator once it answers.
+    # held by the actuator until the Service exists (``job``), each after the Secret with
+    # its own credential; the size is told to the coordinator once it answers.
     created = of(CreatePod, first.intents)
     assert [c.job for c in created] == ["ns/j", "ns/j"]
+    keys = CONFIG.credentials_for("ns", "j", "uid-j")
+    for c in created:  # each its own credential, for its own worker id, in its own Secret
+        assert c.credential is not None
+        assert c.credential["metadata"]["name"] == f"{c.manifest['metadata']['name']}-credential"
+        claims = keys.verifier().claims(c.credential["stringData"]["token"])
+        assert claims == Claims("ns/j/uid-j", CallerRole.WORKER, c.manifest["metadata"]["name"])
     pods = [c.manifest for c in created]
     assert sorted(p["spec"]["nodeName"] for p in pods) == ["n0", "n1"]
     for manifest in pods:
         env = {e["name"]: e for e in manifest["spec"]["containers"][0]["env"]}
         assert env["EDL_COORDINATOR"]["value"] == "127.0.0.1:21000"
         assert env["EDL_WORKER_ID"]["value"] == manifest["metadata"]["name"]
-        assert env["EDL_JOB_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "j-token"
+        name = manifest["metadata"]["name"]
+        secret = env["EDL_JOB_TOKEN"]["valueFrom"]["secretKeyRef"]
+        assert secret == {"name": f"{name}-credential", "key": "token"}
         assert manifest["metadata"]["ownerReferences"][0]["uid"] == "uid-j"
         assert manifest["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert of(SetTarget, first.intents) == []

@@ -8,7 +8,10 @@ Aspects:
 - a job without its coordinator's dataset options, or with broken quoting, is refused with
   the annotation named;
 - ports: shared, or the lowest free one of a range; a full range is an error naming the option;
-- tokens are derived from the job's UID and differ between jobs;
+- tokens are derived from the job's UID and differ between jobs; each replica gets a
+  credential of its own, in a Secret of its own, and the coordinator and the servers the
+  job's public key; with TLS on, every pod gets the job's certificate and only its servers
+  (coordinator, parameter servers) its key, from the job's TLS Secret;
 - a job naming `edl.dev/checkpoints` on a shared read-write volume has its workers told
   EDL_CHECKPOINT_DIR (the directory plus the job's uid); one on unusable storage is refused
   naming the annotation and the fix; without it nothing is set.
@@ -16,6 +19,7 @@ Aspects:
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -26,10 +30,13 @@ from edl_scheduler.controller.shaping import (
     ShapingError,
     checkpoint_dir,
     coordinator_pod,
+    credential_secret,
     free_port,
     replica_pod,
+    tls_secret,
 )
 from edl_scheduler.core import Role
+from trainer_runtime.protocol.credentials import CallerRole, Claims
 
 CONFIG = ControllerConfig(token_key=b"k" * 32)
 
@@ -66,7 +73,7 @@ def body(**spec: Any) -> dict[str, Any]:
 
 
 def test_worker_pod_keeps_the_template_and_adds_the_contract() -> None:
-    pod = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1")
+    pod = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG)
     assert pod["metadata"]["labels"]["team"] == "a"
     assert pod["metadata"]["labels"]["edl.dev/role"] == "worker"
     main, sidecar = pod["spec"]["containers"]
@@ -143,10 +150,10 @@ def test_workers_are_told_the_checkpoint_directory_the_job_names() -> None:
     claim = {"persistentVolumeClaim": {"claimName": "c"}}
     tj = load_training_job(with_checkpoints("/shared/ckpt", claim))
     assert checkpoint_dir(tj) == "/shared/ckpt/u"
-    pod = replica_pod(tj, "j-worker-1", "n1", Role.WORKER, "h:1")
+    pod = replica_pod(tj, "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG)
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert env["EDL_CHECKPOINT_DIR"] == "/shared/ckpt/u"
-    plain = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1")
+    plain = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG)
     assert "EDL_CHECKPOINT_DIR" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
 
 
@@ -164,3 +171,53 @@ def test_unusable_checkpoint_directory_is_named_with_the_fix(
     with pytest.raises(ShapingError, match=says) as refused:
         checkpoint_dir(load_training_job(with_checkpoints(path, volume)))
     assert "edl.dev/checkpoints" in str(refused.value)
+
+
+def test_credentials_each_replica_its_own_and_the_servers_the_public_key() -> None:
+    tj = load_training_job(body())
+    keys = CONFIG.credentials_for("ns", "j", "u")
+    secret = credential_secret(tj, "j-worker-1", Role.WORKER, CONFIG)
+    assert secret["metadata"]["name"] == "j-worker-1-credential"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u"
+    claims = keys.verifier().claims(secret["stringData"]["token"])
+    assert claims == Claims("ns/j/u", CallerRole.WORKER, "j-worker-1")
+    server = credential_secret(tj, "j-pserver-1", Role.PSERVER, CONFIG)
+    assert keys.verifier().claims(server["stringData"]["token"]) == Claims(
+        "ns/j/u", CallerRole.SERVER, "j-pserver-1"
+    )
+    coordinator = env_of(coordinator_pod(tj, "n1", 7070, CONFIG, None))
+    assert coordinator["EDL_TRUSTED_KEY"]["value"] == keys.issuer.public_text()
+    assert coordinator["EDL_JOB_IDENTITY"]["value"] == "ns/j/u"
+    assert "EDL_JOB_TOKEN" not in coordinator  # it checks credentials and holds none
+    pserver = env_of(replica_pod(tj, "j-pserver-1", "n1", Role.PSERVER, "h:1", CONFIG))
+    assert pserver["EDL_TRUSTED_KEY"]["value"] == keys.issuer.public_text()
+    worker = env_of(replica_pod(tj, "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG))
+    assert "EDL_TRUSTED_KEY" not in worker
+
+
+def test_tls_gives_every_pod_the_certificate_and_only_servers_the_key() -> None:
+    tj = load_training_job(body())
+    assert tls_secret(tj, CONFIG) is None  # off unless the deployment turns it on
+    assert not any(name.startswith("EDL_TLS") for name in env_of(coordinator_pod(
+        tj, "n1", 7070, CONFIG, None)))  # fmt: skip
+    on = dataclasses.replace(CONFIG, tls=True)
+    tls = on.tls_for("u")
+    assert tls is not None and tls.key_pem is not None
+    secret = tls_secret(tj, on)
+    assert secret is not None and secret["metadata"]["name"] == "j-tls"
+    assert secret["stringData"] == {"tls.key": tls.key_pem}
+    key_ref = {"secretKeyRef": {"name": "j-tls", "key": "tls.key"}}
+    for server in (
+        env_of(coordinator_pod(tj, "n1", 7070, on, None)),
+        env_of(replica_pod(tj, "j-pserver-1", "n1", Role.PSERVER, "h:1", on)),
+    ):
+        assert server["EDL_TLS_CERT"]["value"] == tls.cert_pem
+        assert server["EDL_TLS_KEY"]["valueFrom"] == key_ref
+    worker = env_of(replica_pod(tj, "j-worker-1", "n1", Role.WORKER, "h:1", on))
+    assert worker["EDL_TLS_CERT"]["value"] == tls.cert_pem
+    assert "EDL_TLS_KEY" not in worker
+    assert on.tls_for("other-uid") != tls  # a certificate per job
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}

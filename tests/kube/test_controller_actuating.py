@@ -3,9 +3,10 @@ workers run no process; coordinators run for real: the controller asks them for 
 drains and the planned size).
 
 Aspects tested:
-- a TrainingJob gets its coordinator pod, Service and token Secret, and worker pods bound (by
-  spec.nodeName) to the planned nodes, with owner references, labels, the job's priority
-  class and the runtime's environment contract, created with the coordinator; the
+- a TrainingJob gets its coordinator pod and Service, and worker pods bound (by
+  spec.nodeName) to the planned nodes, each with the Secret of its own credential, with
+  owner references, labels, the job's priority class and the runtime's environment
+  contract, created with the coordinator; the
   status subresource shows the phase, replicas and allocation; an Admitted Event is posted;
 - a worker the kubelet refused at admission is replaced without charging the restart
   budget; a failed worker is replaced and charged once its coordinator has answered; past
@@ -108,14 +109,15 @@ def test_job_gets_coordinator_and_placed_workers(
         assert env["EDL_WORKER_ID"].value == pod.metadata.name
         assert env["EDL_NODE_NAME"].value == pod.spec.node_name
         assert env["EDL_COORDINATOR"].value.startswith("127.0.0.1:")
-        assert env["EDL_JOB_TOKEN"].value_from.secret_key_ref.name == "place-token"
+        credential = env["EDL_JOB_TOKEN"].value_from.secret_key_ref.name
+        assert credential == f"{pod.metadata.name}-credential"
+        secret = cluster.core.read_namespaced_secret(credential, NS)
+        assert secret.metadata.owner_references[0].uid == uid
         assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     coordinator = cluster.pods(NS, "place", "coordinator")
     assert len(coordinator) == 1 and coordinator[0].spec.node_name in ("act-0", "act-1")
     service = cluster.core.read_namespaced_service("place-coordinator", NS)
     assert service.metadata.owner_references[0].uid == uid
-    secret = cluster.core.read_namespaced_secret("place-token", NS)
-    assert secret.metadata.owner_references[0].uid == uid
 
     def running() -> dict[str, Any] | None:
         status = cluster.job(NS, "place").get("status", {})

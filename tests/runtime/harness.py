@@ -18,10 +18,16 @@ from trainer_runtime.client import CoordinatorClient
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
-from trainer_runtime.environment import WorkerContract
+from trainer_runtime.environment import WorkerContract, trust_environ
+from trainer_runtime.protocol.credentials import Issuer, JobCredentials
 from trainer_runtime.sharding import DatasetPlan
 
-TOKEN = "test-token"
+#: The tests' launcher: one signing key, one job. Tests drive coordinators as the job's
+#: controller (``TOKEN``, which may make every call); workers get their own credentials.
+CREDENTIALS = JobCredentials(Issuer.generate(), "test-job")
+TOKEN = CREDENTIALS.controller()
+VERIFIER = CREDENTIALS.verifier()
+TRUST = trust_environ(CREDENTIALS)
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,7 +46,7 @@ def coordinator() -> Iterator[CoordinatorServer]:
     state = CoordinatorState.starting(
         DatasetPlan(40, 4, 2), ConsumptionMode.INDEPENDENT, join_window_s=0.05
     )
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     yield server
     server.stop(0.1)
 
@@ -53,21 +59,27 @@ class Cluster:
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     port: int = 0
 
-    def environment(self, worker_id: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    def environment(
+        self, worker_id: str, extra: dict[str, str] | None = None, server: bool = False
+    ) -> dict[str, str]:
+        """A worker's environment (a parameter server's with ``server``), with its own
+        credential."""
         contract = WorkerContract(
             coordinator=f"127.0.0.1:{self.port}",
-            token=TOKEN,
+            token=(CREDENTIALS.server if server else CREDENTIALS.worker)(worker_id),
             job_id="test-job",
             worker_id=worker_id,
             node="node-a",
             timeout_s=20.0,
         )
-        env = {**os.environ, **contract.to_environ(), **(extra or {})}
+        env = {**os.environ, **TRUST, **contract.to_environ(), **(extra or {})}
         env["PYTHONPATH"] = str(REPO)
         env.setdefault("OMP_NUM_THREADS", "1")
         return env
 
-    def starting_coordinator(self, *args: str) -> subprocess.Popen[bytes]:
+    def starting_coordinator(
+        self, *args: str, extra: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         port_file = self.root / "port"
         port_file.unlink(missing_ok=True)
         arguments = ["--port", str(self.port)] if self.port else []
@@ -83,7 +95,7 @@ class Cluster:
                 *arguments,
                 *args,
             ],
-            env={**os.environ, "EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO)},
+            env={**os.environ, **TRUST, **(extra or {}), "PYTHONPATH": str(REPO)},
             stdout=(self.root / "coordinator.log").open("ab"),
             stderr=subprocess.STDOUT,
         )
@@ -96,9 +108,10 @@ class Cluster:
     def starting_worker(
         self, worker_id: str, argv: list[str], extra: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
+        server = "trainer_runtime.ps" in argv  # what is launched tells its role
         process = subprocess.Popen(
             [sys.executable, *argv],
-            env=self.environment(worker_id, extra),
+            env=self.environment(worker_id, extra, server),
             stdout=(self.root / f"{worker_id}.log").open("ab"),
             stderr=subprocess.STDOUT,
         )

@@ -28,7 +28,7 @@ from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan
 from trainer_runtime.torch import KeepGlobalBatch, LrRule, ScaleBatch, session
 
-from .harness import TOKEN
+from .harness import TOKEN, VERIFIER
 
 
 def sgd(lr: float = 0.1, momentum: float = 0.9) -> torch.optim.SGD:
@@ -143,7 +143,7 @@ def test_a_session_with_scale_batch_steps_with_the_scaled_batch_and_rate() -> No
     state = CoordinatorState.starting(
         DatasetPlan(samples, 10, 1), ConsumptionMode.GROUP, join_window_s=0.01
     )
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     try:
         contract = WorkerContract(
             f"127.0.0.1:{server.port}", TOKEN, "job", "w0", "n", timeout_s=20.0

@@ -31,7 +31,7 @@ from trainer_runtime.environment import WorkerContract
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import DatasetPlan
 
-from .harness import TOKEN
+from .harness import TOKEN, VERIFIER
 
 
 def free_port() -> int:
@@ -59,7 +59,9 @@ def test_a_worker_started_before_its_coordinator_registers_once_it_listens() -> 
     state = CoordinatorState.starting(
         DatasetPlan(40, 4, 1), ConsumptionMode.INDEPENDENT, join_window_s=0.05
     )
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN), port=port).start()
+    server = CoordinatorServer(
+        CoordinatorService(state, MemoryStore(), VERIFIER), port=port
+    ).start()
     try:
         worker.join(15)
         assert "error" not in outcome, outcome.get("error")
@@ -90,7 +92,7 @@ def test_a_watch_refused_for_its_token_stops_the_worker_with_an_error(
     state = CoordinatorState.starting(
         DatasetPlan(40, 4, 1), ConsumptionMode.INDEPENDENT, join_window_s=0.05
     )
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     contract = WorkerContract(
         f"127.0.0.1:{server.port}", "another job's token", "job", "w0", "n", timeout_s=5.0
     )

@@ -33,7 +33,7 @@ from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow
 
-from .harness import TOKEN, waiting_for
+from .harness import TOKEN, VERIFIER, waiting_for
 
 
 def client_of(server: CoordinatorServer, token: str = TOKEN) -> CoordinatorClient:
@@ -87,7 +87,7 @@ def test_group_commit_from_stale_generation_is_rejected() -> None:
     from trainer_runtime.sharding import DatasetPlan
 
     state = CoordinatorState.starting(DatasetPlan(8, 4, 1), join_window_s=0.05)
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     try:
         client = client_of(server)
         client.register("w0", "n", "")
@@ -164,7 +164,7 @@ def test_unreachable_coordinator_fails_clearly_within_budget() -> None:
 def test_a_port_in_use_is_refused_not_shared(coordinator: CoordinatorServer) -> None:
     def second(port: int) -> CoordinatorServer:
         state = CoordinatorState.starting(DatasetPlan(40, 4, 1), ConsumptionMode.INDEPENDENT)
-        return CoordinatorServer(CoordinatorService(state, MemoryStore(), "other"), port=port)
+        return CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER), port=port)
 
     with pytest.raises(RuntimeError, match=str(coordinator.port)):
         second(coordinator.port)

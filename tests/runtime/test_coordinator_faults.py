@@ -3,9 +3,9 @@
 Aspects tested:
 - a save that fails once (a full disk for a moment) is tried again and the call succeeds;
 - a save that keeps failing: the call that made the change is refused (UNAVAILABLE, which
-  workers retry) rather than answered as if kept, no later call is answered, nor one that
-  was waiting meanwhile, the ticker
-  thread ends with an error line, and the process exits 3, its file holding exactly the
+  workers retry) rather than answered as if kept, the change is undone in memory, no later
+  call is answered, nor one that was waiting meanwhile, the ticker thread ends with an
+  error line, and the process exits 3, its file holding exactly the
   changes that were answered (the state a restart loads);
 - a state file that is not a coordinator state (``null``, a list, a wrong format, a
   negative epoch, junk) is refused at start with the file's name and exit 2, no traceback.
@@ -29,10 +29,9 @@ from trainer_runtime.client import CoordinatorClient, CoordinatorUnreachable
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import FileStore
-from trainer_runtime.environment import JOB_TOKEN
 from trainer_runtime.sharding import DatasetPlan
 
-from .harness import TOKEN, waiting_for
+from .harness import TOKEN, TRUST, VERIFIER, waiting_for
 
 
 class FlakyStore(FileStore):
@@ -55,7 +54,7 @@ def saved_workers(store: FileStore) -> list[str]:
 
 def _serve(store: FileStore) -> CoordinatorServer:
     state = CoordinatorState.starting(DatasetPlan(40, 4, 1), join_window_s=0.05)
-    return CoordinatorServer(CoordinatorService(state, store, TOKEN)).start()
+    return CoordinatorServer(CoordinatorService(state, store, VERIFIER)).start()
 
 
 def test_a_save_that_fails_once_is_tried_again(tmp_path: Path) -> None:
@@ -80,6 +79,9 @@ def test_a_save_that_keeps_failing_refuses_the_change_and_stops(tmp_path: Path) 
             client.register("w0", "n", "")
         assert isinstance(server.service.failure, OSError)
         assert saved_workers(store) == []
+        # The change was undone in memory too: what the process holds is what the disk holds.
+        assert server.service.state.to_json() == store.path.read_text()
+        assert server.service.state.membership.workers == {}
         with pytest.raises(CoordinatorUnreachable):
             client.progress()  # nothing more is answered from a memory ahead of the disk
         waiting_for(lambda: not server.ticker.is_alive(), 5.0, "the ticker to end")
@@ -122,7 +124,7 @@ def _coordinator(state_file: Path, *extra: str, timeout: float = 30) -> Any:
     return subprocess.run(
         [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", "40",
          "--shard-size", "4", "--state-file", str(state_file), *extra],
-        env={**os.environ, JOB_TOKEN: TOKEN}, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **TRUST}, capture_output=True, text=True, timeout=timeout,
         check=False,
     )  # fmt: skip
 
@@ -167,7 +169,7 @@ def test_a_coordinator_that_cannot_save_exits_3_and_restarts_from_the_saved_stat
     process = subprocess.Popen(
         [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", "40",
          "--shard-size", "4", "--state-file", str(state_file), "--port-file", str(port_file)],
-        env={**os.environ, JOB_TOKEN: TOKEN}, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **TRUST}, stderr=subprocess.PIPE, text=True,
         preexec_fn=limited,
     )  # fmt: skip
     try:

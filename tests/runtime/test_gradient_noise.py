@@ -38,7 +38,7 @@ from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import DatasetPlan, Walk
 from trainer_runtime.torch.measuring import NoiseMeter
 
-from .harness import TOKEN, Cluster, waiting_for
+from .harness import TOKEN, VERIFIER, Cluster, waiting_for
 
 # ----- the estimator, against a known distribution -----
 
@@ -286,7 +286,7 @@ def test_coordinator_keeps_the_latest_valid_statistics_through_a_restart(
 
 def test_get_progress_returns_what_a_commit_carried() -> None:
     state = CoordinatorState.starting(DatasetPlan(40, 4, 1), join_window_s=0.05)
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     client = CoordinatorClient(server.address, TOKEN, timeout_s=2.0, retry_s=2.0)
     try:
         client.register("w0", "node-a", "")

@@ -34,6 +34,8 @@ from trainer_runtime.ps.session import mean_step_time
 from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
 from trainer_runtime.sharding import DatasetPlan, Walk
 
+from .harness import CREDENTIALS, VERIFIER
+
 
 def test_layout_tiles_the_model_in_server_order() -> None:
     pieces = laying_out(10, [("a", "h:1"), ("b", "h:2"), ("c", "h:3")])
@@ -230,9 +232,10 @@ def test_a_job_without_servers_fails_clearly_within_the_timeout(tmp_path: Path) 
     from trainer_runtime.ps.session import PsConfig, ps_session
 
     state = CoordinatorState.starting(DatasetPlan(8, 4, 1), join_window_s=0.05)
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), "t")).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     try:
-        contract = WorkerContract(server.address, "t", "job", "w0", "node", timeout_s=2.0)
+        worker = CREDENTIALS.worker("w0")
+        contract = WorkerContract(server.address, worker, "job", "w0", "node", timeout_s=2.0)
         model = torch.nn.Linear(2, 1)
         data = torch.utils.data.TensorDataset(torch.zeros(8, 2), torch.zeros(8, 1))
         config = PsConfig(global_batch=4, lr=0.1, snapshot_dir=tmp_path)

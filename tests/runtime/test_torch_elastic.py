@@ -29,7 +29,7 @@ from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan, Walk
 from trainer_runtime.torch import KeepGlobalBatch, session
 
-from .harness import REPO, TOKEN, Cluster, waiting_for
+from .harness import REPO, TOKEN, TRUST, Cluster, waiting_for
 from .torch_job import mlp, mlp_data
 
 JOB = str(Path(__file__).with_name("torch_job.py"))
@@ -145,7 +145,7 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
 def test_empty_dataset_is_refused_by_the_coordinator() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", "0"],
-        env={"EDL_JOB_TOKEN": TOKEN, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        env={**TRUST, "PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=60,

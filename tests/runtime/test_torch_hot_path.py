@@ -40,7 +40,7 @@ from trainer_runtime.torch import KeepGlobalBatch, session
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.session import CommitFailed
 
-from .harness import TOKEN
+from .harness import TOKEN, VERIFIER
 
 
 @st.composite
@@ -71,7 +71,7 @@ def test_slice_of_refuses_a_part_out_of_range() -> None:
 def group() -> Iterator[tuple[CoordinatorServer, WorkerAgent]]:
     """A group-mode coordinator (64 samples, shards of 8) whose generation 1 is `w0` alone."""
     state = CoordinatorState.starting(DatasetPlan(64, 8, 1), join_window_s=0.05)
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     client = CoordinatorClient(server.address, TOKEN, timeout_s=2.0, retry_s=2.0)
     contract = WorkerContract(server.address, TOKEN, "job", "w0", "node-a", timeout_s=5.0)
     agent = WorkerAgent(contract, client)
@@ -122,7 +122,7 @@ def test_a_fenced_batch_is_dropped_and_a_conflict_is_kept_for_the_training_threa
 def test_a_session_whose_commits_cannot_land_stops_with_commit_failed() -> None:
     samples = 2000
     state = CoordinatorState.starting(DatasetPlan(samples, 10, 1), join_window_s=0.01)
-    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN)).start()
+    server = CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER)).start()
     contract = WorkerContract(server.address, TOKEN, "job", "w0", "node-a", timeout_s=2.0)
     model = nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

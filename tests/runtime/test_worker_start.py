@@ -24,7 +24,7 @@ from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.sharding import DatasetPlan
 
-from .harness import TOKEN
+from .harness import TOKEN, VERIFIER
 
 LATE_S = 4.0
 
@@ -51,7 +51,7 @@ def test_a_worker_waits_for_a_coordinator_that_listens_late() -> None:
             DatasetPlan(40, 4, 1), ConsumptionMode.GROUP, join_window_s=0.05
         )
         servers.append(
-            CoordinatorServer(CoordinatorService(state, MemoryStore(), TOKEN), port=port)
+            CoordinatorServer(CoordinatorService(state, MemoryStore(), VERIFIER), port=port)
         )
         servers[0].start()
 

@@ -1,6 +1,7 @@
 """Run one job's coordinator: `python -m trainer_runtime.coordinator --samples N ...`.
 
-The token comes from EDL_JOB_TOKEN (never from the command line, where `ps` shows it). With
+Callers' credentials are checked with EDL_TRUSTED_KEY for the job EDL_JOB_IDENTITY names
+(``environment.verifier_from``; never the command line, where `ps` shows it). With
 `--state-file`, a restarted coordinator loads the state a killed one saved and continues;
 the dataset options must then match the saved ones, and a file that is not a coordinator
 state is refused with its name (exit 2). A state that can no longer be saved (a full disk)
@@ -22,8 +23,9 @@ import time
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import FileStore, MemoryStore, StateStore
-from trainer_runtime.environment import JOB_TOKEN
+from trainer_runtime.environment import ContractError, verifier_from
 from trainer_runtime.protocol.options import ConsumptionMode, parser
+from trainer_runtime.protocol.tls import from_environ as tls_from_environ
 from trainer_runtime.sharding import DatasetPlan
 
 
@@ -54,18 +56,23 @@ def loading(args: argparse.Namespace, store: StateStore) -> CoordinatorState:
 def main(argv: list[str] | None = None) -> int:
     args = parsing(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s coordinator %(message)s")
-    token = os.environ.get(JOB_TOKEN)
-    if not token:
-        print(f"{JOB_TOKEN} is not set: the coordinator needs the job token", file=sys.stderr)
+    try:
+        verifier = verifier_from()
+    except ContractError as error:
+        print(f"cannot start the coordinator: {error}", file=sys.stderr)
         return 2
     store: StateStore = FileStore(args.state_file) if args.state_file else MemoryStore()
     try:
         state = loading(args, store)
-        service = CoordinatorService(state, store, token)
+        service = CoordinatorService(state, store, verifier)
     except (ValueError, OSError) as error:
         print(f"cannot start the coordinator: {error}", file=sys.stderr)
         return 2
-    server = CoordinatorServer(service, args.host, args.port)
+    try:
+        server = CoordinatorServer(service, args.host, args.port, tls_from_environ(os.environ))
+    except (ValueError, OSError, RuntimeError) as error:
+        print(f"cannot start the coordinator: {error}", file=sys.stderr)
+        return 2
     server.start()
     if args.port_file:
         args.port_file.write_text(str(server.port))

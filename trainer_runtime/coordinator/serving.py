@@ -1,14 +1,19 @@
 """The coordinator's gRPC server: a thin executor around `CoordinatorState`.
 
-Each call is authenticated (the job token in the `x-edl-token` metadata), then runs one
-state method under one lock; a call that changed the state persists it before it answers,
-so whatever a worker was told survives a coordinator restart. A ticker thread expires silent
+Each call is authenticated (the caller's credential in the `x-edl-token` metadata, checked
+with the job's public key) and allowed (a worker acts only for itself, only the controller
+resizes: ``protocol/checks``), then runs one state method under one lock; a call that
+changed the state persists it before it answers, so whatever a worker was told survives a
+coordinator restart. A change whose save fails for good is undone (the state is read back
+from the last saved document) before the lock is let go, so no caller ever sees a state the
+disk does not hold. A ticker thread expires silent
 workers and opens generations when the join window closes. A worker's `Watch` stream is its
 liveness: when the stream drops (the process died), the worker departs at once and its
 leases go back to todo.
 
-What must stay true: every wait is bounded; no state change is answered before it is saved;
-an unauthenticated call changes nothing.
+What must stay true: every wait is bounded; no state change is answered before it is saved,
+and none is visible to another call unless it was saved; a call refused by the checks
+changes nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import CoordinatorState, FencedError, NoiseRecord
 from trainer_runtime.coordinator.storing import StateStore
 from trainer_runtime.protocol import METHODS, SERVICE, pb
-from trainer_runtime.protocol.checks import name_problem, token_matches
+from trainer_runtime.protocol.checks import caller, name_problem, refusal
+from trainer_runtime.protocol.credentials import Verifier
+from trainer_runtime.protocol.tls import JobTls, listening
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 LOG = logging.getLogger(__name__)
@@ -94,12 +101,12 @@ class CoordinatorService:
         self,
         state: CoordinatorState,
         store: StateStore,
-        token: str,
+        verifier: Verifier,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.state = state
         self.store = store
-        self.token = token
+        self.verifier = verifier
         self.clock = clock
         self.changed = threading.Condition()
         self.watch_serial: dict[str, int] = {}
@@ -108,25 +115,30 @@ class CoordinatorService:
         #: answered (memory may be ahead of what is saved) and the process exits non-zero,
         #: to be restarted from what was saved (``__main__``).
         self.failure: Exception | None = None
-        self.store.save(self.state.to_json())
+        #: The document last saved: what the state is rolled back to when a save fails.
+        self.saved = self.state.to_json()
+        self.store.save(self.saved)
 
     # ----- plumbing -----
 
     def saving(self) -> None:
         """Persist and wake every waiter; the caller holds `self.changed`. A save that fails
-        is tried again (``SAVE_TRIES``); one that keeps failing stops the coordinator
-        (``failure``) and raises ``StateNotSaved``, so that the call that made the change
-        is not answered as if it had been kept."""
+        is tried again (``SAVE_TRIES``); one that keeps failing undoes the change (the state
+        is read back from the last saved document), stops the coordinator (``failure``) and
+        raises ``StateNotSaved``, so that the call that made the change is not answered as
+        if it had been kept."""
         document = self.state.to_json()
         for attempt in range(SAVE_TRIES):
             try:
                 self.store.save(document)
+                self.saved = document
                 break
             except Exception as error:
                 if attempt + 1 < SAVE_TRIES:
                     LOG.warning("saving the state failed (%s); trying again", error)
                     time.sleep(SAVE_PAUSE_S * (attempt + 1))
                     continue
+                self.state = CoordinatorState.from_json(self.saved, now=self.clock())
                 self.failure = error
                 self.stopping.set()
                 self.changed.notify_all()
@@ -147,25 +159,26 @@ class CoordinatorService:
                     except StateNotSaved:
                         return  # said in saving(); the process exits (``__main__``)
 
-    def authorizing(self, context: grpc.ServicerContext) -> None:
-        if not token_matches(context.invocation_metadata(), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
-
     def guarded(self, name: str) -> Callable[[Message, grpc.ServicerContext], Any]:
         handler: Callable[[Any, grpc.ServicerContext], Any] = getattr(self, name)
 
         def calling(request: Message, context: grpc.ServicerContext) -> Any:
-            self.authorizing(context)
+            claims = caller(context.invocation_metadata(), self.verifier)
+            if claims is None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing credential")
             if self.failure is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
             problem = name_problem(request)
             if problem is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
+            refused = refusal(claims, name, request) if claims is not None else None
+            if refused is not None:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
             try:
                 reply = handler(request, context)
                 if self.failure is not None:
-                    # Computed from a memory that may be ahead of what was saved (a call
-                    # that waited while another's save failed): not answered.
+                    # The coordinator stopped while this call waited (another's save failed
+                    # for good): the process restarts, and nothing more is answered.
                     context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
                 return reply
             except FencedError as error:
@@ -403,7 +416,13 @@ class CoordinatorService:
 class CoordinatorServer:
     """A running coordinator: the gRPC server, its service and its ticker thread."""
 
-    def __init__(self, service: CoordinatorService, host: str = "127.0.0.1", port: int = 0):
+    def __init__(
+        self,
+        service: CoordinatorService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tls: JobTls | None = None,
+    ):
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="coordinator"),
@@ -411,7 +430,7 @@ class CoordinatorServer:
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
-        self.port: int = self.server.add_insecure_port(f"{host}:{port}")
+        self.port: int = listening(self.server, f"{host}:{port}", tls)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.address = f"{host}:{self.port}"

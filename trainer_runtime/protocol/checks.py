@@ -1,21 +1,23 @@
-"""What every server of the runtime checks of a call before its handler runs: the job token,
-compared in constant time, and the length of the names a caller gives.
+"""What every server of the runtime checks of a call before its handler runs: who is calling
+(its credential, ``credentials``), whether that caller may make this call, and the length of
+the names a caller gives.
 
-Why: a token compared with ``!=`` tells, by how long the refusal takes, how much of a guess
-was right; and a worker id of megabytes is kept in the state every save writes (past what a
-ConfigMap snapshot can hold). Both checks are shared by the coordinator and the parameter
-servers so they cannot drift apart.
+Why: a worker may act only for itself (commit, lease, leave as its own worker id), and only
+the job's controller may resize, drain or read the whole state; a worker id of megabytes
+would be kept in the state every save writes (past what a ConfigMap snapshot can hold). The
+checks are shared by the coordinator and the parameter servers so they cannot drift apart.
 
-What must stay true: a call whose token is not the job's, or that names a worker, node or
-address longer than ``MAX_NAME``, reaches no handler.
+What must stay true: a call without a valid credential of the job, a worker's call that acts
+for another worker id or calls a controller's method, and a call that names a worker, node
+or address longer than ``MAX_NAME``, reach no handler.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Iterable
 
-from trainer_runtime.protocol import TOKEN_HEADER
+from trainer_runtime.protocol import TOKEN_HEADER, pb
+from trainer_runtime.protocol.credentials import CallerRole, Claims, Verifier
 
 #: The longest worker id, node name or address a call may give: a Kubernetes object name
 #: (253) and a port.
@@ -24,13 +26,33 @@ MAX_NAME = 261
 NAMED_FIELDS = ("worker_id", "node", "store_address", "address")
 
 
-def token_matches(metadata: Iterable[tuple[str, str | bytes]], token: str) -> bool:
-    """Whether the call's metadata carries the job's token (compared in constant time)."""
-    given = dict(metadata).get(TOKEN_HEADER)
-    if given is None:
-        return False
-    raw = given.encode() if isinstance(given, str) else given
-    return hmac.compare_digest(raw, token.encode())
+#: The coordinator's methods only the job's controller may call (a worker may read the
+#: job's progress, as a training script does to learn it finished; not its whole state).
+CONTROLLER_METHODS = frozenset({"Drain", "SetTarget", "GetSnapshot"})
+
+
+def caller(metadata: Iterable[tuple[str, str | bytes]], verifier: Verifier) -> Claims | None:
+    """Who the call's credential says is calling, or None when it carries no valid one."""
+    return verifier.claims(dict(metadata).get(TOKEN_HEADER))
+
+
+def refusal(claims: Claims, method: str, request: object) -> str | None:
+    """Why ``claims`` may not make this call, or None. The controller may make every call; a
+    worker or a server only its own: no controller method, its own worker id in the request,
+    and its own role when it registers."""
+    if claims.role is CallerRole.CONTROLLER:
+        return None
+    if method in CONTROLLER_METHODS:
+        return f"{method} is for the job's controller, not a {claims.role.value}"
+    acting = getattr(request, "worker_id", None)
+    if isinstance(acting, str) and acting != claims.worker_id:
+        return f"the credential of {claims.worker_id!r} cannot act for {acting[:MAX_NAME]!r}"
+    registering_as = getattr(request, "role", None)
+    if method == "Register" and isinstance(registering_as, int):
+        server = registering_as == pb.SERVER
+        if server != (claims.role is CallerRole.SERVER):
+            return f"a {claims.role.value} credential cannot register as another role"
+    return None
 
 
 def name_problem(request: object) -> str | None:

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from trainer_runtime.client import CoordinatorClient, CoordinatorError, Fenced
-from trainer_runtime.environment import ContractError, WorkerContract
+from trainer_runtime.environment import ContractError, WorkerContract, verifier_from
 from trainer_runtime.ps.serving import ParameterServer, ParameterService
 from trainer_runtime.ps.snapshots import SnapshotDirectory
 
@@ -90,15 +90,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         contract = WorkerContract.from_environ()
+        verifier = verifier_from()
     except ContractError as error:
         print(error, file=sys.stderr)
         return 2
     released = threading.Event()
-    service = ParameterService(SnapshotDirectory(args.snapshot_dir), contract.token, released.set)
-    server = ParameterServer(service, args.host, args.port, args.threads).start()
+    service = ParameterService(SnapshotDirectory(args.snapshot_dir), verifier, released.set)
+    server = ParameterServer(service, args.host, args.port, args.threads, contract.tls).start()
     address = f"{contract.host}:{server.port}"
     client = CoordinatorClient(
-        contract.coordinator, contract.token, timeout_s=5.0, retry_s=contract.timeout_s
+        contract.coordinator,
+        contract.token,
+        timeout_s=5.0,
+        retry_s=contract.timeout_s,
+        tls=contract.tls,
     )
     liveness = Liveness(client, contract.worker_id, contract.timeout_s, released)
     try:

@@ -1,6 +1,6 @@
 """The parameter server's gRPC service: a thin executor around one `Partition`.
 
-Each call is authenticated (the job token), then runs one partition method under one lock;
+Each call is authenticated (a credential of the job), then runs one partition method under one lock;
 waits (a pull for a step not applied yet, a seal of a step still missing contributions, a
 call of a generation whose layout is not adopted yet) are bounded long polls on one
 condition. Pushes stream raw chunks straight into the step's buffer (`np.frombuffer` over
@@ -26,7 +26,8 @@ from typing import Any
 import grpc
 import numpy as np
 
-from trainer_runtime.protocol.checks import name_problem, token_matches
+from trainer_runtime.protocol.checks import caller, name_problem
+from trainer_runtime.protocol.credentials import Verifier
 from trainer_runtime.protocol.parameter_server import (
     CHANNEL_OPTIONS,
     PS_METHODS,
@@ -36,6 +37,7 @@ from trainer_runtime.protocol.parameter_server import (
     Shape,
     ps,
 )
+from trainer_runtime.protocol.tls import JobTls, listening
 from trainer_runtime.ps.partition import (
     Array,
     NotAdopted,
@@ -106,12 +108,12 @@ class ParameterService:
     def __init__(
         self,
         directory: SnapshotDirectory,
-        token: str,
+        verifier: Verifier,
         on_release: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.directory = directory
-        self.token = token
+        self.verifier = verifier
         self.on_release = on_release
         self.clock = clock
         self.writer = SnapshotWriter(directory)
@@ -123,8 +125,10 @@ class ParameterService:
     # ----- plumbing -----
 
     def authorizing(self, context: grpc.ServicerContext) -> None:
-        if not token_matches(context.invocation_metadata(), self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing job token")
+        # Any process of the job may call a server: workers push and pull, the servers
+        # move partitions between themselves; each acts on the partition, not as a worker.
+        if caller(context.invocation_metadata(), self.verifier) is None:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing credential")
 
     def guarded(self, name: str) -> Callable[[Any, grpc.ServicerContext], Any]:
         handler: Callable[[Any, grpc.ServicerContext], Any] = getattr(self, name)
@@ -361,7 +365,12 @@ class ParameterServer:
     """A running PS: the gRPC server over its service."""
 
     def __init__(
-        self, service: ParameterService, host: str = "127.0.0.1", port: int = 0, threads: int = 32
+        self,
+        service: ParameterService,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        threads: int = 32,
+        tls: JobTls | None = None,
     ) -> None:
         self.service = service
         self.server = grpc.server(
@@ -370,7 +379,7 @@ class ParameterServer:
             maximum_concurrent_rpcs=threads * 4,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
-        self.port: int = self.server.add_insecure_port(f"{host}:{port}")
+        self.port: int = listening(self.server, f"{host}:{port}", tls)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
         self.address = f"{host}:{self.port}"

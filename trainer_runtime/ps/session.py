@@ -205,7 +205,7 @@ class PsSession:
         self.config = config
         self.contract = contract or WorkerContract.from_environ()
         self.agent = WorkerAgent(self.contract)
-        self.links = Links(self.contract.token, config.channels_per_server)
+        self.links = Links(self.contract.token, config.channels_per_server, self.contract.tls)
         self.directory = SnapshotDirectory(config.snapshot_dir)
         self.flat, self.gradient = flattening(model)
         self.parameters = [p for p in model.parameters() if p.requires_grad]

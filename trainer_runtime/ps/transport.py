@@ -36,6 +36,7 @@ from trainer_runtime.protocol.parameter_server import (
     Shape,
     ps,
 )
+from trainer_runtime.protocol.tls import JobTls, opening_channel
 from trainer_runtime.ps.layout import Piece
 
 CHUNK_BYTES = 1024 * 1024
@@ -83,13 +84,16 @@ def chunk_elements(itemsize: int) -> int:
 
 
 class ServerLink:
-    """Channels to one parameter server, with the job token on every call."""
+    """Channels to one parameter server (TLS with ``tls``), with the caller's credential on
+    every call."""
 
-    def __init__(self, address: str, token: str, channels: int = 2) -> None:
+    def __init__(
+        self, address: str, token: str, channels: int = 2, tls: JobTls | None = None
+    ) -> None:
         self.address = address
         self.metadata = ((TOKEN_HEADER, token),)
         options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
-        self.channels = [grpc.insecure_channel(address, options=options) for _ in range(channels)]
+        self.channels = [opening_channel(address, options, tls) for _ in range(channels)]
         self.calls: list[dict[str, Any]] = []
         for channel in self.channels:
             table: dict[str, Any] = {}
@@ -180,9 +184,10 @@ class ServerLink:
 class Links:
     """Every server of one layout, and the thread pool their streams run on."""
 
-    def __init__(self, token: str, channels_per_server: int = 2) -> None:
+    def __init__(self, token: str, channels_per_server: int = 2, tls: JobTls | None = None) -> None:
         self.token = token
         self.channels_per_server = channels_per_server
+        self.tls = tls
         self.links: dict[str, ServerLink] = {}
         self.pool = futures.ThreadPoolExecutor(max_workers=32, thread_name_prefix="ps-link")
         self.lock = threading.Lock()
@@ -191,7 +196,7 @@ class Links:
         with self.lock:
             found = self.links.get(address)
             if found is None:
-                found = ServerLink(address, self.token, self.channels_per_server)
+                found = ServerLink(address, self.token, self.channels_per_server, self.tls)
                 self.links[address] = found
             return found
 
