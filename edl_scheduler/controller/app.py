@@ -263,6 +263,13 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     type=click.Choice([f.value for f in PodField]),
     help="Let jobs' pod templates use this field (refused by default; repeat for several).",
 )
+@click.option(
+    "--pserver-port",
+    type=click.IntRange(0, 65535),
+    default=7071,
+    show_default=True,
+    help="The port parameter servers listen on (probed); 0: any, unprobed (one-host clusters).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     kubeconfig: Path | None,
@@ -283,6 +290,7 @@ def main(
     inject_api_faults: float,
     watch_timeout: int,
     allowed_pod_fields: tuple[str, ...],
+    pserver_port: int,
     verbose: bool,
 ) -> None:
     """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
@@ -318,6 +326,7 @@ def main(
             metrics_port=metrics_port,
             watch_timeout_s=watch_timeout,
             allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
+            pserver_port=pserver_port,
         )
     except (ConfigError, TrainingJobError) as error:
         raise click.UsageError(str(error)) from None

@@ -96,6 +96,9 @@ class ControllerConfig:
     #: Pod-template fields that widen what a pod may do on its node (``vetting``) which the
     #: admin allows jobs to use; the others make a job invalid.
     allowed_pod_fields: frozenset[PodField] = frozenset()
+    #: The port parameter servers listen on, probed by the kubelet; 0: any free port and no
+    #: probes (where every pod shares one address, as in the tests' kubelet in miniature).
+    pserver_port: int = 7071
 
     def token_for(self, uid: str) -> str:
         """The job's token: derived, so a restarted controller knows it without reading the

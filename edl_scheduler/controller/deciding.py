@@ -430,7 +430,8 @@ def _act(
     for role, node in adds:
         name = namer(tj.metadata.name, role.value)
         cycle.created[name] = node
-        cycle.out.intents.append(CreatePod(replica_pod(tj, name, node, role, address), job=ensured))
+        manifest = replica_pod(tj, name, node, role, address, config.pserver_port)
+        cycle.out.intents.append(CreatePod(manifest, job=ensured))
     by_name = {str(meta_of(p)["name"]): p for p in view.replicas}
     for name in removes:
         pod = by_name.get(name)

@@ -11,7 +11,12 @@ Aspects:
 - tokens are derived from the job's UID and differ between jobs;
 - a job naming `edl.dev/checkpoints` on a shared read-write volume has its workers told
   EDL_CHECKPOINT_DIR (the directory plus the job's uid); one on unusable storage is refused
-  naming the annotation and the fix; without it nothing is set.
+  naming the annotation and the fix; without it nothing is set;
+- probes: the coordinator and each parameter server get readiness and liveness probes that
+  ask their gRPC health service on the port and address they listen on, run by the
+  interpreter that runs them; the template's probes of the training script stay on workers
+  and go from parameter servers; workers get none of ours; a parameter server without a
+  fixed port gets none; the coordinator's Service does not wait for readiness.
 """
 
 from __future__ import annotations
@@ -22,10 +27,12 @@ import pytest
 
 from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.probing import interpreter_of
 from edl_scheduler.controller.shaping import (
     ShapingError,
     checkpoint_dir,
     coordinator_pod,
+    coordinator_service,
     free_port,
     replica_pod,
 )
@@ -164,3 +171,67 @@ def test_unusable_checkpoint_directory_is_named_with_the_fix(
     with pytest.raises(ShapingError, match=says) as refused:
         checkpoint_dir(load_training_job(with_checkpoints(path, volume)))
     assert "edl.dev/checkpoints" in str(refused.value)
+
+
+def ps_body() -> dict[str, Any]:
+    manifest = with_checkpoints("/shared/ckpt", {"persistentVolumeClaim": {"claimName": "c"}})
+    manifest["metadata"]["annotations"]["edl.dev/ps-snapshots"] = "/shared/ps"
+    pserver = {"minReplicas": 1, "maxReplicas": 2}
+    manifest["spec"] |= {"strategy": "ps", "framework": "torch", "pserver": pserver}
+    return manifest
+
+
+def probe_command(container: dict[str, Any], kind: str) -> list[str]:
+    probe = container[kind]
+    assert set(probe) >= {"exec", "periodSeconds", "timeoutSeconds", "failureThreshold"}
+    return list(probe["exec"]["command"])
+
+
+def test_coordinator_and_parameter_servers_are_probed_through_their_health_service() -> None:
+    tj = load_training_job(body())
+    coordinator = coordinator_pod(tj, "n1", 7070, CONFIG, None)["spec"]["containers"][0]
+    for kind in ("readinessProbe", "livenessProbe"):
+        command = probe_command(coordinator, kind)
+        assert command[:3] == ["python", "-m", "trainer_runtime.protocol.health_probe"]
+        assert command[command.index("--port") + 1] == "7070"
+        assert "--host" not in command  # bound to every interface: the loopback answers
+    assert coordinator["livenessProbe"]["initialDelaySeconds"] > 0
+    # The interpreter that runs the coordinator runs its probe; a bound address is probed.
+    own = ControllerConfig(
+        coordinator_command=("/venv/bin/python", "-m", "trainer_runtime.coordinator"),
+        coordinator_bind="10.0.0.5",
+    )
+    bound = coordinator_pod(tj, "n1", 7070, own, None)["spec"]["containers"][0]
+    command = probe_command(bound, "livenessProbe")
+    assert command[0] == "/venv/bin/python"
+    assert command[command.index("--host") + 1] == "10.0.0.5"
+    assert interpreter_of(("sh", "-c", "serve")) == ("python",)
+    service = coordinator_service(tj, 7070)
+    assert service["spec"]["publishNotReadyAddresses"] is True
+
+    ps = load_training_job(ps_body())
+    server = replica_pod(ps, "j-pserver-1", "n1", Role.PSERVER, "h:1", 7071)
+    (main,) = server["spec"]["containers"]
+    assert main["command"][main["command"].index("--port") + 1] == "7071"
+    for kind in ("readinessProbe", "livenessProbe"):
+        command = probe_command(main, kind)
+        assert command[command.index("--port") + 1] == "7071"
+        # It listens on the pod's IP, which only the container's environment holds.
+        assert command[command.index("--host-env") + 1] == "EDL_WORKER_HOST"
+    unprobed = replica_pod(ps, "j-pserver-1", "n1", Role.PSERVER, "h:1", 0)["spec"]
+    assert not {"readinessProbe", "livenessProbe"} & unprobed["containers"][0].keys()
+
+
+def test_workers_keep_the_templates_probes_and_get_none_of_ours() -> None:
+    plain = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1", 7071)
+    for container in plain["spec"]["containers"]:
+        assert not {"readinessProbe", "livenessProbe", "startupProbe"} & container.keys()
+    own = {"exec": {"command": ["cat", "/tmp/alive"]}, "periodSeconds": 30}
+    raw = body()
+    raw["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = own
+    kept = replica_pod(load_training_job(raw), "j-worker-1", "n1", Role.WORKER, "h:1", 7071)
+    assert kept["spec"]["containers"][0]["livenessProbe"] == own
+    ps = ps_body()
+    ps["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = own
+    server = replica_pod(load_training_job(ps), "j-pserver-1", "n1", Role.PSERVER, "h:1", 7071)
+    assert server["spec"]["containers"][0]["livenessProbe"] != own

@@ -3,10 +3,12 @@ workers run no process; coordinators run for real: the controller asks them for 
 drains and the planned size).
 
 Aspects tested:
-- a TrainingJob gets its coordinator pod, Service and token Secret, and worker pods bound (by
-  spec.nodeName) to the planned nodes, with owner references, labels, the job's priority
-  class and the runtime's environment contract, created with the coordinator; the
-  status subresource shows the phase, replicas and allocation; an Admitted Event is posted;
+- a TrainingJob gets its coordinator pod, Service and token Secret, and
+  worker pods bound (by spec.nodeName) to the planned nodes, with owner references, labels,
+  the job's priority class and the runtime's environment contract, created with the
+  coordinator; the API server accepts the coordinator's health probes as the controller
+  shapes them; the status subresource shows the phase, replicas and allocation; an
+  Admitted Event is posted;
 - a worker the kubelet refused at admission is replaced without charging the restart
   budget; a failed worker is replaced and charged once its coordinator has answered; past
   the budget the job Fails;
@@ -112,6 +114,9 @@ def test_job_gets_coordinator_and_placed_workers(
         assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     coordinator = cluster.pods(NS, "place", "coordinator")
     assert len(coordinator) == 1 and coordinator[0].spec.node_name in ("act-0", "act-1")
+    (container,) = coordinator[0].spec.containers
+    for probe in (container.readiness_probe, container.liveness_probe):
+        assert "trainer_runtime.protocol.health_probe" in probe._exec.command
     service = cluster.core.read_namespaced_service("place-coordinator", NS)
     assert service.metadata.owner_references[0].uid == uid
     secret = cluster.core.read_namespaced_secret("place-token", NS)

@@ -8,7 +8,8 @@ liveness: when the stream drops (the process died), the worker departs at once a
 leases go back to todo.
 
 What must stay true: every wait is bounded; no state change is answered before it is saved;
-an unauthenticated call changes nothing.
+an unauthenticated call changes nothing. The server also answers the standard gRPC health
+service (``protocol.health``) without a token: SERVING until the service stops.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from trainer_runtime.coordinator.state import CoordinatorState, FencedError, Noi
 from trainer_runtime.coordinator.storing import StateStore
 from trainer_runtime.protocol import METHODS, SERVICE, pb
 from trainer_runtime.protocol.checks import name_problem, token_matches
+from trainer_runtime.protocol.health import HealthService
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 LOG = logging.getLogger(__name__)
@@ -411,6 +413,10 @@ class CoordinatorServer:
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
+        # The standard health service, beside the API: answered without the job's token,
+        # SERVING until the service stops (a save that failed for good, or ``stop``).
+        self.health = HealthService(service.stopping)
+        self.health.register(self.server)
         self.port: int = self.server.add_insecure_port(f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
