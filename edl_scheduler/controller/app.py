@@ -27,7 +27,12 @@ import kubernetes
 
 from edl_scheduler.api import GROUP, PLURAL, VERSION, TrainingJobError
 from edl_scheduler.api.policy import load_policy_config
-from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.config import (
+    ConfigError,
+    ControllerConfig,
+    PortRange,
+    parse_labels,
+)
 from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
@@ -264,6 +269,25 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     help="Let jobs' pod templates use this field (refused by default; repeat for several).",
 )
 @click.option(
+    "--network-policies/--no-network-policies",
+    default=True,
+    show_default=True,
+    help="Give each job a NetworkPolicy that admits only its pods and the controller's to "
+    "its coordinator and parameter servers (off where no CNI enforces them).",
+)
+@click.option(
+    "--operator-namespace-labels",
+    default=None,
+    help="key=value,... of the controller's namespace, admitted by the jobs' NetworkPolicies; "
+    "default: kubernetes.io/metadata.name=<--lease-namespace>.",
+)
+@click.option(
+    "--operator-pod-labels",
+    default="app.kubernetes.io/name=edl-controller,app.kubernetes.io/component=controller",
+    show_default=True,
+    help="key=value,... of the controller's pods, admitted by the jobs' NetworkPolicies.",
+)
+@click.option(
     "--pserver-port",
     type=click.IntRange(0, 65535),
     default=7071,
@@ -290,6 +314,9 @@ def main(
     inject_api_faults: float,
     watch_timeout: int,
     allowed_pod_fields: tuple[str, ...],
+    network_policies: bool,
+    operator_namespace_labels: str | None,
+    operator_pod_labels: str,
     pserver_port: int,
     verbose: bool,
 ) -> None:
@@ -326,6 +353,13 @@ def main(
             metrics_port=metrics_port,
             watch_timeout_s=watch_timeout,
             allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
+            network_policies=network_policies,
+            operator_namespace_labels=parse_labels(
+                operator_namespace_labels, "--operator-namespace-labels"
+            )
+            if operator_namespace_labels
+            else (),
+            operator_pod_labels=parse_labels(operator_pod_labels, "--operator-pod-labels"),
             pserver_port=pserver_port,
         )
     except (ConfigError, TrainingJobError) as error:

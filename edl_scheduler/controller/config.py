@@ -50,6 +50,17 @@ class PortRange:
         return self.first == self.last
 
 
+def parse_labels(text: str, option: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` as sorted pairs; raises ``ConfigError`` naming ``option``."""
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option} {text!r}: write labels as key=value,key2=value2")
+        pairs[key.strip()] = value.strip()
+    return tuple(sorted(pairs.items()))
+
+
 @dataclass(frozen=True, slots=True)
 class ControllerConfig:
     """Everything the operator is told at start."""
@@ -96,9 +107,25 @@ class ControllerConfig:
     #: Pod-template fields that widen what a pod may do on its node (``vetting``) which the
     #: admin allows jobs to use; the others make a job invalid.
     allowed_pod_fields: frozenset[PodField] = frozenset()
+    #: Whether each job gets a NetworkPolicy that lets only its own pods and the
+    #: controller's reach its coordinator and parameter servers (``isolating``): off only
+    #: where no CNI enforces NetworkPolicies.
+    network_policies: bool = True
+    #: The labels of the controller's namespace and pods, as the job's NetworkPolicy admits
+    #: them; no namespace labels: ``kubernetes.io/metadata.name`` = ``lease_namespace``.
+    operator_namespace_labels: tuple[tuple[str, str], ...] = ()
+    operator_pod_labels: tuple[tuple[str, str], ...] = (
+        ("app.kubernetes.io/component", "controller"),
+        ("app.kubernetes.io/name", "edl-controller"),
+    )
     #: The port parameter servers listen on, probed by the kubelet; 0: any free port and no
     #: probes (where every pod shares one address, as in the tests' kubelet in miniature).
     pserver_port: int = 7071
+
+    def operator_namespace_selector(self) -> dict[str, str]:
+        """The labels of the controller's own namespace."""
+        labels = self.operator_namespace_labels
+        return dict(labels) if labels else {"kubernetes.io/metadata.name": self.lease_namespace}
 
     def token_for(self, uid: str) -> str:
         """The job's token: derived, so a restarted controller knows it without reading the

@@ -16,7 +16,10 @@ Aspects:
   ask their gRPC health service on the port and address they listen on, run by the
   interpreter that runs them; the template's probes of the training script stay on workers
   and go from parameter servers; workers get none of ours; a parameter server without a
-  fixed port gets none; the coordinator's Service does not wait for readiness.
+  fixed port gets none; the coordinator's Service does not wait for readiness;
+- the NetworkPolicy selects only the job's coordinator and parameter servers, admits only
+  the job's own pods and the controller's pods in the controller's namespace (labels
+  configurable), limits ingress only, and is owned by the job (garbage-collectable).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import pytest
 
 from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.isolating import job_network_policies, network_policy
 from edl_scheduler.controller.probing import interpreter_of
 from edl_scheduler.controller.shaping import (
     ShapingError,
@@ -235,3 +239,45 @@ def test_workers_keep_the_templates_probes_and_get_none_of_ours() -> None:
     ps["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = own
     server = replica_pod(load_training_job(ps), "j-pserver-1", "n1", Role.PSERVER, "h:1", 7071)
     assert server["spec"]["containers"][0]["livenessProbe"] != own
+
+
+def test_network_policy_admits_only_the_jobs_pods_and_the_controllers() -> None:
+    tj = load_training_job(body())
+    policy = network_policy(tj, CONFIG)
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    meta = policy["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("j-servers", "ns")
+    assert meta["labels"]["edl.dev/job"] == "j"
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("TrainingJob", "j", "u")
+    assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"] == {
+        "matchLabels": {"edl.dev/job": "j"},
+        "matchExpressions": [
+            {"key": "edl.dev/role", "operator": "In", "values": ["coordinator", "pserver"]}
+        ],
+    }
+    (rule,) = spec["ingress"]
+    assert "ports" not in rule  # every port of the servers, from these peers only
+    job_pods, controller = rule["from"]
+    own = {"edl.dev/job": "j", "edl.dev/managed": "true"}
+    assert job_pods == {"podSelector": {"matchLabels": own}}
+    assert controller == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "edl-system"}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "edl-controller",
+                "app.kubernetes.io/component": "controller",
+            }
+        },
+    }
+    custom = ControllerConfig(
+        operator_namespace_labels=(("team", "platform"),),
+        operator_pod_labels=(("app", "edl"),),
+    )
+    _, theirs = network_policy(tj, custom)["spec"]["ingress"][0]["from"]
+    assert theirs["namespaceSelector"]["matchLabels"] == {"team": "platform"}
+    assert theirs["podSelector"]["matchLabels"] == {"app": "edl"}
+    assert job_network_policies(tj, ControllerConfig(network_policies=False)) == ()
