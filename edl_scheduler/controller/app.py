@@ -7,6 +7,10 @@ first event handler call means the whole world has been seen once: only then may
 plan (planning on a partial listing would create duplicate workers after a restart). Every
 event marks the world dirty. kopf's peering is off (standalone): leader election is ours
 (``leading``). Nothing here writes to Kubernetes.
+
+The watches stay cluster-wide, whatever ``--namespace`` says: what pods of every namespace
+take on a node is what the planner may not hand out. The namespaces not served are fenced
+off as the objects arrive (``fencing``): their TrainingJobs are never indexed.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from edl_scheduler.controller.config import (
     ConfigError,
     ControllerConfig,
     PortRange,
+    ServedNamespaces,
     parse_labels,
 )
+from edl_scheduler.controller.fencing import FencedKube, NamespaceFence
 from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
@@ -59,6 +65,7 @@ def _values(index: Any) -> Iterable[dict[str, Any]]:
 def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     holder: dict[str, Any] = {}
+    fence = NamespaceFence(config.namespaces)
 
     def keep(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
         loop = holder.get("loop")
@@ -67,7 +74,12 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         meta = body.get("metadata", {})
         return {(meta.get("namespace"), meta.get("name")): _plain(body)}
 
+    def keep_pod(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        return {key: fence.pod(pod) for key, pod in keep(body).items()}
+
     def keep_job(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        if not fence.admits_job(body):
+            return {}  # not indexed: never planned, never written to
         # A job the controller never wrote a status for is new: it waits for a plan.
         loop = holder.get("loop")
         if loop is not None and not (body.get("status") or {}).get("phase"):
@@ -77,8 +89,9 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
             loop.mark_urgent()
         return keep(body)
 
+    keepers = {"jobs": keep_job, "pods": keep_pod}
     for name, resource in _RESOURCES.items():
-        kopf.index(*resource, id=name, registry=registry)(keep_job if name == "jobs" else keep)
+        kopf.index(*resource, id=name, registry=registry)(keepers.get(name, keep))
 
     async def seen(**_: Any) -> None:
         loop = holder.get("loop")
@@ -129,7 +142,12 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         holder["web"] = await serve(
             metrics, config.metrics_host, config.metrics_port, config.liveness_stale_s
         )
-        log.info("controller %s started", config.identity)
+        served = config.namespaces.names
+        log.info(
+            "controller %s started; it acts in %s, never in kube-system",
+            config.identity,
+            f"namespaces {', '.join(sorted(served))}" if served else "every namespace",
+        )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -269,6 +287,13 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     help="Let jobs' pod templates use this field (refused by default; repeat for several).",
 )
 @click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Act only on TrainingJobs in this namespace (repeat for several); default: every "
+    "namespace but kube-system, which is never served. Each needs its RoleBinding.",
+)
+@click.option(
     "--network-policies/--no-network-policies",
     default=True,
     show_default=True,
@@ -314,6 +339,7 @@ def main(
     inject_api_faults: float,
     watch_timeout: int,
     allowed_pod_fields: tuple[str, ...],
+    namespaces: tuple[str, ...],
     network_policies: bool,
     operator_namespace_labels: str | None,
     operator_pod_labels: str,
@@ -353,6 +379,7 @@ def main(
             metrics_port=metrics_port,
             watch_timeout_s=watch_timeout,
             allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
+            namespaces=ServedNamespaces.parse(namespaces),
             network_policies=network_policies,
             operator_namespace_labels=parse_labels(
                 operator_namespace_labels, "--operator-namespace-labels"
@@ -368,6 +395,7 @@ def main(
         os.environ["KUBECONFIG"] = str(kubeconfig)
     client = _api_client(kubeconfig)
     kube = FaultyKube(client, inject_api_faults) if inject_api_faults > 0 else Kube(client)
+    kube = FencedKube(kube, config.namespaces, config.lease_namespace)
     metrics = Metrics()
     registry = build_registry(config, kube, metrics)
     kopf.run(registry=registry, clusterwide=True, standalone=True)
