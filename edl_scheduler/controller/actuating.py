@@ -57,7 +57,7 @@ from edl_scheduler.controller.intents import (
     PatchStatus,
     SetTarget,
 )
-from edl_scheduler.controller.kubeapi import MERGE_PATCH, Kube, KubeError, namespaced
+from edl_scheduler.controller.kubeapi import MERGE_PATCH, Kube, KubeError, collection_of, namespaced
 from edl_scheduler.controller.naming import (
     ANNOTATION_DRAIN_SINCE,
     ANNOTATION_DRAINING,
@@ -434,12 +434,8 @@ class Actuator:
     # ----- objects -----
 
     def _ensure(self, job: str, manifest: Mapping[str, Any]) -> None:
-        ns = manifest["metadata"]["namespace"]
-        plural = {"Secret": "secrets", "Service": "services", "ConfigMap": "configmaps"}[
-            manifest["kind"]
-        ]
         try:
-            self.kube.request("POST", namespaced(ns, plural), manifest)
+            self.kube.request("POST", collection_of(manifest), manifest)
         except KubeError as error:
             if error.status != 409:
                 raise

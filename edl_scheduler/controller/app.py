@@ -7,6 +7,10 @@ first event handler call means the whole world has been seen once: only then may
 plan (planning on a partial listing would create duplicate workers after a restart). Every
 event marks the world dirty. kopf's peering is off (standalone): leader election is ours
 (``leading``). Nothing here writes to Kubernetes.
+
+The watches stay cluster-wide, whatever ``--namespace`` says: what pods of every namespace
+take on a node is what the planner may not hand out. The namespaces not served are fenced
+off as the objects arrive (``fencing``): their TrainingJobs are never indexed.
 """
 
 from __future__ import annotations
@@ -27,7 +31,14 @@ import kubernetes
 
 from edl_scheduler.api import GROUP, PLURAL, VERSION, TrainingJobError
 from edl_scheduler.api.policy import load_policy_config
-from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.config import (
+    ConfigError,
+    ControllerConfig,
+    PortRange,
+    ServedNamespaces,
+    parse_labels,
+)
+from edl_scheduler.controller.fencing import FencedKube, NamespaceFence
 from edl_scheduler.controller.kubeapi import FaultyKube, Kube
 from edl_scheduler.controller.looping import PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics, serve
@@ -54,6 +65,7 @@ def _values(index: Any) -> Iterable[dict[str, Any]]:
 def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     holder: dict[str, Any] = {}
+    fence = NamespaceFence(config.namespaces)
 
     def keep(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
         loop = holder.get("loop")
@@ -62,7 +74,12 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         meta = body.get("metadata", {})
         return {(meta.get("namespace"), meta.get("name")): _plain(body)}
 
+    def keep_pod(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        return {key: fence.pod(pod) for key, pod in keep(body).items()}
+
     def keep_job(body: kopf.Body, **_: Any) -> dict[tuple[str | None, str], dict[str, Any]]:
+        if not fence.admits_job(body):
+            return {}  # not indexed: never planned, never written to
         # A job the controller never wrote a status for is new: it waits for a plan.
         loop = holder.get("loop")
         if loop is not None and not (body.get("status") or {}).get("phase"):
@@ -72,8 +89,9 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
             loop.mark_urgent()
         return keep(body)
 
+    keepers = {"jobs": keep_job, "pods": keep_pod}
     for name, resource in _RESOURCES.items():
-        kopf.index(*resource, id=name, registry=registry)(keep_job if name == "jobs" else keep)
+        kopf.index(*resource, id=name, registry=registry)(keepers.get(name, keep))
 
     async def seen(**_: Any) -> None:
         loop = holder.get("loop")
@@ -124,7 +142,12 @@ def build_registry(config: ControllerConfig, kube: Kube, metrics: Metrics) -> ko
         holder["web"] = await serve(
             metrics, config.metrics_host, config.metrics_port, config.liveness_stale_s
         )
-        log.info("controller %s started", config.identity)
+        served = config.namespaces.names
+        log.info(
+            "controller %s started; it acts in %s, never in kube-system",
+            config.identity,
+            f"namespaces {', '.join(sorted(served))}" if served else "every namespace",
+        )
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -269,6 +292,39 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     help="TLS between each job's pods, its coordinator and the controller (a certificate per "
     "job, pinned by its clients).",
 )
+@click.option(
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    help="Act only on TrainingJobs in this namespace (repeat for several); default: every "
+    "namespace but kube-system, which is never served. Each needs its RoleBinding.",
+)
+@click.option(
+    "--network-policies/--no-network-policies",
+    default=True,
+    show_default=True,
+    help="Give each job a NetworkPolicy that admits only its pods and the controller's to "
+    "its coordinator and parameter servers (off where no CNI enforces them).",
+)
+@click.option(
+    "--operator-namespace-labels",
+    default=None,
+    help="key=value,... of the controller's namespace, admitted by the jobs' NetworkPolicies; "
+    "default: kubernetes.io/metadata.name=<--lease-namespace>.",
+)
+@click.option(
+    "--operator-pod-labels",
+    default="app.kubernetes.io/name=edl-controller,app.kubernetes.io/component=controller",
+    show_default=True,
+    help="key=value,... of the controller's pods, admitted by the jobs' NetworkPolicies.",
+)
+@click.option(
+    "--pserver-port",
+    type=click.IntRange(0, 65535),
+    default=7071,
+    show_default=True,
+    help="The port parameter servers listen on (probed); 0: any, unprobed (one-host clusters).",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     kubeconfig: Path | None,
@@ -290,6 +346,11 @@ def main(
     watch_timeout: int,
     allowed_pod_fields: tuple[str, ...],
     tls: bool,
+    namespaces: tuple[str, ...],
+    network_policies: bool,
+    operator_namespace_labels: str | None,
+    operator_pod_labels: str,
+    pserver_port: int,
     verbose: bool,
 ) -> None:
     """Run the EDL operator: watch the cluster, plan, and act on TrainingJobs."""
@@ -326,6 +387,15 @@ def main(
             watch_timeout_s=watch_timeout,
             allowed_pod_fields=frozenset(PodField(f) for f in allowed_pod_fields),
             tls=tls,
+            namespaces=ServedNamespaces.parse(namespaces),
+            network_policies=network_policies,
+            operator_namespace_labels=parse_labels(
+                operator_namespace_labels, "--operator-namespace-labels"
+            )
+            if operator_namespace_labels
+            else (),
+            operator_pod_labels=parse_labels(operator_pod_labels, "--operator-pod-labels"),
+            pserver_port=pserver_port,
         )
     except (ConfigError, TrainingJobError) as error:
         raise click.UsageError(str(error)) from None
@@ -333,6 +403,7 @@ def main(
         os.environ["KUBECONFIG"] = str(kubeconfig)
     client = _api_client(kubeconfig)
     kube = FaultyKube(client, inject_api_faults) if inject_api_faults > 0 else Kube(client)
+    kube = FencedKube(kube, config.namespaces, config.lease_namespace)
     metrics = Metrics()
     registry = build_registry(config, kube, metrics)
     kopf.run(registry=registry, clusterwide=True, standalone=True)

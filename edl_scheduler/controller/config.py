@@ -5,14 +5,17 @@ Why this exists: the entry point parses the command line once; everything else r
 the defaults are what a cluster admin deploys (coordinators reached through their Service,
 one port for all, binding every interface of the pod); the single-host knobs
 (``coordinator_host``, a port range) exist for clusters whose pods share one address, such as
-the kubelet in miniature of the tests.
+the kubelet in miniature of the tests. The controller acts only in the namespaces it serves
+(``ServedNamespaces``), never in kube-system, whatever it is told.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 from edl_scheduler.controller.vetting import PodField
 from edl_scheduler.core import Policy, preset
@@ -50,6 +53,62 @@ class PortRange:
     @property
     def shared(self) -> bool:
         return self.first == self.last
+
+
+#: Namespaces the controller never acts in, whatever it is told: the cluster's own
+#: components live there, and a pod created there by a job's author would run beside them.
+NEVER_SERVED: Final = frozenset({"kube-system"})
+
+
+@dataclass(frozen=True, slots=True)
+class ServedNamespaces:
+    """The namespaces whose TrainingJobs the controller acts on (``--namespace``).
+
+    Empty ``names``: every namespace but ``NEVER_SERVED``. The RBAC is the other half: the
+    controller may write only in the namespaces where a RoleBinding grants it the ClusterRole
+    ``edl-operator-workloads`` (docs/deploy.md). What must stay true: ``refusal`` answers
+    for every namespace in ``NEVER_SERVED``, and ``parse`` never accepts one."""
+
+    names: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, names: Iterable[str]) -> ServedNamespaces:
+        given = frozenset(n.strip() for n in names)
+        never = sorted(given & NEVER_SERVED)
+        if never:
+            raise ConfigError(
+                f"--namespace {never[0]}: the controller never acts in {never[0]} (the "
+                "cluster's own components run there); run jobs in a namespace of their own"
+            )
+        if "" in given:
+            raise ConfigError("--namespace '': give a namespace's name")
+        return cls(given)
+
+    def refusal(self, namespace: str) -> str | None:
+        """Why the controller does not act in ``namespace``, or None where it does."""
+        if namespace in NEVER_SERVED:
+            return f"the controller never acts in {namespace}"
+        if self.names and namespace not in self.names:
+            return (
+                f"namespace {namespace} is not served (edl-controller --namespace "
+                f'{" --namespace ".join(sorted(self.names))}); docs/deploy.md, "Serving a '
+                'namespace", says how to add it'
+            )
+        return None
+
+    def serves(self, namespace: str) -> bool:
+        return self.refusal(namespace) is None
+
+
+def parse_labels(text: str, option: str) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` as sorted pairs; raises ``ConfigError`` naming ``option``."""
+    pairs: dict[str, str] = {}
+    for item in (part.strip() for part in text.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option} {text!r}: write labels as key=value,key2=value2")
+        pairs[key.strip()] = value.strip()
+    return tuple(sorted(pairs.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +160,27 @@ class ControllerConfig:
     #: TLS between each job's processes and to its coordinator (``--tls``): a certificate
     #: per job, derived like its signing key, that its clients pin.
     tls: bool = False
+    #: Where the controller acts (and never in kube-system).
+    namespaces: ServedNamespaces = ServedNamespaces()
+    #: Whether each job gets a NetworkPolicy that lets only its own pods and the
+    #: controller's reach its coordinator and parameter servers (``isolating``): off only
+    #: where no CNI enforces NetworkPolicies.
+    network_policies: bool = True
+    #: The labels of the controller's namespace and pods, as the job's NetworkPolicy admits
+    #: them; no namespace labels: ``kubernetes.io/metadata.name`` = ``lease_namespace``.
+    operator_namespace_labels: tuple[tuple[str, str], ...] = ()
+    operator_pod_labels: tuple[tuple[str, str], ...] = (
+        ("app.kubernetes.io/component", "controller"),
+        ("app.kubernetes.io/name", "edl-controller"),
+    )
+    #: The port parameter servers listen on, probed by the kubelet; 0: any free port and no
+    #: probes (where every pod shares one address, as in the tests' kubelet in miniature).
+    pserver_port: int = 7071
+
+    def operator_namespace_selector(self) -> dict[str, str]:
+        """The labels of the controller's own namespace."""
+        labels = self.operator_namespace_labels
+        return dict(labels) if labels else {"kubernetes.io/metadata.name": self.lease_namespace}
 
     def token_for(self, uid: str) -> str:
         """The job's token: derived, so a restarted controller knows it without reading the

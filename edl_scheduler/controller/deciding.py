@@ -26,10 +26,10 @@ The rules, per job, in order:
 6. The plan's moves: new replicas on the planned nodes, named victims drained through the
    coordinator (a victim that never started is deleted at once), the new target sent to the
    coordinator once it answers. A job placed without a live coordinator gets one (with its
-   Service, if missing) at once. Its new replicas, each with the Secret of its own
-   credential, are created as soon as the room they take is really free, in the same act as
-   the coordinator when it is (after the Service exists: ``actuating`` holds them back
-   otherwise): a replica
+   Service, its NetworkPolicy and, with TLS, its TLS Secret, if missing) at once. Its new
+   replicas, each with the Secret of its own credential, are created as soon as the room
+   they take is really free, in the same act as the coordinator when it is (after those
+   exist: ``actuating`` holds them back otherwise): a replica
    started before its coordinator listens retries its registration until it does, and
    waiting for the coordinator's first answer before creating them added a cycle, the pod
    creation and a process start to every admission. Only while the coordinator's pod is
@@ -66,6 +66,7 @@ from edl_scheduler.controller.intents import (
     PatchStatus,
     SetTarget,
 )
+from edl_scheduler.controller.isolating import job_network_policies
 from edl_scheduler.controller.leaving import (
     clear_away,
     delete_overdue_drains,
@@ -417,7 +418,8 @@ def _act(
         try:
             tls = tls_secret(tj, config)
             objects = (coordinator_service(tj, port), *([tls] if tls is not None else []))
-            cycle.out.intents.append(EnsureObjects(tj.key, objects))
+            policies = job_network_policies(tj, config)
+            cycle.out.intents.append(EnsureObjects(tj.key, (*objects, *policies)))
             coordinator_pod(tj, node, port, config, None)  # fails early on a bad job
             cycle.out.intents.append(CreateCoordinator(tj, node, port))
             ensured = tj.key

@@ -93,7 +93,8 @@ class SetTarget:
 
 @dataclass(frozen=True, slots=True)
 class EnsureObjects:
-    """The Secret and the Service of a job (created once; 'already exists' is success)."""
+    """The Secret, the Service and the NetworkPolicy of a job (created once; 'already
+    exists' is success)."""
 
     job: str
     manifests: tuple[Manifest, ...]

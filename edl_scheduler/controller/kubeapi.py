@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -83,6 +84,22 @@ def namespaced(ns: str, plural: str, name: str | None = None, *, group: str = ""
     base = f"/apis/{group}" if group else "/api/v1"
     path = f"{base}/namespaces/{quote(ns)}/{plural}"
     return f"{path}/{quote(name)}" if name else path
+
+
+#: The group/version ("" for the core API) and plural of each kind of object the controller
+#: creates from a manifest besides pods.
+_COLLECTIONS = {
+    "Secret": ("", "secrets"),
+    "Service": ("", "services"),
+    "ConfigMap": ("", "configmaps"),
+    "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies"),
+}
+
+
+def collection_of(manifest: Mapping[str, Any]) -> str:
+    """The path of the collection a manifest of ``_COLLECTIONS``' kinds is created in."""
+    group, plural = _COLLECTIONS[manifest["kind"]]
+    return namespaced(manifest["metadata"]["namespace"], plural, group=group)
 
 
 class FaultyKube(Kube):

@@ -1,8 +1,9 @@
 """The names the controller writes on Kubernetes objects, in one place.
 
-Every pod, Service, Secret and ConfigMap the controller creates for a TrainingJob carries
-these labels, so that observing can rebuild the whole picture from the API alone after a
-restart (level-triggered: nothing is remembered in memory that the API does not hold).
+Every pod, Service, Secret, ConfigMap and NetworkPolicy the controller creates for a
+TrainingJob carries these labels, so that observing can rebuild the whole picture from the
+API alone after a restart (level-triggered: nothing is remembered in memory that the API
+does not hold).
 """
 
 from __future__ import annotations
@@ -66,3 +67,8 @@ def credential_name(pod: str) -> str:
 
 def state_config_map_name(job: str) -> str:
     return f"{job}-coordinator-state"
+
+
+def network_policy_name(job: str) -> str:
+    """The NetworkPolicy around the job's coordinator and parameter servers."""
+    return f"{job}-servers"

@@ -24,7 +24,16 @@ true of every one of them:
   worker's image and pod template, bound to the pod's IP; every replica of a ``ps`` job gets
   ``EDL_PS_SNAPSHOTS``, the directory the servers' snapshots live in (``ps_snapshot_dir``);
   the workers of a job that names ``edl.dev/checkpoints`` get ``EDL_CHECKPOINT_DIR``, where
-  the model waits while the job has no worker (``checkpoint_dir``).
+  the model waits while the job has no worker (``checkpoint_dir``);
+- the coordinator and each parameter server get readiness and liveness probes of their gRPC
+  health service (``probing``), parameter servers on ``--pserver-port``. Worker pods get none
+  of ours; the template's own probes of the training container are kept. A worker serves
+  nothing a probe could ask (its training script is the user's), and its liveness is already
+  watched: its ``Watch`` stream to the coordinator drops when the process dies, and a worker
+  that stops reporting loses its leases at lease expiry, so the survivors go on without it
+  and the controller replaces the failed pod. A liveness probe of ours would add only wrong
+  kills: a long step, a state transfer to a newcomer or a checkpoint load looks like a hang
+  from outside, and each kill is charged to the job's restart budget.
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ from edl_scheduler.controller.naming import (
     state_config_map_name,
     tls_secret_name,
 )
+from edl_scheduler.controller.probing import health_probes, interpreter_of
 from edl_scheduler.core import Role
 from trainer_runtime.protocol.credentials import JobCredentials
 from trainer_runtime.protocol.options import options_problem
@@ -295,7 +305,9 @@ def replica_pod(
     config: ControllerConfig,
 ) -> Manifest:
     """A worker or parameter-server pod on ``node``, from the job's template; its
-    credential comes from ``credential_secret(tj, name, ...)``, created before it."""
+    credential comes from ``credential_secret(tj, name, ...)``, created before it. A
+    parameter server listens on ``config.pserver_port`` (probed), or on any free port (0:
+    not probed)."""
     template = tj.spec.template.model_dump(
         mode="json", by_alias=True, exclude_none=True, exclude_unset=True
     )
@@ -337,13 +349,18 @@ def replica_pod(
     if role is Role.PSERVER:
         # The server, not the training script: the template's image, environment and
         # mounts, none of its other containers or probes (they watch the training script).
+        pserver_port = config.pserver_port
         main["command"] = [
             *PSERVER_COMMAND,
             "--host", "$(EDL_WORKER_HOST)",
+            "--port", str(pserver_port),
             "--snapshot-dir", f"$({PS_SNAPSHOTS_ENV})",
         ]  # fmt: skip
         for key in ("args", "livenessProbe", "readinessProbe", "startupProbe"):
             main.pop(key, None)
+        if pserver_port:
+            python = interpreter_of(PSERVER_COMMAND)
+            main |= health_probes(pserver_port, python, host_env="EDL_WORKER_HOST")
         spec["containers"] = [main]
     spec["nodeName"] = node
     spec["restartPolicy"] = "Never"
@@ -409,6 +426,9 @@ def coordinator_pod(
         "resources": {
             "requests": {"cpu": config.coordinator_cpu, "memory": config.coordinator_memory}
         },
+        **health_probes(
+            port, interpreter_of(config.coordinator_command), host=config.coordinator_bind
+        ),
     }
     spec: Manifest = {"nodeName": node, "restartPolicy": "Never", "containers": [container]}
     state = tj.spec.coordinator.state
@@ -443,6 +463,8 @@ def coordinator_service(tj: TrainingJob, port: int) -> Manifest:
         "spec": {
             "selector": {LABEL_JOB: tj.metadata.name, LABEL_ROLE: ROLE_COORDINATOR},
             "ports": [{"name": "grpc", "port": port, "targetPort": port}],
+            # Reached as soon as it listens, not one readiness period later (``probing``).
+            "publishNotReadyAddresses": True,
         },
     }
 

@@ -1,7 +1,8 @@
 """The controller's pure decisions: Plan + pods + progress -> intents, without an API server.
 
 Aspects:
-- a started job gets its Secret and Service, a coordinator and, in the same act when their
+- a started job gets its Secret, Service and NetworkPolicy (none with
+  ``--no-network-policies``), a coordinator and, in the same act when their
   room is free, one pod per planned node (held behind the Secret and Service) with the
   environment contract, owner reference, labels and GPU limits; an Admitted Event; the size
   is told to the coordinator once it answers, once even when it did not change;
@@ -29,6 +30,7 @@ Aspects:
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -162,7 +164,11 @@ def test_start_creates_objects_coordinator_and_placed_workers() -> None:
     first = decide({"ns/j": view(body)}, p, CONFIG, NOW, names())
     assert [type(i) for i in first.intents[:2]] == [EnsureObjects, CreateCoordinator]
     kinds = [m["kind"] for m in of(EnsureObjects, first.intents)[0].manifests]
-    assert kinds == ["Service"]
+    assert kinds == ["Service", "NetworkPolicy"]
+    # Where no CNI enforces them (``--no-network-policies``), no NetworkPolicy is created.
+    off = replace(CONFIG, network_policies=False)
+    bare = decide({"ns/j": view(body)}, p, off, NOW, names())
+    assert [m["kind"] for m in of(EnsureObjects, bare.intents)[0].manifests] == ["Service"]
     # The workers are created in the same act as their coordinator (their room is free),
     # held by the actuator until the Service exists (``job``), each after the Secret with
     # its own credential; the size is told to the coordinator once it answers.

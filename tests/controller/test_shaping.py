@@ -14,7 +14,15 @@ Aspects:
   (coordinator, parameter servers) its key, from the job's TLS Secret;
 - a job naming `edl.dev/checkpoints` on a shared read-write volume has its workers told
   EDL_CHECKPOINT_DIR (the directory plus the job's uid); one on unusable storage is refused
-  naming the annotation and the fix; without it nothing is set.
+  naming the annotation and the fix; without it nothing is set;
+- probes: the coordinator and each parameter server get readiness and liveness probes that
+  ask their gRPC health service on the port and address they listen on, run by the
+  interpreter that runs them; the template's probes of the training script stay on workers
+  and go from parameter servers; workers get none of ours; a parameter server without a
+  fixed port gets none; the coordinator's Service does not wait for readiness;
+- the NetworkPolicy selects only the job's coordinator and parameter servers, admits only
+  the job's own pods and the controller's pods in the controller's namespace (labels
+  configurable), limits ingress only, and is owned by the job (garbage-collectable).
 """
 
 from __future__ import annotations
@@ -26,10 +34,13 @@ import pytest
 
 from edl_scheduler.api import load_training_job
 from edl_scheduler.controller.config import ConfigError, ControllerConfig, PortRange
+from edl_scheduler.controller.isolating import job_network_policies, network_policy
+from edl_scheduler.controller.probing import interpreter_of
 from edl_scheduler.controller.shaping import (
     ShapingError,
     checkpoint_dir,
     coordinator_pod,
+    coordinator_service,
     credential_secret,
     free_port,
     replica_pod,
@@ -221,3 +232,112 @@ def test_tls_gives_every_pod_the_certificate_and_only_servers_the_key() -> None:
 
 def env_of(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+
+def ps_body() -> dict[str, Any]:
+    manifest = with_checkpoints("/shared/ckpt", {"persistentVolumeClaim": {"claimName": "c"}})
+    manifest["metadata"]["annotations"]["edl.dev/ps-snapshots"] = "/shared/ps"
+    pserver = {"minReplicas": 1, "maxReplicas": 2}
+    manifest["spec"] |= {"strategy": "ps", "framework": "torch", "pserver": pserver}
+    return manifest
+
+
+def probe_command(container: dict[str, Any], kind: str) -> list[str]:
+    probe = container[kind]
+    assert set(probe) >= {"exec", "periodSeconds", "timeoutSeconds", "failureThreshold"}
+    return list(probe["exec"]["command"])
+
+
+def test_coordinator_and_parameter_servers_are_probed_through_their_health_service() -> None:
+    tj = load_training_job(body())
+    coordinator = coordinator_pod(tj, "n1", 7070, CONFIG, None)["spec"]["containers"][0]
+    for kind in ("readinessProbe", "livenessProbe"):
+        command = probe_command(coordinator, kind)
+        assert command[:3] == ["python", "-m", "trainer_runtime.protocol.health_probe"]
+        assert command[command.index("--port") + 1] == "7070"
+        assert "--host" not in command  # bound to every interface: the loopback answers
+    assert coordinator["livenessProbe"]["initialDelaySeconds"] > 0
+    # The interpreter that runs the coordinator runs its probe; a bound address is probed.
+    own = dataclasses.replace(
+        CONFIG,
+        coordinator_command=("/venv/bin/python", "-m", "trainer_runtime.coordinator"),
+        coordinator_bind="10.0.0.5",
+    )
+    bound = coordinator_pod(tj, "n1", 7070, own, None)["spec"]["containers"][0]
+    command = probe_command(bound, "livenessProbe")
+    assert command[0] == "/venv/bin/python"
+    assert command[command.index("--host") + 1] == "10.0.0.5"
+    assert interpreter_of(("sh", "-c", "serve")) == ("python",)
+    service = coordinator_service(tj, 7070)
+    assert service["spec"]["publishNotReadyAddresses"] is True
+
+    ps = load_training_job(ps_body())
+    server = replica_pod(ps, "j-pserver-1", "n1", Role.PSERVER, "h:1", CONFIG)
+    (main,) = server["spec"]["containers"]
+    assert main["command"][main["command"].index("--port") + 1] == "7071"
+    for kind in ("readinessProbe", "livenessProbe"):
+        command = probe_command(main, kind)
+        assert command[command.index("--port") + 1] == "7071"
+        # It listens on the pod's IP, which only the container's environment holds.
+        assert command[command.index("--host-env") + 1] == "EDL_WORKER_HOST"
+    unprobed = replica_pod(
+        ps, "j-pserver-1", "n1", Role.PSERVER, "h:1", dataclasses.replace(CONFIG, pserver_port=0)
+    )["spec"]
+    assert not {"readinessProbe", "livenessProbe"} & unprobed["containers"][0].keys()
+
+
+def test_workers_keep_the_templates_probes_and_get_none_of_ours() -> None:
+    plain = replica_pod(load_training_job(body()), "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG)
+    for container in plain["spec"]["containers"]:
+        assert not {"readinessProbe", "livenessProbe", "startupProbe"} & container.keys()
+    own = {"exec": {"command": ["cat", "/tmp/alive"]}, "periodSeconds": 30}
+    raw = body()
+    raw["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = own
+    kept = replica_pod(load_training_job(raw), "j-worker-1", "n1", Role.WORKER, "h:1", CONFIG)
+    assert kept["spec"]["containers"][0]["livenessProbe"] == own
+    ps = ps_body()
+    ps["spec"]["template"]["spec"]["containers"][0]["livenessProbe"] = own
+    server = replica_pod(load_training_job(ps), "j-pserver-1", "n1", Role.PSERVER, "h:1", CONFIG)
+    assert server["spec"]["containers"][0]["livenessProbe"] != own
+
+
+def test_network_policy_admits_only_the_jobs_pods_and_the_controllers() -> None:
+    tj = load_training_job(body())
+    policy = network_policy(tj, CONFIG)
+    assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
+    meta = policy["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("j-servers", "ns")
+    assert meta["labels"]["edl.dev/job"] == "j"
+    (owner,) = meta["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["uid"]) == ("TrainingJob", "j", "u")
+    assert owner["controller"] is True and owner["blockOwnerDeletion"] is True
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["podSelector"] == {
+        "matchLabels": {"edl.dev/job": "j"},
+        "matchExpressions": [
+            {"key": "edl.dev/role", "operator": "In", "values": ["coordinator", "pserver"]}
+        ],
+    }
+    (rule,) = spec["ingress"]
+    assert "ports" not in rule  # every port of the servers, from these peers only
+    job_pods, controller = rule["from"]
+    own = {"edl.dev/job": "j", "edl.dev/managed": "true"}
+    assert job_pods == {"podSelector": {"matchLabels": own}}
+    assert controller == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "edl-system"}},
+        "podSelector": {
+            "matchLabels": {
+                "app.kubernetes.io/name": "edl-controller",
+                "app.kubernetes.io/component": "controller",
+            }
+        },
+    }
+    custom = ControllerConfig(
+        operator_namespace_labels=(("team", "platform"),),
+        operator_pod_labels=(("app", "edl"),),
+    )
+    _, theirs = network_policy(tj, custom)["spec"]["ingress"][0]["from"]
+    assert theirs["namespaceSelector"]["matchLabels"] == {"team": "platform"}
+    assert theirs["podSelector"]["matchLabels"] == {"app": "edl"}
+    assert job_network_policies(tj, ControllerConfig(network_policies=False)) == ()

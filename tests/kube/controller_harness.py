@@ -212,6 +212,8 @@ class ControllerProcess:
             "--coordinator-bind", "127.0.0.1",
             "--coordinator-host", "127.0.0.1",
             "--coordinator-ports", _unused_range(ports),
+            # Parameter servers share 127.0.0.1 here: each takes a free port (and no probes).
+            "--pserver-port", "0",
             *extra,
         ]  # fmt: skip
         self.log_path = workdir / f"controller-{identity}.log"

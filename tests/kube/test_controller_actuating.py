@@ -3,18 +3,20 @@ workers run no process; coordinators run for real: the controller asks them for 
 drains and the planned size).
 
 Aspects tested:
-- a TrainingJob gets its coordinator pod and Service, and worker pods bound (by
-  spec.nodeName) to the planned nodes, each with the Secret of its own credential, with
+- a TrainingJob gets its coordinator pod, Service and NetworkPolicy, and worker pods bound
+  (by spec.nodeName) to the planned nodes, each with the Secret of its own credential, with
   owner references, labels, the job's priority class and the runtime's environment
-  contract, created with the coordinator; the
-  status subresource shows the phase, replicas and allocation; an Admitted Event is posted;
+  contract, created with the coordinator; the API server accepts the coordinator's health
+  probes as the controller shapes them; the status subresource shows the phase, replicas
+  and allocation; an Admitted Event is posted;
 - a worker the kubelet refused at admission is replaced without charging the restart
   budget; a failed worker is replaced and charged once its coordinator has answered; past
   the budget the job Fails;
 - a job whose spec makes no sense (minReplicas > maxReplicas) stays Pending with Valid=False
   and a Warning Event; a job asking more GPUs per worker than any node has waits with a reason;
   the controller keeps running;
-- deleting a job removes everything it owns (garbage collection through owner references);
+- deleting a job removes everything it owns (garbage collection through owner references),
+  its NetworkPolicy included;
 - /metrics and /healthz answer; two controllers: exactly one acts (holds the Lease).
 """
 
@@ -80,6 +82,17 @@ def workers_of(cluster: Cluster, job: str, count: int) -> list[Any]:
     return found if len(found) == count else []
 
 
+def network_policy(cluster: Cluster, job: str) -> Any:
+    """The job's NetworkPolicy, or None once there is none."""
+    networking = kubernetes.client.NetworkingV1Api(cluster.api.api_client)
+    try:
+        return networking.read_namespaced_network_policy(f"{job}-servers", NS)
+    except kubernetes.client.ApiException as error:
+        if error.status != 404:
+            raise
+        return None
+
+
 def answered(cluster: Cluster, job: str) -> bool:
     """Whether the job's coordinator has answered the controller (its progress is shown)."""
     settle(cluster, NS)
@@ -116,8 +129,14 @@ def test_job_gets_coordinator_and_placed_workers(
         assert pod.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     coordinator = cluster.pods(NS, "place", "coordinator")
     assert len(coordinator) == 1 and coordinator[0].spec.node_name in ("act-0", "act-1")
+    (container,) = coordinator[0].spec.containers
+    for probe in (container.readiness_probe, container.liveness_probe):
+        assert "trainer_runtime.protocol.health_probe" in probe._exec.command
     service = cluster.core.read_namespaced_service("place-coordinator", NS)
     assert service.metadata.owner_references[0].uid == uid
+    policy = network_policy(cluster, "place")
+    assert policy is not None and policy.metadata.owner_references[0].uid == uid
+    assert policy.spec.pod_selector.match_labels == {"edl.dev/job": "place"}
 
     def running() -> dict[str, Any] | None:
         status = cluster.job(NS, "place").get("status", {})
@@ -202,6 +221,7 @@ def test_deleting_a_job_removes_what_it_owns(
 ) -> None:
     cluster.create_job(pooled("gone"))
     eventually(lambda: workers_of(cluster, "gone", 1), 30, "a worker")
+    assert network_policy(cluster, "gone") is not None
     cluster.delete_job(NS, "gone")
 
     def collected() -> bool:
@@ -215,6 +235,7 @@ def test_deleting_a_job_removes_what_it_owns(
                      if s.metadata.name == "gone-coordinator"],
         60, "the job's Service to be collected",
     )  # fmt: skip
+    eventually(lambda: network_policy(cluster, "gone") is None, 60, "the job's NetworkPolicy to go")
 
 
 def test_metrics_and_liveness(controller: ControllerProcess) -> None:

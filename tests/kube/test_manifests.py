@@ -14,9 +14,17 @@ Aspects tested:
   verb the controller needs is allowed; Secrets may only be created (never read, listed or
   deleted, in any namespace); nodes, RBAC, CRDs, workloads, exec and other Leases are
   denied; no rule is a wildcard and nothing binds cluster-admin;
-- the RBAC is enough: the real controller, authenticated only as the ServiceAccount, takes
-  the leader Lease and runs a small job to success on a node served by the kubelet in
-  miniature, and its log shows no request refused;
+- least privilege: the ClusterRole bound cluster-wide only reads (no write of pods,
+  Secrets, ConfigMaps, Services or NetworkPolicies), the writes are in the ClusterRole
+  ``edl-operator-workloads``, which no ClusterRoleBinding binds; impersonating the
+  ServiceAccount (``kubectl auth can-i --as``), it may create pods in a served namespace
+  (the examples' RoleBindings) and in none other, kube-system above all; the command
+  docs/deploy.md gives to serve a namespace makes it allowed there;
+- the RBAC is enough: the real controller, authenticated only as the ServiceAccount and
+  serving one namespace (``--namespace``), takes the leader Lease and runs a small job to
+  success on a node served by the kubelet in miniature, with its NetworkPolicy; its log
+  shows no request refused, and one line for each job it leaves alone (one in
+  kube-system, one in a namespace not served), which get no pod and no status;
 - `kubectl apply -k manifests/examples` creates the PriorityClasses, namespaces and jobs, and
   each job also passes the project's own checks (`load_training_job`);
 - `kubectl apply -k manifests/monitoring` applies the ServiceMonitor (against a stand-in CRD
@@ -33,6 +41,7 @@ import dataclasses
 import json
 import re
 import secrets
+import shlex
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -75,22 +84,36 @@ METRICS = {
 # (verb, group, resource, namespace, name): "" namespace means cluster-wide.
 Access = tuple[str, str, str, str, str]
 
+#: The namespaces the examples serve (their RoleBindings), one that exists unserved.
+SERVED = ("research", "ads")
+UNSERVED = "unserved"
+#: The ServiceAccount, as ``kubectl --as`` names it.
+ACCOUNT_USER = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+#: The ClusterRole of the writes, bound per served namespace only.
+WORKLOADS_ROLE = "edl-operator-workloads"
+#: Kinds the controller writes on a job's behalf: never cluster-wide.
+JOB_OBJECTS = {"pods", "secrets", "configmaps", "services", "networkpolicies", "events"}
+WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
+
 #: What the controller does, each of which the ServiceAccount must be allowed.
 NEEDED: list[Access] = [
     *[(v, "edl.dev", "trainingjobs", "", "") for v in ("list", "watch")],
     ("patch", "edl.dev", "trainingjobs/status", "research", ""),
     ("update", "edl.dev", "trainingjobs/finalizers", "research", ""),
     *[(v, "", "pods", "", "") for v in ("list", "watch")],
-    *[(v, "", "pods", "research", "") for v in ("get", "create", "patch", "delete")],
+    *[(v, "", "pods", ns, "") for v in ("get", "create", "patch", "delete") for ns in SERVED],
     ("create", "", "services", "research", ""),
     *[(v, "", "configmaps", "research", "") for v in ("get", "create", "patch")],
     ("create", "", "secrets", "research", ""),
     ("create", "", "secrets", "ads", ""),
+    ("create", "networking.k8s.io", "networkpolicies", "research", ""),
     *[(v, "", "nodes", "", "") for v in ("list", "watch")],
     *[(v, "scheduling.k8s.io", "priorityclasses", "", "") for v in ("list", "watch")],
     ("create", "", "events", "research", ""),
     ("create", "coordination.k8s.io", "leases", NAMESPACE, ""),
     *[(v, "coordination.k8s.io", "leases", NAMESPACE, LEASE) for v in ("get", "update")],
+    ("create", "", "configmaps", NAMESPACE, ""),
+    *[(v, "", "configmaps", NAMESPACE, f"{LEASE}-reservations") for v in ("get", "patch")],
 ]
 
 #: What a least-privilege controller must not be able to do.
@@ -120,6 +143,26 @@ DENIED: list[Access] = [
     ("update", "coordination.k8s.io", "leases", NAMESPACE, "another-lease"),
     ("update", "coordination.k8s.io", "leases", "kube-node-lease", "node-1"),
     ("create", "coordination.k8s.io", "leases", "kube-system", ""),
+    # Nothing of a job's outside the served namespaces, nor cluster-wide.
+    *[
+        (v, "", kind, ns, "")
+        for ns in ("kube-system", UNSERVED, "default", "")
+        for kind, verbs in (
+            ("pods", ("create", "patch", "delete")),
+            ("secrets", ("create",)),
+            ("services", ("create",)),
+            ("configmaps", ("get", "create", "patch")),
+            ("events", ("create",)),
+        )
+        for v in verbs
+    ],
+    ("get", "", "pods", "kube-system", ""),
+    ("create", "networking.k8s.io", "networkpolicies", "kube-system", ""),
+    ("create", "networking.k8s.io", "networkpolicies", "", ""),
+    ("patch", "edl.dev", "trainingjobs/status", "kube-system", ""),
+    ("patch", "edl.dev", "trainingjobs/status", "", ""),
+    # In its own namespace, only the reservations' ConfigMap.
+    *[(v, "", "configmaps", NAMESPACE, "edl-policy") for v in ("get", "patch")],
 ]
 
 #: The fields of the Prometheus Operator's ServiceMonitor (monitoring.coreos.com/v1) that our
@@ -220,6 +263,10 @@ def cluster(kube_bin_dir: Path) -> Iterator[KubeAPI]:
     never meet another test's controller, with `manifests/base` applied."""
     with running_control_plane(kube_bin_dir) as api:
         api.kubectl("apply", "-k", str(MANIFESTS / "base"))
+        # The example namespaces and the RoleBindings that make them served (their jobs come
+        # in test_examples_apply); one namespace that exists and is not served.
+        api.kubectl("apply", "-f", str(MANIFESTS / "examples" / "namespaces.yaml"))
+        api.kubectl("create", "namespace", UNSERVED)
         # The one step docs/deploy.md asks of the admin besides applying the base.
         api.kubectl(
             "-n", NAMESPACE, "create", "secret", "generic", "edl-controller-token-key",
@@ -279,11 +326,13 @@ def test_base_creates_everything_it_builds(cluster: KubeAPI) -> None:
     assert kinds == sorted(
         [
             "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
             "CustomResourceDefinition",
             "Deployment",
             "Namespace",
+            "NetworkPolicy",
             "Role",
             "RoleBinding",
             "Service",
@@ -395,53 +444,152 @@ def test_account_may_not_do_more(account_client: kubernetes.client.ApiClient) ->
     assert allowed == []
 
 
+def bound_cluster_wide(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRoles that a ClusterRoleBinding of ``objects`` grants."""
+    names = {b["roleRef"]["name"] for b in objects if b["kind"] == "ClusterRoleBinding"}
+    return [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] in names]
+
+
+def test_nothing_of_a_job_is_written_cluster_wide(cluster: KubeAPI) -> None:
+    """The manifests themselves: a write of a job's objects in a ClusterRole bound
+    cluster-wide would let the controller write them in kube-system."""
+    objects = built(cluster, MANIFESTS / "base")
+    wide = bound_cluster_wide(objects)
+    assert [r["metadata"]["name"] for r in wide] == [ACCOUNT]
+    writes = [
+        (rule["resources"], rule["verbs"])
+        for role in wide
+        for rule in role["rules"]
+        if set(rule["resources"]) & (JOB_OBJECTS | {"*"}) and set(rule["verbs"]) & WRITES
+    ]
+    assert writes == []
+    (workloads,) = [o for o in objects if o["metadata"]["name"] == WORKLOADS_ROLE]
+    assert workloads["kind"] == "ClusterRole"
+    examples = yaml.safe_load_all((MANIFESTS / "examples" / "namespaces.yaml").read_text())
+    bindings = [o for o in examples if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(SERVED)
+    for binding in bindings:
+        assert binding["kind"] == "RoleBinding"
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": WORKLOADS_ROLE,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}
+        ]
+
+
+def can_i(cluster: KubeAPI, verb: str, resource: str, namespace: str) -> bool:
+    """``kubectl auth can-i``, as the admin impersonating the controller's ServiceAccount."""
+    answer = cluster.kubectl(
+        "auth", "can-i", verb, resource, "-n", namespace, f"--as={ACCOUNT_USER}", check=False
+    )
+    assert answer.stdout.strip() in ("yes", "no"), answer
+    return answer.stdout.strip() == "yes"
+
+
+def serve_as_documented(cluster: KubeAPI, namespace: str) -> None:
+    """Runs the command docs/deploy.md gives an admin to serve ``namespace``."""
+    docs = (REPO / "docs" / "deploy.md").read_text()
+    (line,) = [x for x in docs.splitlines() if x.startswith("kubectl ") and "rolebinding" in x]
+    words = shlex.split(line.replace("NAMESPACE", namespace))
+    cluster.kubectl(*words[1:])
+
+
+def test_account_creates_pods_only_in_served_namespaces(cluster: KubeAPI) -> None:
+    for ns in SERVED:
+        assert can_i(cluster, "create", "pods", ns), ns
+    for ns in ("kube-system", UNSERVED, "default", NAMESPACE):
+        for verb in ("create", "delete"):
+            assert not can_i(cluster, verb, "pods", ns), (verb, ns)
+    assert not can_i(cluster, "create", "secrets", "kube-system")
+    assert not can_i(cluster, "create", "networkpolicies.networking.k8s.io", "kube-system")
+    # The same through the API an admission webhook or a script would use.
+    review = kubernetes.client.AuthorizationV1Api(cluster.api_client).create_subject_access_review(
+        {
+            "spec": {
+                "user": ACCOUNT_USER,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{NAMESPACE}"],
+                "resourceAttributes": {
+                    "verb": "create", "resource": "pods", "namespace": "kube-system",
+                },
+            }
+        }
+    )  # fmt: skip
+    assert review.status.allowed is False
+    # An admin serves one more namespace with the documented command.
+    ensure_namespace(cluster, "late-served")
+    assert not can_i(cluster, "create", "pods", "late-served")
+    serve_as_documented(cluster, "late-served")
+    assert eventually(lambda: can_i(cluster, "create", "pods", "late-served"), 10, "the binding")
+    assert not can_i(cluster, "create", "pods", "kube-system")
+
+
 def test_account_token_really_creates_but_never_reads_secrets(
     cluster: KubeAPI, account_client: kubernetes.client.ApiClient
 ) -> None:
     """Not only the reviews: real requests with the token, and kubectl with it."""
     as_account = kubernetes.client.CoreV1Api(account_client)
     assert as_account.list_pod_for_all_namespaces(limit=1).kind == "PodList"
-    as_account.create_namespaced_secret(
-        NAMESPACE, {"metadata": {"name": "job-token"}, "stringData": {"token": "s3cret"}}
-    )
+    secret = {"metadata": {"name": "job-token"}, "stringData": {"token": "s3cret"}}
+    pod = {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}
+    as_account.create_namespaced_secret("research", secret)  # a served namespace
     for read in (
-        lambda: as_account.read_namespaced_secret("job-token", NAMESPACE),
+        lambda: as_account.read_namespaced_secret("job-token", "research"),
         lambda: as_account.list_namespaced_secret("kube-system"),
-        lambda: as_account.delete_namespaced_secret("job-token", NAMESPACE),
+        lambda: as_account.delete_namespaced_secret("job-token", "research"),
+        lambda: as_account.create_namespaced_secret("kube-system", secret),
+        lambda: as_account.create_namespaced_pod("kube-system", pod),
     ):
         with pytest.raises(ApiException) as denied:
             read()
         assert denied.value.status == 403
     token = account_client.configuration.api_key["authorization"].removeprefix("Bearer ")
-    can_i = cluster.kubectl(
-        "--token", token, "auth", "can-i", "get", "secrets", "-n", "kube-system", check=False
-    )
-    assert (can_i.returncode, can_i.stdout.strip()) == (1, "no")
+    for verb, resource in (("get", "secrets"), ("create", "pods")):
+        can_i = cluster.kubectl(
+            "--token", token, "auth", "can-i", verb, resource, "-n", "kube-system", check=False
+        )
+        assert (can_i.returncode, can_i.stdout.strip()) == (1, "no")
 
 
 def test_controller_runs_a_job_as_the_account(
     cluster: KubeAPI, account_token: str, tmp_path: Path
 ) -> None:
     """Sufficiency, not only reviews: the real controller with nothing but the account's
-    token (as in its pod) leads, creates a job's objects, writes its status and Events."""
+    token (as in its pod) leads, creates a job's objects, writes its status and Events, in
+    the one namespace it serves; the jobs elsewhere it leaves alone, and says so."""
     kubeconfig = yaml.safe_load(cluster.kubeconfig.read_text())
     kubeconfig["users"][0]["user"] = {"token": account_token}
     (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
     as_account = dataclasses.replace(cluster, kubeconfig=tmp_path / "kubeconfig")
     core = kubernetes.client.CoreV1Api(cluster.api_client)
     ensure_namespace(cluster, "rbac-job")
+    serve_as_documented(cluster, "rbac-job")
     create_node(cluster.api_client, "rbac-node", gpus=2)
     objects = kubernetes.client.CustomObjectsApi(cluster.api_client)
     job = training_job("tiny", "rbac-job", min_replicas=1, max_replicas=2, samples=200)
+    # Jobs it must leave alone: one in kube-system (whatever it is told), one in a
+    # namespace that is not served (whatever the RBAC there).
+    elsewhere = {
+        ns: training_job(name, ns, min_replicas=1, max_replicas=1, samples=200)
+        for ns, name in (("kube-system", "sneaky"), ("research", "outside"))
+    }
     with (
         running_kubelet(cluster.api_client, tmp_path / "kubelet"),
         running_controller(
-            as_account, tmp_path, identity="rbac-check", lease_namespace=NAMESPACE
+            as_account,
+            tmp_path,
+            identity="rbac-check",
+            lease_namespace=NAMESPACE,
+            extra=("--namespace", "rbac-job"),
         ) as controller,
     ):
-        objects.create_namespaced_custom_object(
-            "edl.dev", "v1alpha1", "rbac-job", "trainingjobs", job
-        )
+        for manifest in (job, *elsewhere.values()):
+            ns = manifest["metadata"]["namespace"]
+            objects.create_namespaced_custom_object(
+                "edl.dev", "v1alpha1", ns, "trainingjobs", manifest
+            )
 
         def phase() -> str | None:
             found = objects.get_namespaced_custom_object(
@@ -463,6 +611,24 @@ def test_controller_runs_a_job_as_the_account(
     events = core.list_namespaced_event("rbac-job").items
     assert any(e.reason == "Admitted" for e in events)
     assert "403" not in log and "forbidden" not in log.lower(), log
+    uid = objects.get_namespaced_custom_object(
+        "edl.dev", "v1alpha1", "rbac-job", "trainingjobs", "tiny"
+    )["metadata"]["uid"]
+    policy = kubernetes.client.NetworkingV1Api(cluster.api_client).read_namespaced_network_policy(
+        "tiny-servers", "rbac-job"
+    )
+    assert policy.metadata.owner_references[0].uid == uid
+    for ns, manifest in elsewhere.items():
+        name = manifest["metadata"]["name"]
+        assert f"not acting on TrainingJob {ns}/{name}" in log, log
+        found = objects.get_namespaced_custom_object(
+            "edl.dev", "v1alpha1", ns, "trainingjobs", name
+        )
+        assert "status" not in found, found
+        assert not core.list_namespaced_pod(ns, label_selector=f"edl.dev/job={name}").items
+        objects.delete_namespaced_custom_object("edl.dev", "v1alpha1", ns, "trainingjobs", name)
+    assert "never acts in kube-system" in log
+    assert "namespace research is not served" in log
 
 
 def test_rbac_has_no_wildcards_and_no_cluster_admin(cluster: KubeAPI) -> None:

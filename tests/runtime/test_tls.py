@@ -8,7 +8,9 @@ Aspects tested:
   server;
 - a real coordinator process and real worker processes given the TLS variables train a
   job to the end, every sample once;
-- a server told to serve TLS without its key refuses to start, saying which variable.
+- a server told to serve TLS without its key refuses to start, saying which variable;
+- the kubelet's health probe speaks TLS where the server does (its container's
+  ``EDL_TLS_CERT``), and gets no answer in plaintext.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.protocol import TOKEN_HEADER
 from trainer_runtime.protocol import ps_pb2 as ps
+from trainer_runtime.protocol.health import SERVING, check
+from trainer_runtime.protocol.health_probe import main as probe_main
 from trainer_runtime.protocol.parameter_server import PS_SERVICE
 from trainer_runtime.protocol.tls import CERT_ENV, KEY_ENV, JobTls, opening_channel
 from trainer_runtime.ps.serving import ParameterServer, ParameterService
@@ -122,3 +126,17 @@ def test_a_server_told_to_serve_tls_without_its_key_refuses_to_start() -> None:
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert KEY_ENV in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_health_probe_speaks_tls_where_the_servers_do(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    server = _coordinator(JOB_TLS)
+    try:
+        assert probe_main(["--port", str(server.port), "--timeout", "1"]) == 1  # plaintext
+        assert "no answer" in capsys.readouterr().err
+        monkeypatch.setenv(CERT_ENV, JOB_TLS.cert_pem)  # as in the server's container
+        assert probe_main(["--port", str(server.port)]) == 0
+        assert check(server.address, 2.0, JOB_TLS.for_clients()) == SERVING
+    finally:
+        server.stop(0.1)

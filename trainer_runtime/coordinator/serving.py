@@ -13,7 +13,8 @@ leases go back to todo.
 
 What must stay true: every wait is bounded; no state change is answered before it is saved,
 and none is visible to another call unless it was saved; a call refused by the checks
-changes nothing.
+changes nothing. The server also answers the standard gRPC health service
+(``protocol.health``) without a credential: SERVING until the service stops.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from trainer_runtime.coordinator.storing import StateStore
 from trainer_runtime.protocol import METHODS, SERVICE, pb
 from trainer_runtime.protocol.checks import caller, name_problem, refusal
 from trainer_runtime.protocol.credentials import Verifier
+from trainer_runtime.protocol.health import HealthService
 from trainer_runtime.protocol.tls import JobTls, listening
 from trainer_runtime.sharding import SampleRange, StepWindow
 
@@ -430,6 +432,10 @@ class CoordinatorServer:
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
+        # The standard health service, beside the API: answered without a credential,
+        # SERVING until the service stops (a save that failed for good, or ``stop``).
+        self.health = HealthService(service.stopping)
+        self.health.register(self.server)
         self.port: int = listening(self.server, f"{host}:{port}", tls)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")

@@ -5,7 +5,9 @@ server's name; `EDL_WORKER_HOST` the address workers reach it at). It serves, re
 the coordinator as a server, and keeps a `Watch` stream open (its liveness). It exits 0 when
 the leader releases it (it was drained, and its partition moved) or the job finished (once
 no worker pulled for a few seconds: the workers pull the final parameters last), and
-non-zero when the coordinator no longer knows it (fenced) or stays unreachable.
+non-zero when the coordinator no longer knows it (fenced) or stays unreachable. Its health
+service (``protocol.health``, for the kubelet's probes) answers SERVING until it starts
+shutting down.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: released.set())
     while not (released.wait(0.2) or liveness.ended.is_set()):
         pass
+    server.stopping.set()  # shutting down: the health service answers NOT_SERVING
     outcome = 0 if released.is_set() else liveness.outcome
     if not released.is_set() and outcome == 0:  # the job finished: let the last pulls end
         service.awaiting_quiet(QUIET_S, contract.timeout_s)

@@ -10,7 +10,8 @@ copied under the lock and written by a background thread, so a step's apply neve
 the disk.
 
 What must stay true: every wait is bounded; an unauthenticated call changes nothing; a call
-of a fenced generation is refused with FAILED_PRECONDITION.
+of a fenced generation is refused with FAILED_PRECONDITION. The server also answers the
+standard gRPC health service (``protocol.health``) without a token: SERVING until it stops.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 from trainer_runtime.protocol.checks import caller, name_problem
 from trainer_runtime.protocol.credentials import Verifier
+from trainer_runtime.protocol.health import HealthService
 from trainer_runtime.protocol.parameter_server import (
     CHANNEL_OPTIONS,
     PS_METHODS,
@@ -379,6 +381,10 @@ class ParameterServer:
             maximum_concurrent_rpcs=threads * 4,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))
+        #: Set once the server shuts down: the health service answers NOT_SERVING from then.
+        self.stopping = threading.Event()
+        self.health = HealthService(self.stopping)
+        self.health.register(self.server)
         self.port: int = listening(self.server, f"{host}:{port}", tls)
         if self.port == 0:
             raise OSError(f"cannot listen on {host}:{port}")
@@ -389,6 +395,7 @@ class ParameterServer:
         return self
 
     def stop(self, grace_s: float = 1.0) -> None:
+        self.stopping.set()
         with self.service.changed:
             self.service.changed.notify_all()
         self.server.stop(grace_s).wait(grace_s + 1.0)
