@@ -5,7 +5,9 @@ server's name; `EDL_WORKER_HOST` the address workers reach it at). It serves, re
 the coordinator as a server, and keeps a `Watch` stream open (its liveness). It exits 0 when
 the leader releases it (it was drained, and its partition moved) or the job finished (once
 no worker pulled for a few seconds: the workers pull the final parameters last), and
-non-zero when the coordinator no longer knows it (fenced) or stays unreachable. Its health
+non-zero when the coordinator no longer knows it (fenced, 3), stays unreachable (4), or a
+snapshot cannot be written (5: a full disk; replaced, the job rolls back to its last
+complete snapshot). Its health
 service (``protocol.health``, for the kubelet's probes) answers SERVING until it starts
 shutting down.
 """
@@ -28,6 +30,9 @@ from trainer_runtime.ps.snapshots import SnapshotDirectory
 LOG = logging.getLogger("trainer_runtime.ps")
 EXIT_FENCED = 3
 EXIT_UNREACHABLE = 4
+#: A snapshot could not be written (a full disk): replaced, the job rolls back to the last
+#: complete snapshot (``serving.SnapshotWriter``).
+EXIT_NOT_SAVED = 5
 QUIET_S = 3.0  # after the job finished, serve until no pull came for this long
 
 
@@ -118,10 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     liveness.thread.start()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: released.set())
-    while not (released.wait(0.2) or liveness.ended.is_set()):
+    while not (released.wait(0.2) or liveness.ended.is_set() or service.writer.failed.is_set()):
         pass
     server.stopping.set()  # shutting down: the health service answers NOT_SERVING
     outcome = 0 if released.is_set() else liveness.outcome
+    if service.writer.failed.is_set() and not released.is_set():
+        outcome = EXIT_NOT_SAVED
+        print(f"stopped: a snapshot could not be written ({service.writer.failure})",
+              file=sys.stderr)  # fmt: skip
     if not released.is_set() and outcome == 0:  # the job finished: let the last pulls end
         service.awaiting_quiet(QUIET_S, contract.timeout_s)
     if released.is_set():

@@ -70,13 +70,25 @@ def status_message(status: PartitionStatus) -> Any:
     )
 
 
+#: Tries of one snapshot before the server gives up and stops (a disk full for longer than
+#: a few tenths of a second is not going to clear by itself).
+SNAPSHOT_TRIES = 3
+SNAPSHOT_PAUSE_S = 0.1
+
+
 class SnapshotWriter:
-    """Writes snapshot copies in the background, in order; `flushing` waits for the queue."""
+    """Writes snapshot copies in the background, in order; `flushing` waits for the queue.
+
+    A write that fails is tried again (``SNAPSHOT_TRIES``); one that keeps failing sets
+    ``failed``, and the server stops with a non-zero exit (``__main__``), to be replaced: the
+    job then rolls back to its last complete snapshot, as after a server's crash, rather than
+    train on with a snapshot it will need missing. Later snapshots are not written."""
 
     def __init__(self, directory: SnapshotDirectory) -> None:
         self.directory = directory
         self.queue: queue.Queue[tuple[int, int, int, Array, Array, int] | None] = queue.Queue(2)
         self.failure: BaseException | None = None
+        self.failed = threading.Event()
         self.thread = threading.Thread(target=self.writing, name="ps-snapshots", daemon=True)
         self.thread.start()
 
@@ -88,13 +100,30 @@ class SnapshotWriter:
     def writing(self) -> None:
         while (item := self.queue.get()) is not None:
             try:
-                self.directory.writing(*item)
-            except Exception as error:  # a full disk must not kill the server's threads
-                LOG.error("snapshot of step %d failed: %s", item[0], error)
-                self.failure = error
+                if not self.failed.is_set():
+                    self.trying(item)
             finally:
                 self.queue.task_done()
         self.queue.task_done()
+
+    def trying(self, item: tuple[int, int, int, Array, Array, int]) -> None:
+        for attempt in range(SNAPSHOT_TRIES):
+            try:
+                self.directory.writing(*item)
+                return
+            except Exception as error:  # a full disk must not kill the server's threads
+                if attempt + 1 < SNAPSHOT_TRIES:
+                    LOG.warning("snapshot of step %d failed (%s); trying again", item[0], error)
+                    time.sleep(SNAPSHOT_PAUSE_S * (attempt + 1))
+                    continue
+                LOG.critical(
+                    "cannot write the snapshot of step %d (%s): stopping, to be replaced; "
+                    "the job rolls back to its last complete snapshot",
+                    item[0],
+                    error,
+                )
+                self.failure = error
+                self.failed.set()
 
     def flushing(self) -> None:
         self.queue.join()
