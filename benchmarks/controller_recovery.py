@@ -12,9 +12,11 @@ they have trained their samples; the planner shrinks jobs for higher-priority ar
 (victims drained through their coordinators) and grows them into what others free. The
 operator is SIGKILLed at random points (seeded) many times, each time restarted at once or
 after up to a second; every check below runs on every run. It prints one JSON line:
-``{"nodes": N, "jobs": J, "kills": K, "reconverge_s": median, "reconverge_max_s": ...,
-"first_cycle_s": median, "reconverge_all_s": [...], "violations": 0, ...}`` and exits
-non-zero on a violation.
+``{"nodes": N, "jobs": J, "kills": K, "reconverge_s": median, "reconverge_p95_s": ...,
+"reconverge_max_s": ..., "first_cycle_s": median, "reconverge_all_s": [...],
+"violations": 0, "samples_lost": 0, "samples_repeated": 0, ...}`` and exits non-zero on a
+violation. ``reconverge_p95_s`` is the nearest-rank 95th percentile of the restarts that
+re-converged.
 
 Re-convergence, defined: from the new process's start (``Popen``) to the first moment t
 such that
@@ -51,7 +53,14 @@ The invariants, checked on every change the pod watch delivers (every state of t
 namespace's pods, not samples): no node over-committed (GPUs of pods not finished, those
 being deleted included, against the node's), no job with more live workers than its
 ``maxReplicas`` (a duplicate); at the end, every job the driver did not delete Succeeded
-and nothing of them is left (no orphan). They are printed in the JSON line.
+and nothing of them is left (no orphan); and every real job that Succeeded trained each of
+its samples exactly once (``samples_lost``, ``samples_repeated``), as its workers' ledger
+files say (``plain_worker --ledger-dir``: the commits each worker saw answered; a commit
+sent and never answered counts only if no other worker trained its samples, see
+``tests/runtime/ledger_files.py``; how many were so decided is ``unknown_intents``). Its
+coordinator's own ledger cannot say it: it counts each sample done once by construction,
+and a sample trained twice would show only in the workers. They are printed in the JSON
+line.
 
 The Lease: with ``--identity same`` (the default) the restarted process has the old one's
 identity, as a container restarted in its pod has (the Deployment names each replica after
@@ -95,8 +104,10 @@ from benchmarks.recovery_checks import (  # noqa: E402
     Violations,
     labels_of,
     phase_of,
+    trained_exactly_once,
     unsettled,
 )
+from benchmarks.runtime_soak import nearest_rank  # noqa: E402
 from tests.kube.controller_harness import (  # noqa: E402
     GROUP,
     PLURAL,
@@ -182,8 +193,13 @@ class Driver:
         coordinators: PlayedCoordinators,
         watched: Watched,
         max_replicas: dict[str, int],
+        ledgers: Path,
     ) -> None:
         self.cluster = cluster
+        self.ledgers = ledgers
+        #: The samples of each real job, whose workers write their ledger files in
+        #: ``ledgers / <job>``.
+        self.samples: dict[str, int] = {}
         self.ns = ns
         self.settings = settings
         self.coordinators = coordinators
@@ -209,6 +225,10 @@ class Driver:
         else:
             minimum, maximum = rng.choice((1, 1, 2)), rng.choice((2, 4, 8))
             samples = 1000
+        command = [*THIS_TREE, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05"]
+        if real:
+            self.samples[name] = samples
+            command += ["--ledger-dir", str(self.ledgers / name)]
         manifest = training_job(
             name,
             self.ns,
@@ -216,7 +236,7 @@ class Driver:
             max_replicas=maximum,
             priority=rng.choice(PRIORITIES),
             samples=samples,
-            command=[*THIS_TREE, "-m", "trainer_runtime.plain_worker", "--step-time-s", "0.05"],
+            command=command,
         )
         manifest["spec"]["template"]["spec"]["nodeSelector"] = {POOL: pool}
         manifest["spec"]["timeouts"] = {"drainSeconds": DRAIN_S}
@@ -418,7 +438,9 @@ def run(
     )
     watched = Watched(cluster, ns, CheckedPods(capacity, max_replicas, violations))
     player = PlayedKubelet(cluster, ns, played, coordinators, exits=True, members=True)
-    driver = Driver(cluster, ns, settings, coordinators, watched, max_replicas)
+    driver = Driver(
+        cluster, ns, settings, coordinators, watched, max_replicas, workdir / f"{ns}-ledgers"
+    )
     rng = random.Random(settings.seed + 1)
     with operator as ctrl, watched, player, driver:
         eventually(ctrl.healthy, 120, "the controller's /healthz")
@@ -463,6 +485,8 @@ def run(
         for name in wanted:
             if phases.get(name) != "Succeeded":
                 violations.add("unfinished", f"{name}: {phases.get(name) or 'gone'}")
+        succeeded = {n: k for n, k in driver.samples.items() if phases.get(n) == "Succeeded"}
+        exact = trained_exactly_once(driver.ledgers, succeeded, violations)
 
         def nothing_left() -> list[str]:
             pods, _ = watched.state()
@@ -487,6 +511,7 @@ def run(
         "jobs": len(driver.created),
         "kills": settings.kills,
         "reconverge_s": _median(reconverged),
+        "reconverge_p95_s": _round(nearest_rank(reconverged, 0.95)),
         "reconverge_max_s": round(max(reconverged), 3) if reconverged else None,
         "first_cycle_s": _median(first),
         "first_cycle_max_s": round(max(first), 3) if first else None,
@@ -506,6 +531,11 @@ def run(
         "violations": violations.total,
         "violation_counts": dict(violations.counts),
         "violation_examples": list(violations.examples),
+        # Over the real jobs that Succeeded (the docstring says how they are counted).
+        "real_jobs": len(succeeded),
+        "samples_lost": exact.lost,
+        "samples_repeated": exact.repeated,
+        "unknown_intents": exact.unknown,
         "deleted_jobs": len(driver.deleted),
         # The operator's last lines (its /metrics requests left out), when something broke.
         **({"log_tail": log_tail} if violations.total else {}),

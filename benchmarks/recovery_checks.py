@@ -2,7 +2,9 @@
 objects its watches hold: the invariants on every pod change (``CheckedPods``: no node
 over-committed, no job with more live workers than its maximum) and whether the cluster
 matches what the operator plans for it (``unsettled``, condition (b) of the benchmark's
-definition of re-convergence). No API call here: the caller's watches feed them.
+definition of re-convergence), and that every real job trained each of its samples
+exactly once (``trained_exactly_once``, from its workers' ledger files). No API call here:
+the caller's watches feed them.
 """
 
 from __future__ import annotations
@@ -10,9 +12,11 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from tests.kube.nodes import GPU
+from tests.runtime.ledger_files import Exactness, counting_trained, exactness
 
 
 def _time(raw: object) -> float | None:
@@ -71,6 +75,22 @@ class Violations:
     @property
     def total(self) -> int:
         return sum(self.counts.values())
+
+
+def trained_exactly_once(
+    ledgers: Path, samples: dict[str, int], violations: Violations
+) -> Exactness:
+    """Lost and repeated samples over the real jobs ``samples`` names (job -> samples, one
+    epoch), from their workers' ledger files in ``ledgers / <job>``; a job with any is a
+    violation ``exactly_once``."""
+    lost = repeated = unknown = 0
+    for name, count in sorted(samples.items()):
+        trained, guessed = counting_trained(ledgers / name, epochs=1)
+        exact = exactness(trained, count, guessed)
+        lost, repeated, unknown = lost + exact.lost, repeated + exact.repeated, unknown + guessed
+        if exact.lost or exact.repeated:
+            violations.add("exactly_once", f"{name}: {exact.lost} lost, {exact.repeated} repeated")
+    return Exactness(lost, repeated, unknown)
 
 
 class CheckedPods(dict[str, dict[str, Any]]):

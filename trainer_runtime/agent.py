@@ -13,15 +13,23 @@ What must stay true:
 - A watch the coordinator refuses for good (a wrong token: `TokenRefused`) is said in an
   error line and stops the worker at its next step boundary; only a dropped stream (the
   coordinator restarting) is retried quietly.
+- SIGTERM (what the kubelet sends a pod it deletes or evicts, and the local backend a
+  process it stops) is a drain this worker gives itself: `changed()` turns true, the next
+  `awaiting_assignment` answers DRAINED without asking, and the worker leaves at its next
+  step boundary, its last complete step committed, and exits 0, as if the controller had
+  drained it. Its calls then stop retrying after `TERMINATING_RETRY_S`: the coordinator
+  may be stopping in the same deletion, and the grace period is short.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import signal
 import threading
 import time
 from dataclasses import dataclass
+from types import FrameType
 from typing import Any
 
 import grpc
@@ -39,6 +47,8 @@ from trainer_runtime.protocol import pb
 
 LOG = logging.getLogger(__name__)
 RECONNECT_PAUSE_S = 0.1
+#: How long a worker told to terminate keeps retrying a call to an unreachable coordinator.
+TERMINATING_RETRY_S = 2.0
 
 
 class Outcome(enum.Enum):
@@ -97,6 +107,9 @@ class WorkerAgent:
         self.refused: CoordinatorError | None = None
         self.stopping = threading.Event()
         self.watcher = threading.Thread(target=self.watching, name="edl-watch", daemon=True)
+        #: Set by SIGTERM: this worker drains itself (see the module docstring).
+        self.terminating = False
+        self.sigterm_handled = False
 
     @property
     def worker_id(self) -> str:
@@ -105,8 +118,42 @@ class WorkerAgent:
     def starting(self, store_address: str) -> None:
         """Register (retrying while the coordinator is unreachable) and open the watch."""
         self.store_address = store_address
-        self.client.register(self.worker_id, self.contract.node, store_address)
+        self.handling_sigterm()
+        try:
+            self.client.register(self.worker_id, self.contract.node, store_address)
+        except BaseException:
+            self.releasing_sigterm()  # no `closing` follows a failed start in a session
+            raise
         self.watcher.start()
+
+    def handling_sigterm(self) -> None:
+        """Make SIGTERM a drain of this worker (the module docstring says what follows). Only
+        from the main thread (Python's rule for signal handlers), and only over the default
+        handler: a program that handles SIGTERM itself keeps its handler."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, self.terminated)
+        self.sigterm_handled = True
+
+    def terminated(self, signum: int, frame: FrameType | None) -> None:
+        """The SIGTERM handler: flags only (it runs between two bytecodes of the main
+        thread, which may hold any lock); `awaiting_assignment` says it in the log."""
+        self.terminating = True
+        self.client.retry_s = min(self.client.retry_s, TERMINATING_RETRY_S)
+
+    def releasing_sigterm(self) -> None:
+        """Give SIGTERM back to Python's default, if this agent took it (from the main
+        thread: elsewhere it stays, harmless once the agent is closed)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self.sigterm_handled and signal.getsignal(signal.SIGTERM) == self.terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self.sigterm_handled = False
+
+    def is_terminating(self) -> bool:
+        return self.terminating
 
     def watching(self) -> None:
         while not self.stopping.is_set():
@@ -140,7 +187,8 @@ class WorkerAgent:
         """Whether the worker must stop at this step boundary and ask for its generation."""
         notice = self.notice
         return bool(
-            self.refused is not None
+            self.terminating
+            or self.refused is not None
             or notice.generation > self.generation
             or notice.generation < 0
             or notice.draining
@@ -153,6 +201,9 @@ class WorkerAgent:
         if self.refused is not None:
             raise self.refused
         while True:
+            if self.terminating:
+                LOG.info("%s: SIGTERM: leaving at this step boundary", self.worker_id)
+                return Assignment(Outcome.DRAINED, self.generation)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CoordinatorUnreachable(
@@ -192,6 +243,7 @@ class WorkerAgent:
 
     def closing(self) -> None:
         self.stopping.set()
+        self.releasing_sigterm()
         self.client.close()
         if self.watcher.is_alive():  # never started when registering failed
             self.watcher.join(timeout=1.0)

@@ -8,10 +8,12 @@ the cost of a framework. It needs a coordinator in `independent` mode.
 
 With `--ledger-file`, it appends what it trained to a file the tests read, to check the
 coordinator's own count: `intent LEASE EPOCH START STOP` before each commit and
-`done LEASE` after the coordinator accepted it.
+`done LEASE` after the coordinator accepted it. `--ledger-dir DIR` does the same in
+`DIR/<worker id>.ledger`, for a command shared by every worker of a job (a pod template).
 
-What must stay true: a drained worker commits the shard it holds, leaves, and exits 0; a
-fenced worker exits non-zero; a finished job exits 0.
+What must stay true: a drained worker commits the shard it holds, leaves, and exits 0, and
+so does one sent SIGTERM (a pod deleted or evicted: see `agent.py`); a fenced worker exits
+non-zero; a finished job exits 0.
 """
 
 from __future__ import annotations
@@ -92,7 +94,11 @@ class PlainWorker:
 def parsing(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m trainer_runtime.plain_worker")
     parser.add_argument("--step-time-s", type=float, default=0.01, help="simulated step time")
-    parser.add_argument("--ledger-file", type=Path, help="append trained shards here (tests)")
+    ledger = parser.add_mutually_exclusive_group()
+    ledger.add_argument("--ledger-file", type=Path, help="append trained shards here (tests)")
+    ledger.add_argument(
+        "--ledger-dir", type=Path, help="append trained shards to DIR/<worker id>.ledger"
+    )
     return parser.parse_args(argv)
 
 
@@ -105,7 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         print(error, file=sys.stderr)
         return 2
     agent = WorkerAgent(contract)
-    ledger = args.ledger_file.open("a", encoding="utf-8") if args.ledger_file else None
+    path = args.ledger_file
+    if args.ledger_dir is not None:
+        args.ledger_dir.mkdir(parents=True, exist_ok=True)
+        path = args.ledger_dir / f"{contract.worker_id}.ledger"
+    ledger = path.open("a", encoding="utf-8") if path is not None else None
     try:
         outcome = PlainWorker(agent, args.step_time_s, ledger).running()
         agent.leaving()

@@ -60,12 +60,17 @@ class Cluster:
     port: int = 0
 
     def environment(
-        self, worker_id: str, extra: dict[str, str] | None = None, server: bool = False
+        self,
+        worker_id: str,
+        extra: dict[str, str] | None = None,
+        server: bool = False,
+        coordinator: str | None = None,
     ) -> dict[str, str]:
-        """A worker's environment (a parameter server's with ``server``), with its own
-        credential."""
+        """The contract's environment of `worker_id` (a parameter server's with ``server``),
+        with its own credential, which reaches its coordinator at `coordinator` (a proxy's
+        address) or, by default, where it listens."""
         contract = WorkerContract(
-            coordinator=f"127.0.0.1:{self.port}",
+            coordinator=coordinator or f"127.0.0.1:{self.port}",
             token=(CREDENTIALS.server if server else CREDENTIALS.worker)(worker_id),
             job_id="test-job",
             worker_id=worker_id,
@@ -106,25 +111,37 @@ class Cluster:
         return process
 
     def starting_worker(
-        self, worker_id: str, argv: list[str], extra: dict[str, str] | None = None
+        self,
+        worker_id: str,
+        argv: list[str],
+        extra: dict[str, str] | None = None,
+        coordinator: str | None = None,
     ) -> subprocess.Popen[bytes]:
         server = "trainer_runtime.ps" in argv  # what is launched tells its role
         process = subprocess.Popen(
             [sys.executable, *argv],
-            env=self.environment(worker_id, extra, server),
+            env=self.environment(worker_id, extra, server, coordinator),
             stdout=(self.root / f"{worker_id}.log").open("ab"),
             stderr=subprocess.STDOUT,
         )
         self.processes[worker_id] = process
         return process
 
-    def client(self) -> CoordinatorClient:
-        return CoordinatorClient(f"127.0.0.1:{self.port}", TOKEN, timeout_s=5.0, retry_s=20.0)
+    def client(self, address: str | None = None) -> CoordinatorClient:
+        """A client of the job's coordinator, reached at `address` (a proxy's) or directly."""
+        return CoordinatorClient(
+            address or f"127.0.0.1:{self.port}", TOKEN, timeout_s=5.0, retry_s=20.0
+        )
 
     def killing(self, name: str) -> None:
         process = self.processes[name]
         os.kill(process.pid, signal.SIGKILL)
         process.wait(timeout=10)
+
+    def terminating(self, name: str) -> None:
+        """SIGTERM, what the kubelet sends a pod it deletes or evicts (SIGKILL follows after
+        the grace period: the test's own bound on `waiting_exit`)."""
+        os.kill(self.processes[name].pid, signal.SIGTERM)
 
     def waiting_exit(self, name: str, timeout_s: float) -> int:
         try:

@@ -7,15 +7,23 @@ Aspects tested:
   call is answered, nor one that was waiting meanwhile, the ticker thread ends with an
   error line, and the process exits 3, its file holding exactly the
   changes that were answered (the state a restart loads);
+- a failed fsync is a failed save, whichever fsync fails (the temporary file's, or the
+  directory's after the rename): once, it is tried again and the call succeeds; for good,
+  the change is refused and the coordinator stops, no temporary file is left behind, and a
+  coordinator restarted from the file takes the worker's retried call as the same worker
+  (after a failed directory fsync the refused change may be in the file already: only its
+  durability was unknown);
 - a state file that is not a coordinator state (``null``, a list, a wrong format, a
   negative epoch, junk) is refused at start with the file's name and exit 2, no traceback.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
+import stat
 import subprocess
 import sys
 import threading
@@ -53,8 +61,86 @@ def saved_workers(store: FileStore) -> list[str]:
 
 
 def _serve(store: FileStore) -> CoordinatorServer:
-    state = CoordinatorState.starting(DatasetPlan(40, 4, 1), join_window_s=0.05)
+    """A coordinator over `store`: afresh, or from the state the store holds."""
+    saved = store.load()
+    state = (
+        CoordinatorState.starting(DatasetPlan(40, 4, 1), join_window_s=0.05)
+        if saved is None
+        else CoordinatorState.from_json(saved, now=time.monotonic())
+    )
     return CoordinatorServer(CoordinatorService(state, store, VERIFIER)).start()
+
+
+class FailingFsync:
+    """``os.fsync`` whose next ``fail`` calls on a file (or, ``directory``, on a directory)
+    raise EIO, as a disk that lost a write does."""
+
+    def __init__(self, directory: bool) -> None:
+        self.directory = directory
+        self.fail = 0
+        self.real = os.fsync
+
+    def __call__(self, descriptor: int) -> None:
+        if self.fail > 0 and stat.S_ISDIR(os.fstat(descriptor).st_mode) == self.directory:
+            self.fail -= 1
+            raise OSError(errno.EIO, "Input/output error")
+        self.real(descriptor)
+
+
+def leftovers(directory: Path) -> list[Path]:
+    return sorted(directory.glob(".state.json.*.tmp"))
+
+
+@pytest.mark.parametrize("directory", [False, True], ids=["file", "directory"])
+def test_a_failed_fsync_once_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: bool
+) -> None:
+    fsync = FailingFsync(directory)
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = FileStore(tmp_path / "state.json")  # durable: every save fsyncs
+    server = _serve(store)
+    try:
+        fsync.fail = 1
+        CoordinatorClient(server.address, TOKEN, retry_s=2.0).register("w0", "n", "")
+        assert fsync.fail == 0, "no fsync failed"
+        assert server.service.failure is None
+        assert saved_workers(store) == ["w0"]
+    finally:
+        server.stop()
+    assert leftovers(tmp_path) == []  # once stopped: the ticker may be saving till then
+
+
+@pytest.mark.parametrize("directory", [False, True], ids=["file", "directory"])
+def test_an_fsync_that_keeps_failing_refuses_the_change_and_stops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: bool
+) -> None:
+    fsync = FailingFsync(directory)
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = FileStore(tmp_path / "state.json")
+    server = _serve(store)
+    client = CoordinatorClient(server.address, TOKEN, timeout_s=1.0, retry_s=1.0)
+    try:
+        client.register("w0", "n", "")
+        fsync.fail = 10**6
+        with pytest.raises(CoordinatorUnreachable):
+            client.register("w1", "n", "")
+        assert isinstance(server.service.failure, OSError)
+        with pytest.raises(CoordinatorUnreachable):
+            client.progress()
+    finally:
+        server.stop()
+    assert leftovers(tmp_path) == []
+    # The temporary file's fsync fails before the rename: the file holds what was answered.
+    # The directory's fails after it: the refused change is there too, not known durable.
+    assert saved_workers(store) == (["w0", "w1"] if directory else ["w0"])
+    fsync.fail = 0  # the disk mended: a coordinator restarted from the file
+    restarted = _serve(store)
+    try:
+        again = CoordinatorClient(restarted.address, TOKEN, timeout_s=1.0, retry_s=2.0)
+        again.register("w1", "n", "")  # the worker's retry of the refused call
+        assert saved_workers(store) == ["w0", "w1"]
+    finally:
+        restarted.stop()
 
 
 def test_a_save_that_fails_once_is_tried_again(tmp_path: Path) -> None:

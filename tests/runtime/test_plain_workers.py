@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -23,31 +22,10 @@ import pytest
 from trainer_runtime.plain_worker import EXIT_UNREACHABLE
 
 from .harness import Cluster, waiting_for
+from .ledger_files import checking_exactly_once
 
 SAMPLES, SHARD, EPOCHS = 3000, 10, 2
 WORKER = ["-m", "trainer_runtime.plain_worker", "--step-time-s", "0.03"]
-
-
-def counting_trained(root: Path) -> dict[int, Counter[int]]:
-    """Samples per epoch from the workers' ledger files: acknowledged commits, plus
-    unacknowledged ones (a worker killed in between) that no one else trained again."""
-    intents: dict[tuple[str, int], tuple[int, int, int]] = {}
-    done: set[tuple[str, int]] = set()
-    for path in root.glob("*.ledger"):
-        for line in path.read_text().splitlines():
-            parts = line.split()
-            if parts[0] == "intent":
-                intents[(path.stem, int(parts[1]))] = (int(parts[2]), int(parts[3]), int(parts[4]))
-            elif parts[0] == "done":
-                done.add((path.stem, int(parts[1])))
-    acknowledged = [intents[key] for key in done]
-    counts: dict[int, Counter[int]] = {epoch: Counter() for epoch in range(EPOCHS)}
-    for epoch, start, stop in acknowledged:
-        counts[epoch].update(range(start, stop))
-    for key, (epoch, start, stop) in intents.items():
-        if key not in done and all(counts[epoch][i] == 0 for i in range(start, stop)):
-            counts[epoch].update(range(start, stop))
-    return counts
 
 
 @pytest.mark.slow
@@ -99,10 +77,7 @@ def test_ledger_is_exact_through_drain_kill_join_and_coordinator_restart(
         assert cluster.waiting_exit(name, 30) == 0, cluster.log(name)
     assert cluster.processes["w0"].pid == survivor_pid
     assert (cluster.root / "w4.ledger").read_text(), "the joiner trained nothing"
-    counts = counting_trained(cluster.root)
-    for epoch in range(EPOCHS):
-        assert set(counts[epoch]) == set(range(SAMPLES)), f"epoch {epoch} lost samples"
-        assert max(counts[epoch].values()) == 1, f"epoch {epoch} repeated samples"
+    checking_exactly_once(cluster.root, SAMPLES, EPOCHS)
 
 
 def test_worker_arriving_after_the_last_commit_exits_0(cluster: Cluster) -> None:

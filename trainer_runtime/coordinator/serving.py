@@ -54,6 +54,27 @@ KEEPALIVE_ACCEPTED = (
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
 )
+
+
+def liveness_options(lease_timeout_s: float) -> tuple[tuple[str, int], ...]:
+    """The server's own pings, which make a worker it cannot reach depart within its lease
+    timeout. A `Watch` stream is a worker's liveness, but a stream over a connection that
+    stopped carrying bytes without closing (a network partition, a host that vanished)
+    stays open for the server: its handler kept renewing the worker's `last_seen` and the
+    worker, its leases with it, was never declared gone (measured: a worker behind a proxy
+    that relays nothing stayed a member, holding its shard, for as long as the partition
+    lasted, and the job stalled on that shard). So the server pings every connection every
+    half lease timeout and closes the one whose ping is not answered within the other half:
+    its streams end, and their workers depart as if their processes had died."""
+    half_ms = max(int(lease_timeout_s * 500), 500)
+    return (
+        ("grpc.keepalive_time_ms", half_ms),
+        ("grpc.keepalive_timeout_ms", half_ms),
+        ("grpc.http2.ping_timeout_ms", half_ms),
+        ("grpc.http2.max_pings_without_data", 0),  # a quiet Watch stream is pinged too
+    )
+
+
 # gRPC binds with SO_REUSEPORT unless told not to: a second coordinator started on a port
 # another one listens on would share it, and each would answer some of the other job's calls
 # (with the wrong token). Refused, the second one fails at start and says which port.
@@ -428,7 +449,10 @@ class CoordinatorServer:
         self.service = service
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=256, thread_name_prefix="coordinator"),
-            options=list(SERVER_OPTIONS),
+            options=[
+                *SERVER_OPTIONS,
+                *liveness_options(service.state.membership.lease_timeout_s),
+            ],
             maximum_concurrent_rpcs=512,
         )
         self.server.add_generic_rpc_handlers((service.handlers(),))

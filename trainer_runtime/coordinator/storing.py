@@ -7,7 +7,10 @@ or the new state, never a torn one. On Kubernetes the file lives on a volume the
 or the controller reads the same document through the coordinator's `GetSnapshot` call.
 
 What must stay true: `load()` returns exactly the last document `save()` completed, or None
-when nothing was ever saved.
+when nothing was ever saved, or (the file store) the document of a `save()` that raised
+after its rename, when the directory's fsync failed: written, its durability unknown. The
+coordinator refused the call that made that change, and the worker's retry of it is
+idempotent (tested in `tests/runtime/test_coordinator_faults.py`).
 """
 
 from __future__ import annotations

@@ -255,6 +255,8 @@ class PsSession:
         deadline = time.monotonic() + self.contract.timeout_s
         client = self.agent.client
         while True:
+            if self.agent.is_terminating():  # SIGTERM: a drain it gives itself (agent.py)
+                raise Ended(pb.GenerationStatus.Name(pb.DRAINED))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise CoordinatorUnreachable(

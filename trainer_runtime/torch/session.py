@@ -167,6 +167,12 @@ class ElasticSession(generations.Member):
     # ----- generations -----
 
     def drained(self) -> None:
+        if self.rank == 0 and self.generations_formed > 0:
+            # Drained by SIGTERM, its generation is still current: what it applied is
+            # committed before it leaves (its peers may all be leaving too, as when a job's
+            # pods are deleted). Drained by the controller, the generation has closed and
+            # these commits are fenced, harmlessly: the next reconcile carries them.
+            self.committer.flushing(self.contract.timeout_s)
         self.checkpointing()
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
