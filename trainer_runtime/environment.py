@@ -1,7 +1,7 @@
 """The environment contract between whoever starts a worker and the worker itself.
 
 The local backend and the Kubernetes controller start workers the same way: a process whose
-environment names its job's coordinator, the job token, and its own identity. This module is
+environment names its job's coordinator, its own credential, and its own identity. This module is
 the one place that contract is written down (docs/runtime.md repeats this table):
 
 | variable            | required | meaning                                                    |

@@ -237,7 +237,7 @@ def _api_client(kubeconfig: Path | None) -> kubernetes.client.ApiClient:
     "--token-key-file",
     type=click.Path(exists=True, path_type=Path),
     required=True,
-    help="Random bytes from which each job's token is derived.",
+    help="Random bytes from which each job's signing key (and TLS certificate) is derived.",
 )
 @click.option("--identity", default=None, help="This replica's name in the Lease (hostname).")
 @click.option("--lease-namespace", default="edl-system", show_default=True)

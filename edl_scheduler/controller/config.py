@@ -116,8 +116,9 @@ class ControllerConfig:
     """Everything the operator is told at start."""
 
     policy: Policy = field(default_factory=lambda: preset("edl"))
-    #: Key from which each job's token is derived (HMAC of the job's UID), so that the
-    #: controller never needs to read a Secret back: it may only create them.
+    #: Key from which each job's token, and from it its signing key and TLS certificate,
+    #: is derived (HMAC of the job's UID), so that the controller never needs to read a
+    #: Secret back: it may only create them.
     token_key: bytes = b""
     #: Who this instance is, in the leader-election Lease.
     identity: str = "edl-controller"

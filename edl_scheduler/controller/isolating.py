@@ -1,8 +1,8 @@
 """The NetworkPolicy around each job's servers, as a pure function returning its manifest.
 
 Why: a job's coordinator hands out its data shards and its members' addresses, and its
-parameter servers hold the model; each checks the job's token on every call, but anything
-in the cluster could still reach their ports (to probe them, or to load them). The policy
+parameter servers hold the model; each checks the caller's credential on every call, but
+anything in the cluster could still reach their ports (to probe them, or to load them). The policy
 admits, to the job's coordinator pod and parameter-server pods only (``podSelector``):
 
 - the job's own pods, in the job's namespace (``edl.dev/job=<job>``, ``edl.dev/managed``):

@@ -2,7 +2,7 @@
 container fields: each job's coordinator and its parameter servers.
 
 Both servers answer the standard gRPC health service (``grpc.health.v1.Health``, without the
-job's token): SERVING while they can answer, NOT_SERVING once a coordinator stopped because
+caller's credential): SERVING while they can answer, NOT_SERVING once a coordinator stopped because
 it could not save its state, or while a server shuts down. The probes ask it.
 
 Why ``exec`` and not ``grpc`` probes: the ``grpc`` probe type exists from Kubernetes 1.24

@@ -1,7 +1,7 @@
 """What keeps the other users of a machine out of the local service.
 
 The service runs commands (every job's workers) as the user who started it, and its home
-holds the job tokens (``state.db``) and every job's logs. So:
+holds the jobs' secrets (``state.db``, whence their signing keys) and every job's logs. So:
 
 - the home is this user's own: refused when another user owns it or others may write it
   (they could swap the socket or the database under us), and narrowed to ``0700``; what an
@@ -50,7 +50,7 @@ def prepare_home(home: Path) -> None:
     if info.st_uid != os.geteuid():
         raise HomeError(
             f"--home {home} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}): "
-            "the service keeps job tokens there; give a folder of your own"
+            "the service keeps the jobs' secrets there; give a folder of your own"
         )
     if info.st_mode & 0o022:
         raise HomeError(

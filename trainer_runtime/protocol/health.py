@@ -2,11 +2,11 @@
 
 Why: the kubelet (a ``grpc`` probe on Kubernetes 1.24 and later, or ``health_probe`` in an
 ``exec`` probe) and any load balancer know this service; they cannot speak the coordinator's
-or the parameter server's own API, which needs the job's token. So each server registers
+or the parameter server's own API, which needs a credential of the job. So each server registers
 this one beside its own handlers: ``Check`` and ``Watch`` (``List`` stays unimplemented).
 
 What must stay true:
-- it answers without the job's token (a probe has none) and tells nothing but the server's
+- it answers without a credential (a probe has none) and tells nothing but the server's
   overall status (the service name ``""``): any other name is NOT_FOUND;
 - SERVING from the start until ``stopping`` is set (the coordinator could not save its
   state, or the server is shutting down); NOT_SERVING from then on, for good: ``Check``
