@@ -33,7 +33,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from trainer_runtime.protocol.credentials import JobCredentials, Verifier
+from trainer_runtime.protocol.credentials import (
+    JOB_IDENTITY_ENV,
+    TRUSTED_KEY_ENV,
+    JobCredentials,
+    Verifier,
+)
 from trainer_runtime.protocol.tls import JobTls
 from trainer_runtime.protocol.tls import from_environ as tls_from_environ
 
@@ -45,8 +50,8 @@ NODE_NAME = "EDL_NODE_NAME"
 WORKER_HOST = "EDL_WORKER_HOST"
 TIMEOUT_S = "EDL_TIMEOUT_S"
 CHECKPOINT_DIR = "EDL_CHECKPOINT_DIR"
-TRUSTED_KEY = "EDL_TRUSTED_KEY"
-JOB_IDENTITY = "EDL_JOB_IDENTITY"
+TRUSTED_KEY = TRUSTED_KEY_ENV
+JOB_IDENTITY = JOB_IDENTITY_ENV
 DEFAULT_TIMEOUT_S = 30.0
 
 

@@ -67,7 +67,7 @@ from edl_scheduler.controller.naming import (
 )
 from edl_scheduler.controller.probing import health_probes, interpreter_of
 from edl_scheduler.core import Role
-from trainer_runtime.protocol.credentials import JobCredentials
+from trainer_runtime.protocol.credentials import JOB_IDENTITY_ENV, TRUSTED_KEY_ENV, JobCredentials
 from trainer_runtime.protocol.options import options_problem
 from trainer_runtime.protocol.tls import CERT_ENV as TLS_CERT_ENV
 from trainer_runtime.protocol.tls import KEY_ENV as TLS_KEY_ENV
@@ -244,8 +244,8 @@ def trust_env(credentials: JobCredentials) -> list[Manifest]:
     """What lets a coordinator or a parameter server check the job's credentials (the
     runtime's ``EDL_TRUSTED_KEY`` and ``EDL_JOB_IDENTITY``; public values)."""
     return [
-        {"name": "EDL_TRUSTED_KEY", "value": credentials.issuer.public_text()},
-        {"name": "EDL_JOB_IDENTITY", "value": credentials.job},
+        {"name": TRUSTED_KEY_ENV, "value": credentials.issuer.public_text()},
+        {"name": JOB_IDENTITY_ENV, "value": credentials.job},
     ]
 
 

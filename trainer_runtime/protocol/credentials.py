@@ -40,6 +40,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 PREFIX = "edl1"
+#: The variables that give a coordinator or a parameter server the launcher's public key and
+#: the job's identity (the runtime's environment contract, written by every launcher).
+TRUSTED_KEY_ENV = "EDL_TRUSTED_KEY"
+JOB_IDENTITY_ENV = "EDL_JOB_IDENTITY"
 #: Credentials checked once are remembered (a worker sends the same one on every call, and
 #: a signature check costs ~50 us); bounded so that a flood of forged ones cannot grow it.
 CACHE_SIZE = 4096
