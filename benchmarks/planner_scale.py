@@ -18,6 +18,10 @@ import random
 import time
 from dataclasses import replace
 
+# The simulator first: importing it takes the compiled build of the planner where one exists
+# (``edl-sim compile``), before any planner module loads; ``build`` says what ran.
+from simulations import native  # isort: skip
+
 from edl_scheduler.core import (
     Job,
     Node,
@@ -120,6 +124,7 @@ def measure(jobs: int, node_count: int, cycles: int, seed: int = 0) -> dict[str,
         "nodes": node_count,
         "gpus": node_count * GPUS_PER_NODE,
         "policy": policy.name,
+        "build": native.mode().value,
         "cycle_s": round(total / cycles, 5),
         "cycle_cpu_s": round(cpu / cycles, 5),
         "cycles": cycles,

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import click
 
-from edl_scheduler import native
+# The simulator first: importing it takes the compiled build, before any planner module loads.
+from simulations import native  # isort: skip
+
 from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.fidelity import EVENT_DRIVEN

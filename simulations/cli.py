@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
-from edl_scheduler import native
+from simulations import native
 from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
 from simulations.reporting import markdown_table, run_title, write_reports
