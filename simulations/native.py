@@ -41,7 +41,11 @@ from pathlib import Path
 from types import ModuleType
 
 #: The packages, as the parts of their dotted names, whose modules are compiled.
-PACKAGES: tuple[tuple[str, ...], ...] = (("edl_scheduler", "core"), ("simulations",))
+PACKAGES: tuple[tuple[str, ...], ...] = (
+    ("edl_scheduler", "core"),
+    ("edl_scheduler", "core", "incremental"),
+    ("simulations",),
+)
 #: Modules left as Python: the command line, reports and plots (click, rich, matplotlib:
 #: nothing hot), trace loading (once per run), the Pollux profiles (not on the
 #: benchmarks' paths; mypyc refuses one of their int-or-float locals), this module (it

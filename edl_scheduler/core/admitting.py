@@ -102,6 +102,17 @@ def _gpus(js: JobState, needs: dict[Role, int]) -> int:
     return total
 
 
+def waiting_message(js: JobState) -> str:
+    """What a job that admission left waiting says (``Admitter.run`` notes the numbers)."""
+    if js.reason is Reason.WAITING_IN_LINE:
+        return f"waiting in line behind {js.behind} (strict FIFO)"
+    what = "to restore its minimum" if js.reason is Reason.BELOW_MINIMUM else "for its gang"
+    return (
+        f"waiting: needs {counted(js.wait_gpus, 'GPU')} {what} ({counted(js.lo, 'worker')}), "
+        f"{js.wait_free} free where it may run; {js.wait_ahead} waiting jobs ranked ahead"
+    )
+
+
 def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
     for every preemptible job ranked below; an equal-priority job ranked above gives up its
@@ -139,7 +150,9 @@ def rounds_start_nothing(policy: Policy) -> bool:
     suspending jobs ranked below themselves, which ``J`` could have suspended too: room
     per node that ``J`` could reach only shrinks, and holds for jobs ranked above ``J``
     do not change. Nothing runs between the rounds (no growth), so every job of the second
-    round fails again, with the reason it has (a plan of changes only writes no message).
+    round fails again, with the reason it has; only the numbers of its message (free GPUs,
+    jobs ahead) may differ, so a planner that returns only the decisions that change
+    (``incremental``) may leave the round out.
     """
     return (
         not (policy.elastic and policy.growth is not Growth.NONE)
@@ -240,7 +253,6 @@ class Admitter:
         cluster = self.s.cluster
         preempts = self.shrink_ok or self.suspend_ok
         head_of_line = self.s.policy.admission is Admission.HEAD_OF_LINE
-        quiet = self.s.changes_only  # a job that stays waiting is not reported: no message
         # Every waiting job the snapshot shows is visited at every plan, and most of them
         # only meet the quick reject below: the loop reads what it needs once, in locals,
         # and asks ``_pool``'s sums without calls. Capacity never changes within a cycle;
@@ -277,9 +289,8 @@ class Admitter:
                     continue
                 gpus = _gpus(js, needs)
             if blocked_by is not None:
-                js.reason = Reason.WAITING_IN_LINE
-                if not quiet:
-                    js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
+                # (its message is written where the plan returns its decision: ``said``)
+                js.reason, js.message, js.behind = Reason.WAITING_IN_LINE, "", blocked_by.name
                 continue
             classes = js.classes
             if classes is not last_classes:
@@ -311,15 +322,11 @@ class Admitter:
                     started += 1
                     continue
                 free = cluster.free_in(classes)
-            if js.live_w:
-                what, js.reason = "to restore its minimum", Reason.BELOW_MINIMUM
-            else:
-                what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY
-            if not quiet:
-                js.message = (
-                    f"waiting: needs {counted(gpus, 'GPU')} {what} ({counted(js.lo, 'worker')}), "
-                    f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
-                )
+            js.reason = Reason.BELOW_MINIMUM if js.live_w else Reason.WAITING_FOR_CAPACITY
+            # The numbers of its message, written where the plan returns its decision (most
+            # waiting jobs' decisions change nothing: ``waiting_message``).
+            js.message = ""
+            js.wait_gpus, js.wait_free, js.wait_ahead = gpus, max(0, free), ahead
             ahead += 1
             if head_of_line:
                 blocked_by = js

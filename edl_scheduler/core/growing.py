@@ -21,7 +21,6 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-from edl_scheduler.core.margins import margins
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
@@ -42,7 +41,7 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
         return (-js.priority, fulfilled, js.rank)
     kept = js.margins
     if kept is None:
-        kept = margins(js, session)
+        kept = js.worth(session.policy)
     if not js.added_w and not js.removed_w:  # as it was: its kept speed-ups (``margins``)
         return (-js.priority, kept.growth_score, fulfilled, js.rank)
     model = kept.model
@@ -137,12 +136,11 @@ class Grower:
             if until is not None:
                 if js.reason is Reason.COOLING_DOWN:
                     pass  # held so in an earlier round (``hold`` would return at once)
-                elif s.changes_only and not js.started and js.for_job is None:
-                    # Unmoved so far: the message would replace its own. A plan of changes
-                    # only reads the message of a job whose size changes, and whatever
-                    # changes a held job's size writes its message, so it is left to be
-                    # written if read (``cooling_message``): one fewer format per cooling
-                    # job per plan.
+                elif not js.started and js.for_job is None:
+                    # Unmoved so far: the message would replace its own. It is written where
+                    # the plan returns the job's decision (``cooling_message``): whatever
+                    # changes a held job's size later writes its message, and most cooling
+                    # jobs' decisions change nothing.
                     js.reason, js.message, js.cooling_end = Reason.COOLING_DOWN, "", until
                 else:
                     js.hold(Reason.COOLING_DOWN, cooling_message(until, now))

@@ -8,7 +8,6 @@ higher-ranked job's gang never asks these functions (see ``admitting._may_shrink
 
 from __future__ import annotations
 
-from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
 
 
@@ -36,7 +35,7 @@ def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
 def resize_gain(js: JobState, nodes: tuple[int, int], workers: tuple[int, int]) -> float:
     """Predicted relative speed-up of going from ``workers[0]`` on ``nodes[0]`` nodes to
     ``workers[1]`` on ``nodes[1]``: 0.25 means 25% faster."""
-    model = model_of(js)
+    model = js.model()
     before = model.throughput(nodes[0], workers[0])
     after = model.throughput(nodes[1], workers[1])
     return after / before - 1.0 if before > 0 else float("inf")

@@ -31,10 +31,8 @@ from edl_scheduler.core import (
     Role,
     RoleSpec,
     Snapshot,
-    plan,
     preset,
 )
-from simulations import engine as engine_module
 from simulations.engine import Engine, SimConfig, simulate
 from simulations.instant import Key, collect
 from simulations.listed import Listed
@@ -107,17 +105,21 @@ def test_elastic_snapshots_show_every_active_job(monkeypatch: pytest.MonkeyPatch
     engine = Engine(_jobs(policy), CLUSTER, policy, CONFIGS["events"])
     assert engine.shows_all
 
-    def planned(snapshot: Snapshot, *args: Any, **options: Any) -> Plan:
+    planner = engine.planner
+    assert planner is not None
+    real = planner.plan
+
+    def planned(snapshot: Snapshot, now: float, *args: Any) -> Plan:
         nonlocal left_out, plans
         assert [j.name for j in snapshot.jobs] == list(engine.active)
         free = CLUSTER.gpus - engine.allocated
         live = [len(engine.active[j.name].replicas) for j in snapshot.jobs]
-        at = shown(list(snapshot.jobs), policy, args[1], free, snapshot.reservations, live=live)
+        at = shown(list(snapshot.jobs), policy, now, free, snapshot.reservations, live=live)
         left_out += len(snapshot.jobs) - len(at)
         plans += 1
-        return plan(snapshot, *args, **options)
+        return real(snapshot, now, *args)
 
-    monkeypatch.setattr(engine_module, "plan", planned)
+    monkeypatch.setattr(planner, "plan", planned)
     engine.run()
     assert plans > 0 and left_out > 0  # (pruning would have left some out)
     assert not Engine(_jobs(policy), CLUSTER, preset("fifo-gang"), CONFIGS["events"]).shows_all

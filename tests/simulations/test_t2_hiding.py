@@ -1,5 +1,5 @@
 """Running jobs left out of the planner's snapshot (``simulations.hiding``), their capacity
-handed over as ``plan(..., occupied=...)``.
+handed over as ``IncrementalPlanner.plan(..., occupied)``.
 
 Aspects:
 - the engine with hiding gives the records, timeline and plan count of the engine without
@@ -22,6 +22,7 @@ from dataclasses import replace
 import pytest
 
 from edl_scheduler.core import Plan, Policy, Resources, Snapshot, plan, preset
+from edl_scheduler.core.incremental import IncrementalPlanner
 from edl_scheduler.core.ordering import sort_key
 from simulations import engine as engine_module
 from simulations.engine import Engine, simulate
@@ -79,6 +80,7 @@ def test_the_plan_without_the_left_out_jobs_is_the_full_plan(
     policy = POLICIES[name]
     node_of = {f"node-{i}": i for i in range(CLUSTER.nodes)}
     compared = 0
+    planner = IncrementalPlanner(policy)
     for snap, now in _recorded(policy, monkeypatch):
         key = sort_key(policy, now)
         live = [len(j.replicas) for j in snap.jobs]
@@ -96,9 +98,7 @@ def test_the_plan_without_the_left_out_jobs_is_the_full_plan(
                 used[node_of[r.node]][2] += res.memory_bytes
         assert split(snap.jobs, live, keys, policy, node_of, used) == (kept, occupied)
         full = plan(snap, policy, now)
-        part = plan(
-            Snapshot(snap.nodes, tuple(kept), snap.reservations), policy, now, occupied=occupied
-        )
+        part = planner.plan(Snapshot(snap.nodes, tuple(kept), snap.reservations), now, occupied)
         assert _changes(part) == _changes(full), now
         assert part.reservations == full.reservations, now
         compared += 1
@@ -133,10 +133,11 @@ def test_only_jobs_at_their_size_above_every_short_job_are_left_out() -> None:
 
 def test_occupied_must_match_the_nodes() -> None:
     snap = snapshot([node("n0").gpus(4)], [job("a").min(1).max(1)])
+    planner = IncrementalPlanner(TIRESIAS)
     with pytest.raises(ValueError, match="occupied: 2 entries for 1 nodes"):
-        plan(snap, TIRESIAS, 0.0, occupied=(Resources(), Resources()))
+        planner.plan(snap, 0.0, (Resources(), Resources()))
     with pytest.raises(ValueError, match="none negative"):
-        plan(snap, TIRESIAS, 0.0, occupied=(Resources(gpu=-1),))
+        planner.plan(snap, 0.0, (Resources(gpu=-1),))
     # What it says is taken is not free: "a" cannot start on the one GPU left.
-    assert not plan(snap, TIRESIAS, 0.0, occupied=(Resources(gpu=4),)).changes
-    assert plan(snap, TIRESIAS, 0.0, occupied=(Resources(gpu=3),)).changes
+    assert not planner.plan(snap, 0.0, (Resources(gpu=4),)).changes
+    assert planner.plan(snap, 0.0, (Resources(gpu=3),)).changes
