@@ -38,11 +38,9 @@ from dataclasses import dataclass
 from edl_scheduler.core import (
     Action,
     Admission,
-    Growth,
     Job,
     JobDecision,
     Node,
-    Ordering,
     Plan,
     Policy,
     Replica,
@@ -55,11 +53,20 @@ from edl_scheduler.core import (
     plan,
 )
 from edl_scheduler.core.incremental import IncrementalPlanner
-from edl_scheduler.core.ordering import key_varies, sort_key
+from edl_scheduler.core.incremental.unchangeable import applies
+from edl_scheduler.core.ordering import (
+    key_varies,
+    queue_band,
+    queue_of,
+    ranks_by_queue,
+    ranks_continuously,
+    sort_key,
+    starvation_end,
+)
 from edl_scheduler.core.snapshot import Efficiency
 from simulations.active import Active
 from simulations.collector import quiet
-from simulations.hiding import hides, split
+from simulations.hiding import split
 from simulations.instant import arrivals_settled, collect, narrow, plainly
 from simulations.listed import Listed
 from simulations.runs import JobRecord, Run
@@ -155,11 +162,11 @@ class Engine:
         #: Plans left out because only jobs that cannot start had arrived.
         self.skipped = 0
         self.plan_wall = 0.0
-        self.fresh_attained = policy.ordering in (Ordering.LAS_QUEUES, Ordering.LEAST_ATTAINED)
+        self.fresh_attained = ranks_by_queue(policy) or ranks_continuously(policy)
         #: Under LAS queues the planner reads attained GPU-time only through the job's queue
         #: (``ordering.sort_key``), so a running job's Job is rebuilt only when its queue
         #: changes; its attained GPU-time in the snapshot may lag until then.
-        self.queue_only = config.incremental and policy.ordering is Ordering.LAS_QUEUES
+        self.queue_only = config.incremental and ranks_by_queue(policy)
         self.planner = IncrementalPlanner(policy) if config.incremental else None
         #: The policy's rank key where it does not depend on ``now``: kept per snapshot Job
         #: (``Run.rank_key``) for pruning, on the incremental path.
@@ -175,9 +182,9 @@ class Engine:
         self.settled = False
         #: Running jobs' Jobs rebuilt for attained time: in all, and as of the last plan made.
         self.rekeyed = self.rekeyed_seen = 0
-        self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
+        self.least_attained = ranks_continuously(policy)
         #: Whether running jobs no plan could change are left out of the snapshot.
-        self.hides = config.hide and self.settles and self.fixed_key is not None and hides(policy)
+        self.hides = config.hide and self.settles and self.fixed_key is not None and applies(policy)
         #: The active jobs kept as running and waiting (``active``), where ``narrow`` serves.
         narrows = self.hides and policy.admission is not Admission.HEAD_OF_LINE
         self.kept = Active(policy.elastic) if narrows else None
@@ -195,7 +202,7 @@ class Engine:
         #: start. The plans are the same either way.
         self.shows_all = self.listed is not None and policy.elastic
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
-        self.grows = policy.elastic and policy.growth is not Growth.NONE
+        self.grows = policy.grows
         #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
         #: where ``_apply`` sets them.
         self.wakes = GrowthWakes(policy)
@@ -368,10 +375,8 @@ class Engine:
         if self.fixed_key is not None:
             run.rank_key = self.fixed_key(built)
         if self.queue_only:
-            got = built.attained_gpu_seconds
-            thresholds = self.policy.queue_thresholds_gpu_s
-            run.queue_low = max((t for t in thresholds if t <= got), default=-_INF)
-            run.queue_high = min((t for t in thresholds if t > got), default=_INF)
+            band = queue_band(built.attained_gpu_seconds, self.policy.queue_thresholds_gpu_s)
+            run.queue_low, run.queue_high = band
         return built
 
     def _efficiency(self, run: Run) -> Efficiency | None:
@@ -529,13 +534,8 @@ class Engine:
             self.listed.touch(run)
 
     def _queue(self, attained: float) -> int:
-        """The LAS queue index of a running job with ``attained`` GPU-seconds (as
-        ``ordering.sort_key`` counts it for a job with replicas)."""
-        queue = 0
-        for t in self.policy.queue_thresholds_gpu_s:
-            if attained >= t:
-                queue += 1
-        return queue
+        """The LAS queue index of a running job with ``attained`` GPU-seconds."""
+        return queue_of(attained, self.policy.queue_thresholds_gpu_s)
 
     def _next_epoch(self, now: float) -> float:
         """When a running profiled job next enters a new epoch: its measured rate changes
@@ -641,9 +641,9 @@ class Engine:
         if policy.starvation_limit_s is not None:
             for run in self.active.values():
                 if not run.workers:
-                    at = run.job.submit_time + policy.starvation_limit_s
-                    if at > now:
-                        wake = min(wake, at)
+                    starves = starvation_end(run.job.submit_time, policy)
+                    if starves is not None and starves > now:
+                        wake = min(wake, starves)
         return wake
 
 

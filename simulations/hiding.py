@@ -1,21 +1,13 @@
-"""Running jobs the planner need not see: those ranked above every job below its size.
+"""Running jobs the planner need not see: those no plan can change.
 
 In a congested cluster under ``tiresias`` most running jobs rank above every waiting job
 (on ``philly_3d``, 99 of 108 running at an average plan, of 235 shown): no job that could
 start may suspend them, and nothing else would move them. The engine leaves them out of
-the snapshot and hands the planner the capacity their replicas take (``plan(...,
-occupied=...)``), so the plan's cost follows the jobs it may change.
-
-Why the plan is the same (under the premises of ``pruning.settled``: no growth, no
-shrinking, no priorities, preemption none or whole-job suspension; a rank key that does
-not vary with time): such a job ``H`` is at its size, so admission never visits it and
-growth never runs. Admission suspends only a job ranked below the job it starts, which is
-below its size, so ranked below ``H``; a job suspended in the cycle and moved again takes
-only from jobs ranked below itself, below that job. ``H`` is in no preemption pool of any
-job that admission asks about (each counts the jobs ranked below it). Its hold, if any, is
-dropped either way (a job at its size holds nothing). Placement reads free capacity per
-node only, which ``occupied`` keeps as it was; every other comparison of ranks is between
-jobs that stay, whose order is unchanged. Only the rank numbers in messages differ.
+the snapshot and hands the planner the capacity their replicas take (``IncrementalPlanner.
+plan``'s ``occupied``), so the plan's cost follows the jobs it may change. Which jobs those
+are, and why the plan is the same without them, is the core's rule
+(``edl_scheduler.core.incremental.unchangeable``); this module counts what they take per
+node, from the engine's own tally of live workers.
 """
 
 from __future__ import annotations
@@ -23,22 +15,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from edl_scheduler.core import Growth, Job, Ordering, Policy, Preemption, Resources, Role
+from edl_scheduler.core import Job, Policy, Resources, Role
+from edl_scheduler.core.incremental.unchangeable import best_short, unchangeable
 
 Key = tuple[float | str, ...]
 
 _NONE = Resources()
-
-
-def hides(policy: Policy) -> bool:
-    """Whether the premises hold under ``policy`` (the caller keeps rank keys that do not
-    vary with time, and passes them)."""
-    return not (
-        (policy.elastic and policy.growth is not Growth.NONE)
-        or policy.use_priority
-        or policy.preemption not in (Preemption.NONE, Preemption.SUSPEND)
-        or policy.ordering is Ordering.LEAST_ATTAINED
-    )
 
 
 def split(
@@ -51,33 +33,21 @@ def split(
     *,
     best: tuple[Key | None] | None = None,
 ) -> tuple[list[Job], tuple[Resources, ...] | None]:
-    """The jobs the planner must see (in the order of ``jobs``), and what the others take
-    per node (indexed as ``node_of``; None where none is left out). ``live`` and ``keys``:
-    each job's live workers and rank key. ``used``, where the caller keeps it: per node,
-    [gpu, cpu, memory] that the live workers of ``jobs`` take; what the left-out jobs take
-    is then that less what the shown running ones take (most running jobs are left out).
-    Every job with parameter servers, leaving by its spec, or not exactly at its size is
-    shown. ``best``: ``(key,)`` of the best-ranked job below its size (None: none), where
-    the caller found it already (``instant.narrow``)."""
+    """The jobs the planner must see (in the order of ``jobs``), and what the others (the
+    ones ``unchangeable`` names; ``policy`` is one where its rule ``applies``) take per node
+    (indexed as ``node_of``; None where none is left out). ``live`` and ``keys``: each
+    job's live workers and rank key. ``used``, where the caller keeps it: per node, [gpu,
+    cpu, memory] that the live workers of ``jobs`` take; what the left-out jobs take is then
+    that less what the shown running ones take (most running jobs are left out). ``best``:
+    ``(key,)`` of the best-ranked job below its size (None: none), where the caller found
+    it already (``instant.narrow``)."""
     elastic = policy.elastic
     # Indexed loops over lists: compiled, ``zip`` goes through Python's iteration protocol.
     js = jobs if isinstance(jobs, list) else list(jobs)
     ns = live if isinstance(live, list) else list(live)
     ks = keys if isinstance(keys, list) else list(keys)
     assert len(ns) == len(js) == len(ks)  # (one entry per job in each)
-    top: Key | None = None  # the best-ranked job below its size
-    if best is not None:
-        top = best[0]
-    else:
-        for at in range(len(js)):
-            n, j = ns[at], js[at]
-            if n:
-                w = j.worker
-                if n >= (w.min_replicas if elastic else j.rigid_size):
-                    continue
-            k = ks[at]
-            if top is None or k < top:
-                top = k
+    top = best[0] if best is not None else best_short(js, ns, ks, elastic)
     if top is None:
         return list(js), None
     shown: list[Job] = []
@@ -86,11 +56,9 @@ def split(
     for at in range(len(js)):
         n, j = ns[at], js[at]
         if n:
-            if not j.suspended and j.pserver is None and ks[at] < top:
-                w = j.worker
-                if n == (w.min_replicas if elastic else j.rigid_size):
-                    left.append(j)
-                    continue
+            if unchangeable(j, n, ks[at], top, elastic):
+                left.append(j)
+                continue
             running.append(j)
         shown.append(j)
     if not left:

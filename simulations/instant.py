@@ -13,7 +13,7 @@ into running and waiting jobs in the same loop, for the policies ``narrow`` does
 What must stay true: ``narrow``'s answers are exactly those of ``shown``, ``settled`` and the
 first loop of ``split`` (the best-ranked shown job below its size), on every instant
 (``tests/simulations/test_t2_instant.py`` compares them at every plan of the simulations).
-It serves only where hiding does (``hiding.hides``: no growth, no shrinking, no priorities,
+It serves only where hiding does (``unchangeable.applies``: no growth, no shrinking, no priorities,
 preemption none or whole-job suspension, rank keys kept) and admission is not strict FIFO;
 it answers None, and the engine asks the three functions, where a premise of its shortcuts
 fails (a running job that may not be preempted).
@@ -33,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from edl_scheduler.core import Admission, Job, Policy, Preemption, Reservation
-from simulations.hiding import hides
+from edl_scheduler.core import Admission, Job, Policy, Reservation
+from edl_scheduler.core.incremental.unchangeable import applies
+from edl_scheduler.core.sizing import gang_size
 from simulations.pruning import Tally, settled, shown_or_all
 from simulations.runs import Run
 
@@ -160,10 +161,9 @@ class Waiting:
 
 
 def waiting_entry(index: int, job: Job, key: Key, elastic: bool) -> Waiting:
-    w = job.worker
-    size = w.min_replicas if elastic else job.rigid_size
+    size = gang_size(job, elastic)
     flagged = job.suspended or job.pserver is not None
-    return Waiting(index, job, key, size, size * w.resources.gpu, job.name, flagged)
+    return Waiting(index, job, key, size, size * job.worker.resources.gpu, job.name, flagged)
 
 
 def entries(c: Collected, elastic: bool) -> tuple[list[Running], list[Waiting]]:
@@ -187,13 +187,13 @@ def narrow(
     """``shown``, ``settled`` (where ``ask_settled``) and ``split``'s best-ranked short job
     over the active jobs, given as their running and waiting ones (each in arrival order;
     ``top_w``: the best-ranked waiting key). See the module. None where a premise fails:
-    hiding's (``hiding.hides``), admission not strict FIFO, every running job preemptible.
+    hiding's (``unchangeable.applies``), admission not strict FIFO, every running job preemptible.
     (Lists, and loops that index them: compiled, a loop over a ``Sequence`` or ``zip``
     goes through Python's iteration protocol.)"""
-    if policy.admission is Admission.HEAD_OF_LINE or not hides(policy):
+    if policy.admission is Admission.HEAD_OF_LINE or not applies(policy):
         return None
     held = {r.job for r in reservations}
-    suspends = policy.preemption is Preemption.SUSPEND
+    suspends = policy.suspends
     elastic = policy.elastic
     free = max(0, free_gpus)
     pool = free
@@ -205,11 +205,7 @@ def narrow(
         if not j.preemptible:
             return None  # (``shown`` then shows everything)
         w = j.worker
-        size = (
-            w.min_replicas
-            if elastic
-            else (j.requested if j.requested is not None else w.max_replicas)
-        )
+        size = gang_size(j, elastic)
         if n < size:  # (one leaving by its spec or with servers is ``split``'s too)
             lack = (size - n) * w.resources.gpu
             if short_top is None or k < short_top:
@@ -306,7 +302,7 @@ def _settled(
     if top is None:
         return True
     assert least_lack >= 0
-    if policy.preemption is not Preemption.SUSPEND:
+    if not policy.suspends:
         reach = max(0, free_gpus)
     elif top == top_w:
         reach = pool  # the same free GPUs and running jobs ranked below the same key

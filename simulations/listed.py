@@ -32,8 +32,9 @@ import bisect
 from collections.abc import Callable
 
 from edl_scheduler.core import Job
+from edl_scheduler.core.sizing import gang_gpus
 from simulations.instant import Key
-from simulations.pruning import Tally, gang, surplus_of
+from simulations.pruning import Tally, surplus_of
 from simulations.runs import Run
 
 
@@ -42,7 +43,7 @@ class Listed:
     workers and rank key (see the module)."""
 
     def __init__(self, elastic: bool) -> None:
-        #: Whether a waiting job's gang is its minimum (else its rigid size: ``pruning.gang``).
+        #: Whether a waiting job's gang is its minimum (else its rigid size: ``sizing``).
         self.elastic = elastic
         #: Arrival indices, ascending (searched by bisection: a job's place in the lists).
         self.indices: list[int] = []
@@ -129,7 +130,7 @@ class Listed:
         """Count (1) or uncount (-1) the entry at ``at`` in the tally."""
         n, job = self.live[at], self.jobs[at]
         if not n:
-            g = gang(job, self.elastic)
+            g = gang_gpus(job, self.elastic)
             if sign > 0:
                 bisect.insort(self.waiting, self.indices[at])
                 bisect.insort(self.gangs, g)
@@ -137,7 +138,7 @@ class Listed:
                 del self.waiting[bisect.bisect_left(self.waiting, self.indices[at])]
                 del self.gangs[bisect.bisect_left(self.gangs, g)]
             return
-        self.surplus += sign * surplus_of(job, n)
+        self.surplus += sign * surplus_of(job, n, self.elastic)
         if not job.preemptible:
             self.fixed += sign
 

@@ -19,6 +19,7 @@ import heapq
 import math
 
 from edl_scheduler.core import Policy
+from edl_scheduler.core.stability import cooldown_end, min_run_end
 from simulations.runs import Run
 
 
@@ -32,16 +33,16 @@ class GrowthWakes:
 
     def push(self, run: Run) -> None:
         """Note when ``run``'s cool-down and minimum run time end, as the engine just left
-        it (running)."""
+        it (running; the rules' arithmetic is ``core.stability``'s)."""
         job, workers = run.job, len(run.replicas)
-        if run.last_resize_time is None:
-            return
         if workers < job.max_workers:
-            at = run.last_resize_time + self.cooldown_s
-            heapq.heappush(self.heap, (at, run.version, job.name))
-        if workers > job.min_workers and run.start_time is not None:
-            at = run.start_time + self.min_run_s
-            heapq.heappush(self.heap, (at, run.version, job.name))
+            at = cooldown_end(run.last_resize_time, run.start_time, self.cooldown_s)
+            if at is not None:
+                heapq.heappush(self.heap, (at, run.version, job.name))
+        if workers > job.min_workers:
+            at = min_run_end(run.start_time, self.min_run_s)
+            if at is not None:
+                heapq.heappush(self.heap, (at, run.version, job.name))
 
     def next_after(self, now: float, running: dict[str, Run]) -> float:
         """The first end after ``now`` of a cool-down or minimum run time of a job in

@@ -14,7 +14,6 @@ from typing import Final
 from edl_scheduler.core.admitting import Admitter
 from edl_scheduler.core.complying import comply
 from edl_scheduler.core.growing import WAITING, Grower
-from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import Session
 
 #: Admission-growth rounds after the first; each must start a job to go on.
@@ -36,7 +35,7 @@ def decide(session: Session, rounds: int = EXTRA_ROUNDS) -> None:
     # state (a failed admission leaves no trace) and fail the same way: it is left out.
     if not (started or grower.statements):
         return
-    grows = policy.elastic and policy.growth is not Growth.NONE
+    grows = policy.grows
     for _ in range(rounds):
         waiting = [js for js in session.jobs if js.reason in WAITING]
         if not waiting:

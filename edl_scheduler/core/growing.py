@@ -27,7 +27,12 @@ from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
-from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
+from edl_scheduler.core.stability import (
+    cooldown_end,
+    cooling_until,
+    resize_gain,
+    worth_the_pause,
+)
 
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING: Final = frozenset(
@@ -114,16 +119,12 @@ class Grower:
             job = js.job
             if js.suspended or job.suspended:
                 continue
-            # When its cool-down ends, if it has not ended (``cooling_until``, written out:
-            # this loop sees every job).
+            # When its cool-down ends, if it has not ended (``cooling_until``).
             live = js.live_w
-            last = job.last_resize_time
-            if last is None:
-                last = job.start_time
             until = None
-            if last is not None and live:
-                end = last + cooldown
-                if end > now:
+            if live:
+                end = cooldown_end(job.last_resize_time, job.start_time, cooldown)
+                if end is not None and end > now:
                     until = end
             if workers >= js.hi:
                 if until is None:
@@ -209,7 +210,7 @@ class Grower:
     def run(self) -> None:
         """Hand out idle GPUs; may be called again after admission changed the picture."""
         s = self.s
-        if not s.policy.elastic or s.policy.growth is Growth.NONE:
+        if not s.policy.grows:
             return
         jobs = self.candidates()
         while True:

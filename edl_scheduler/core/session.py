@@ -23,6 +23,7 @@ from edl_scheduler.core.ordering import effective_priority, sort_key
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Policy
 from edl_scheduler.core.resources import Resources
+from edl_scheduler.core.sizing import bounds
 from edl_scheduler.core.snapshot import Constraints, Job, Replica, Reservation, Role, Snapshot
 from edl_scheduler.core.throughput import ThroughputModel, job_model
 
@@ -321,10 +322,7 @@ class Statement:
 def job_state(job: Job, policy: Policy, classes: Eligibility) -> JobState:
     """What a cycle derives from ``job`` alone under ``policy``: its bounds, priority,
     live replicas and the node classes it may use (rank 0 until a session ranks it)."""
-    if policy.elastic:
-        lo, hi = job.worker.min_replicas, job.worker.max_replicas
-    else:
-        lo = hi = job.rigid_size
+    lo, hi = bounds(job, policy.elastic)
     live: dict[Role, list[Replica]] = {_W: [], _P: []}
     for replica in job.replicas:
         if not replica.draining:

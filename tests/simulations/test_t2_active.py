@@ -18,16 +18,16 @@ from dataclasses import replace
 import pytest
 
 from edl_scheduler.core import Admission, Job, Policy, Replica, Resources, Role, RoleSpec
+from edl_scheduler.core.incremental.unchangeable import applies
 from simulations.active import Active
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
 from simulations.instant import Key, Running, Waiting, collect, entries
 from simulations.runs import Run
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 
 def _serves(policy: Policy) -> bool:
-    return hides(policy) and policy.admission is not Admission.HEAD_OF_LINE
+    return applies(policy) and policy.admission is not Admission.HEAD_OF_LINE
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))

@@ -23,10 +23,11 @@ import pytest
 
 from edl_scheduler.core import Plan, Policy, Resources, Snapshot, plan, preset
 from edl_scheduler.core.incremental import IncrementalPlanner
+from edl_scheduler.core.incremental.unchangeable import applies
 from edl_scheduler.core.ordering import sort_key
 from simulations import engine as engine_module
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides, split
+from simulations.hiding import split
 from tests.core.builders import job, node, snapshot
 from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
@@ -61,7 +62,7 @@ def test_hiding_changes_no_result(name: str, config: str, monkeypatch: pytest.Mo
     assert fast.timeline == reference.timeline
     assert fast.plans == reference.plans
     # Every rigid preset's keys are kept (no starvation limit): there, jobs are left out.
-    assert engine.hides == (hides(policy) and name != "starving")
+    assert engine.hides == (applies(policy) and name != "starving")
     if engine.hides:
         assert sum(left_out) > 0
     else:
@@ -73,7 +74,7 @@ def _recorded(policy: Policy, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Sna
     return recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
 
 
-@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if hides(p)))
+@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if applies(p)))
 def test_the_plan_without_the_left_out_jobs_is_the_full_plan(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

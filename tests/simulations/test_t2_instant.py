@@ -24,11 +24,11 @@ from dataclasses import replace
 import pytest
 
 from edl_scheduler.core import Admission, Job, Policy, Reservation, Role, Snapshot, preset
+from edl_scheduler.core.incremental.unchangeable import applies
 from edl_scheduler.core.ordering import sort_key
 from simulations import engine as engine_module
 from simulations import instant
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
 from simulations.instant import (
     Collected,
     Narrowed,
@@ -61,7 +61,7 @@ def _best_short(jobs: list[Job], live: list[int], keys: list[Key], policy: Polic
 
 
 def _serves(policy: Policy) -> bool:
-    return hides(policy) and policy.admission is not Admission.HEAD_OF_LINE
+    return applies(policy) and policy.admission is not Admission.HEAD_OF_LINE
 
 
 def _check(

@@ -24,9 +24,9 @@ from edl_scheduler.core import plan
 from edl_scheduler.core.incremental import IncrementalPlanner
 from edl_scheduler.core.incremental import planner as planner_module
 from edl_scheduler.core.incremental import ranking as ranking_module
+from edl_scheduler.core.incremental.unchangeable import applies
 from edl_scheduler.core.ordering import key_varies
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
 from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
@@ -57,7 +57,7 @@ def test_parking_changes_no_result(name: str, config: str, monkeypatch: pytest.M
             assert with_parking < derived[0] - with_parking
 
 
-@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if hides(p)))
+@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if applies(p)))
 def test_shuffled_snapshots_with_parking_plan_as_without_a_memo(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
