@@ -109,7 +109,7 @@ def main(
     workload = load_tiresias(traces / "philly-derived" / "philly_3d.csv", cluster)
     began = time.process_time()
     # With the running jobs no plan could change left out of each snapshot (``hide``: the
-    # same results, see simulations/hiding.py).
+    # same results, see simulations/leaving_out.py).
     result = simulate(workload.jobs, cluster, preset("tiresias"), replace(EVENT_DRIVEN, hide=True))
     line["philly_3d_s"] = round(result.wall_s, 2)
     line["philly_3d_cpu_s"] = round(time.process_time() - began, 2)

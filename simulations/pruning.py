@@ -82,14 +82,14 @@ def shown(
 ) -> list[int]:
     """Where in ``jobs`` the jobs ``visible`` returns are, in its order (a caller that keeps
     something per job takes the same entries)."""
-    at = shown_or_all(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
+    at = pruned(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
     return list(range(len(jobs))) if at is None else at
 
 
 class Tally:
     """What ``shown`` reads of every job, from one pass over them (``tally``) or kept by a
-    caller that follows each change (``listed.Listed``): the GPUs above the minimum of the
-    running jobs (``min_replicas``: what shrinking them frees, under an elastic policy);
+    caller that follows each change (``snapshot_lists.SnapshotLists``): the GPUs above the
+    minimum of the running jobs (what shrinking them frees, under an elastic policy);
     whether every running job may be preempted; the GPUs of the largest waiting job's gang
     (``gang``; -1: none waits), so that where it fits every waiting job does, and where
     the waiting jobs are, in order (``waiting``: a keeper finds them only if asked)."""
@@ -143,7 +143,7 @@ def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tall
     return Tally(waiting, surplus, True, largest)
 
 
-def shown_or_all(
+def pruned(
     jobs: Sequence[Job],
     policy: Policy,
     now: float,

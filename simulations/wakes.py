@@ -1,5 +1,6 @@
-"""When running jobs' cool-downs and minimum run times end: the instants at which a plan may
-grow or shrink a job that the last plan had to leave alone (``Engine._next_wake``).
+"""When running jobs' cool-downs and minimum run times end, and when profiled jobs enter a
+new epoch: the instants at which a plan may grow or shrink a job that the last plan had to
+leave alone (``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 
 from edl_scheduler.core import Policy
 from edl_scheduler.core.stability import cooldown_end, min_run_end
@@ -55,3 +57,20 @@ class GrowthWakes:
                 return at
             heapq.heappop(heap)
         return math.inf
+
+
+def next_epoch(running: Iterable[Run], now: float) -> float:
+    """When a running profiled job next enters a new epoch: its measured rate changes
+    there, so the plan may change (a controller, planning every cycle, would see it)."""
+    wake = math.inf
+    for run in running:
+        profile = run.job.profile
+        if profile is None or run.rate <= 0:
+            continue
+        edge = profile.horizon(run.done)
+        if edge < run.total:
+            rate = profile.rate(run.placement, run.done)
+            at = max(run.last, run.paused_until) + (edge - run.done) / rate
+            if at > now:
+                wake = min(wake, at)
+    return wake

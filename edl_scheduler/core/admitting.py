@@ -10,7 +10,7 @@ where it fits.
 
 Proofs outside this module rest on what it does (a waiting job that fails its trial takes,
 reserves and blocks nothing but under strict FIFO; it visits jobs in rank order; its quick
-reject): ``rounds_start_nothing`` here (``tests/core/test_t2_rounds.py``), which running
+reject): ``rounds_start_nothing`` here (``tests/core/test_admission_rounds.py``), which running
 jobs no plan can change (``incremental.unchangeable``, ``tests/core/test_unchangeable.py``)
 and the simulator's pruning (``simulations/pruning.py``; ``tests/simulations/test_pruning.py``,
 ``test_settled.py``). A change here that breaks them fails there.

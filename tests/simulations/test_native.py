@@ -163,7 +163,7 @@ def test_the_key_changes_with_any_byte_of_what_mypyc_reads(tmp_path: Path) -> No
     assert key == native.source_key(files) == native.source_key(native.keyed_files(tmp_path))
     for rel in (
         "edl_scheduler/core/growing.py",
-        "simulations/instant.py",
+        "simulations/showing.py",
         "edl_scheduler/api/spec.py",
     ):
         original = copies[rel].read_bytes()

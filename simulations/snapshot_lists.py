@@ -1,12 +1,12 @@
 """The active jobs' snapshot lists kept from one plan to the next, where nothing but the
 engine's own changes alters them.
 
-``instant.collect`` lists every active job afresh before each plan: its snapshot ``Job``,
+``showing.collect`` lists every active job afresh before each plan: its snapshot ``Job``,
 live workers and rank key, in arrival order. Where the policy's ranking does not read the
 clock and does not read attained GPU-time (``Engine.fresh_attained`` false: no job's
 ``Job`` is rebuilt for time alone), a job's entry changes only where the engine changes the
 job: it arrives, a plan resizes it (``Engine._apply`` drops its cached ``Job``), a profiled
-job measures a new rate (``Engine._remeasure`` drops it), or it completes. ``Listed`` keeps
+job measures a new rate (``Engine._remeasure`` drops it), or it completes. ``SnapshotLists`` keeps
 the three lists and patches the entries of those jobs alone, so a plan no longer pays a
 pass of list appends over every active job (about a tenth of a full Philly run under
 ``edl``).
@@ -19,7 +19,7 @@ waiting ones.
 
 What must stay true: ``listing`` returns exactly ``collect``'s ``jobs``, ``live`` and
 ``keys`` over the active jobs in arrival order, and ``tally`` what ``pruning.tally`` counts
-of them (``tests/simulations/test_listed.py`` compares both at every plan of the
+of them (``tests/simulations/test_snapshot_lists.py`` compares both at every plan of the
 simulations).
 That holds while the engine tells ``arrive`` of every arrival, ``touch`` of every job whose
 cached ``Job`` it drops, and ``finish`` of every completion. The lists returned are this
@@ -33,12 +33,12 @@ from collections.abc import Callable
 
 from edl_scheduler.core import Job
 from edl_scheduler.core.sizing import gang_gpus
-from simulations.instant import Key
 from simulations.pruning import Tally, surplus_of
 from simulations.runs import Run
+from simulations.showing import Key
 
 
-class Listed:
+class SnapshotLists:
     """Per active job, in arrival order: its arrival index, run, snapshot Job, live
     workers and rank key (see the module)."""
 

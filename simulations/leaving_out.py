@@ -23,7 +23,7 @@ Key = tuple[float | str, ...]
 _NONE = Resources()
 
 
-def split(
+def leave_out(
     jobs: Sequence[Job],
     live: Sequence[int],
     keys: Sequence[Key],
@@ -40,7 +40,7 @@ def split(
     cpu, memory] that the live workers of ``jobs`` take; what the left-out jobs take is then
     that less what the shown running ones take (most running jobs are left out). ``best``:
     ``(key,)`` of the best-ranked job below its size (None: none), where the caller found
-    it already (``instant.narrow``)."""
+    it already (``showing.shown_from_sides``)."""
     elastic = policy.elastic
     # Indexed loops over lists: compiled, ``zip`` goes through Python's iteration protocol.
     js = jobs if isinstance(jobs, list) else list(jobs)

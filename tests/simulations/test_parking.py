@@ -51,7 +51,7 @@ def test_parking_changes_no_result(name: str, config: str, monkeypatch: pytest.M
     assert fast.jobs == reference.jobs
     assert fast.timeline == reference.timeline
     assert fast.plans == reference.plans
-    if engine.hides:  # jobs left out came back and were taken back, not derived again
+    if engine.leaves_out:  # jobs left out came back and were taken back, not derived again
         assert with_parking <= derived[0] - with_parking
         if name in ("low-thresholds", "tiresias-pollux"):  # (LAS with demotions)
             assert with_parking < derived[0] - with_parking
