@@ -11,6 +11,8 @@ ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY edl_scheduler ./edl_scheduler
+# The gradient statistics' rule, shared by the planner and the runtime (edl_gradients).
+COPY edl_gradients ./edl_gradients
 # The controller speaks the runtime's coordinator protocol (trainer_runtime.protocol).
 COPY trainer_runtime ./trainer_runtime
 # Wheels of the project and of the `k8s` extra only: no torch, Paddle or simulator.

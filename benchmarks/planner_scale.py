@@ -8,6 +8,12 @@ timed cycle builds a fresh snapshot from the previous one (the last plan applied
 batch of completions, arrivals and throughput updates) and plans on it; ``cycle_s`` is the
 mean over the cycles of both steps together (wall clock), and ``cycle_cpu_s`` the same in
 CPU time of this process, which other load on the machine does not inflate.
+
+Each size prints two lines, one per ``collector``: ``on`` is the cycle the controller and
+the local backend get (``plan()`` leaves Python's cyclic garbage collector alone), and
+``paused`` the cycle a driver gets that pauses the collector around ``plan()`` as the
+simulator does (``simulations.collector.paused``): at 10,000 jobs the collector's full
+scans of the snapshot are a large part of a cycle. ``--collector`` picks one.
 """
 
 from __future__ import annotations
@@ -17,6 +23,12 @@ import json
 import random
 import time
 from dataclasses import replace
+from functools import partial
+
+# The simulator first: importing it takes the compiled build of the planner where one exists
+# (``edl-sim compile``), before any planner module loads; ``build`` says what ran.
+from simulations import native  # isort: skip
+from simulations.collector import paused  # isort: skip
 
 from edl_scheduler.core import (
     Job,
@@ -68,7 +80,7 @@ def _initial(jobs: int, node_count: int, rng: random.Random) -> Snapshot:
         if rng.random() < 0.9:  # place it running, between min and max, packed
             want = rng.randint(job.worker.min_replicas, job.worker.max_replicas)
             g = job.worker.resources.gpu
-            replicas = []
+            replicas: list[Replica] = []
             while len(replicas) < want and cursor < node_count:
                 if free[cursor] >= g:
                     free[cursor] -= g
@@ -101,7 +113,9 @@ def _events(snap: Snapshot, rng: random.Random, next_id: int, now: float) -> tup
     return replace(snap, jobs=tuple(jobs)), next_id
 
 
-def measure(jobs: int, node_count: int, cycles: int, seed: int = 0) -> dict[str, object]:
+def measure(
+    jobs: int, node_count: int, cycles: int, seed: int = 0, collector: str = "on"
+) -> dict[str, object]:
     rng = random.Random(seed)
     policy = preset("edl")
     snap = _initial(jobs, node_count, rng)
@@ -112,7 +126,10 @@ def measure(jobs: int, node_count: int, cycles: int, seed: int = 0) -> dict[str,
         now += 60.0
         t0, c0 = time.perf_counter(), time.process_time()
         snap, next_id = _events(apply_plan(snap, last), rng, next_id, now)
-        last = plan(snap, policy, now)
+        if collector == "paused":
+            last = paused(partial(plan, snap, policy, now))
+        else:
+            last = plan(snap, policy, now)
         total += time.perf_counter() - t0
         cpu += time.process_time() - c0
     return {
@@ -120,6 +137,8 @@ def measure(jobs: int, node_count: int, cycles: int, seed: int = 0) -> dict[str,
         "nodes": node_count,
         "gpus": node_count * GPUS_PER_NODE,
         "policy": policy.name,
+        "build": native.mode().value,
+        "collector": collector,
         "cycle_s": round(total / cycles, 5),
         "cycle_cpu_s": round(cpu / cycles, 5),
         "cycles": cycles,
@@ -130,10 +149,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--sizes", default="100x50,1000x500,10000x5000")
+    parser.add_argument("--collector", choices=("on", "paused", "both"), default="both")
     args = parser.parse_args()
+    modes = ("on", "paused") if args.collector == "both" else (args.collector,)
     for size in args.sizes.split(","):
         jobs, node_count = (int(x) for x in size.split("x"))
-        print(json.dumps(measure(jobs, node_count, args.cycles)), flush=True)
+        for mode in modes:
+            line = measure(jobs, node_count, args.cycles, collector=mode)
+            print(json.dumps(line), flush=True)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 from rich.progress import Progress
 
-from edl_scheduler import native
+from simulations import native
 from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
 from simulations.reporting import markdown_table, run_title, write_reports
@@ -113,7 +113,7 @@ def run(
         resize_pause_s=resize_pause,
         restart_pause_s=restart_pause,
         start_delay_s=start_delay,
-        hide=True,  # exact (simulations/hiding.py); this command records no snapshot
+        hide=True,  # exact (simulations/leaving_out.py); this command records no snapshot
     )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{len(jobs)} jobs on {spec.label}", total=len(runs))

@@ -32,83 +32,45 @@ import heapq
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from edl_scheduler.core import (
     Action,
     Admission,
-    Growth,
-    Job,
     JobDecision,
     Node,
-    Ordering,
     Plan,
-    PlanMemo,
     Policy,
     Replica,
     Reservation,
     Resources,
     Role,
-    RoleSpec,
     Snapshot,
     ThroughputSample,
     plan,
 )
-from edl_scheduler.core.ordering import key_varies, sort_key
-from edl_scheduler.core.snapshot import Efficiency
-from simulations.active import Active
-from simulations.collector import quiet
-from simulations.hiding import hides, split
-from simulations.instant import arrivals_settled, collect, narrow, plainly
-from simulations.listed import Listed
-from simulations.runs import JobRecord, Run
-from simulations.wakes import GrowthWakes
+from edl_scheduler.core.incremental import IncrementalPlanner
+from edl_scheduler.core.incremental.unchangeable import applies
+from edl_scheduler.core.ordering import (
+    ranks_continuously,
+    starvation_end,
+)
+from simulations.collector import paused, quiet
+from simulations.config import SimConfig
+from simulations.leaving_out import leave_out
+from simulations.running_and_waiting import RunningAndWaiting
+from simulations.runs import JobRecord, Run, SimResult
+from simulations.showing import arrivals_settled, collect, shown_from_all, shown_from_sides
+from simulations.snapshot_jobs import SnapshotJobs
+from simulations.snapshot_lists import SnapshotLists
+from simulations.wakes import GrowthWakes, next_epoch
 from simulations.workload import ClusterSpec, SimJob
+
+__all__ = ["Engine", "SimConfig", "SimResult", "simulate"]
 
 _INF = math.inf
 #: Remaining work below this many seconds counts as done (floating-point slack).
 _EPS = 1e-6
 _WORKER = Resources(gpu=1)
-
-
-@dataclass(frozen=True, slots=True)
-class SimConfig:
-    """How the simulated cluster behaves; times in seconds. ``tick_s = 0`` turns ticks off."""
-
-    tick_s: float = 60.0
-    plan_on_events: bool = True
-    resize_pause_s: float = 10.0
-    restart_pause_s: float = 30.0
-    start_delay_s: float = 0.0
-    #: Give the planner the throughput each job measured at the sizes it has run.
-    report_throughput: bool = True
-    #: Leave out of the snapshot waiting jobs that the policy provably cannot start now,
-    #: and leave out a plan that provably changes nothing (``pruning.settled``: a policy
-    #: that only starts rigid jobs, and no job below its size can start); results are
-    #: identical, only faster.
-    prune: bool = True
-    #: Carry the planner's per-job derivations from plan to plan (``PlanMemo``) and, under
-    #: LAS queues, keep a running job's snapshot Job until its queue changes; results are
-    #: identical, only faster (False: the reference path, for tests).
-    incremental: bool = True
-    #: Leave out of the snapshot running jobs ranked above every job below its size, where
-    #: no plan could change them (``hiding``); results are identical, only faster. Off by
-    #: default: each snapshot then lacks those jobs (the plan gets their capacity apart),
-    #: so a tool that records snapshots to replay them would replay partial ones
-    #: (``edl-sim run`` records none and turns it on).
-    hide: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    policy: str
-    cluster: ClusterSpec
-    jobs: tuple[JobRecord, ...]
-    #: (time, allocated GPUs, useful GPUs) at every change, a step function.
-    timeline: tuple[tuple[float, int, float], ...]
-    plans: int
-    wall_s: float
-    plan_wall_s: float
 
 
 # Event kinds, in the order they are handled at one instant.
@@ -145,7 +107,7 @@ class Engine:
         self.seq = 0
         self.reservations: tuple[Reservation, ...] = ()
         self.allocated = 0
-        #: [gpu, cpu, memory] that live workers take per node (``hiding.split`` reads it).
+        #: [gpu, cpu, memory] that live workers take per node (``leaving_out.leave_out`` reads it).
         self.node_used = [[0, 0, 0] for _ in self.nodes]
         self.useful = 0.0
         self.timeline: list[tuple[float, int, float]] = []
@@ -153,17 +115,12 @@ class Engine:
         #: Plans left out because only jobs that cannot start had arrived.
         self.skipped = 0
         self.plan_wall = 0.0
-        self.fresh_attained = policy.ordering in (Ordering.LAS_QUEUES, Ordering.LEAST_ATTAINED)
-        #: Under LAS queues the planner reads attained GPU-time only through the job's queue
-        #: (``ordering.sort_key``), so a running job's Job is rebuilt only when its queue
-        #: changes; its attained GPU-time in the snapshot may lag until then.
-        self.queue_only = config.incremental and policy.ordering is Ordering.LAS_QUEUES
-        self.memo = PlanMemo() if config.incremental else None
-        #: The policy's rank key where it does not depend on ``now``: kept per snapshot Job
-        #: (``Run.rank_key``) for pruning, on the incremental path.
-        self.fixed_key = (
-            sort_key(policy, 0.0) if config.incremental and not key_varies(policy) else None
-        )
+        self.planner = IncrementalPlanner(policy) if config.incremental else None
+        #: Each run's snapshot Job, kept until the engine changes the run (``snapshot_jobs``).
+        self.views = SnapshotJobs(policy, config.report_throughput, config.incremental)
+        self.fresh_attained = self.views.fresh_attained
+        self.queue_only = self.views.queue_only
+        self.fixed_key = self.views.fixed_key
         #: Whether any job's speed comes from a measured profile (its rate changes by epoch).
         self.profiled = any(j.profile is not None for j in self.jobs)
         #: Whether plans that provably change nothing are left out (``pruning.settled``); not
@@ -171,29 +128,31 @@ class Engine:
         self.settles = config.prune and not (self.profiled and config.report_throughput)
         #: Whether the last instant that asked for a plan was proven settled.
         self.settled = False
-        #: Running jobs' Jobs rebuilt for attained time: in all, and as of the last plan made.
-        self.rekeyed = self.rekeyed_seen = 0
-        self.least_attained = policy.ordering is Ordering.LEAST_ATTAINED
+        #: Running jobs' Jobs rebuilt for attained time (``SnapshotJobs.rekeyed``) as of the
+        #: last plan made.
+        self.rekeyed_seen = 0
+        self.least_attained = ranks_continuously(policy)
         #: Whether running jobs no plan could change are left out of the snapshot.
-        self.hides = config.hide and self.settles and self.fixed_key is not None and hides(policy)
-        #: The active jobs kept as running and waiting (``active``), where ``narrow`` serves.
-        narrows = self.hides and policy.admission is not Admission.HEAD_OF_LINE
-        self.kept = Active(policy.elastic) if narrows else None
+        self.leaves_out = (
+            config.hide and self.settles and self.fixed_key is not None and applies(policy)
+        )
+        #: The active jobs kept as running and waiting (``running_and_waiting``), where
+        #: ``showing.shown_from_sides`` serves.
+        sides_serve = self.leaves_out and policy.admission is not Admission.HEAD_OF_LINE
+        self.sides = RunningAndWaiting(policy.elastic) if sides_serve else None
         #: The active jobs' snapshot lists kept between plans, where a job's Job changes
-        #: only where the engine drops it (``listed``); else listed afresh (``collect``).
+        #: only where the engine drops it (``snapshot_lists``); else listed afresh (``collect``).
         plain_keys = self.fixed_key is not None and not self.fresh_attained
-        self.listed = Listed(policy.elastic) if plain_keys and self.kept is None else None
+        self.lists = SnapshotLists(policy.elastic) if plain_keys and self.sides is None else None
+        self.views.lists = self.lists
         #: Whether each snapshot shows every active job, the waiting ones that cannot start
-        #: included (pruning then only decides whether a plan is left out). Under an
-        #: elastic policy what the running jobs could give (all but their minimums) moves
-        #: whenever a job starts or ends, and with it which waiting jobs can start: left
-        #: out and shown again, about 33 of 288 jobs a plan came and went (first 20,000
-        #: Philly jobs under ``edl``), each a removal and an insertion in the planner's
-        #: kept ranking, which cost more than the planner spends on a waiting job it cannot
-        #: start. The plans are the same either way.
-        self.shows_all = self.listed is not None and policy.elastic
+        #: included (pruning then only decides whether a plan is left out): under an elastic
+        #: policy which waiting jobs can start moves whenever a job starts or ends, and each
+        #: job left out and shown again (33 of 288 a plan, first 20,000 Philly jobs, ``edl``)
+        #: cost the kept ranking more than planning a job that cannot start. Same plans.
+        self.shows_all = self.lists is not None and policy.elastic
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
-        self.grows = policy.elastic and policy.growth is not Growth.NONE
+        self.grows = policy.grows
         #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
         #: where ``_apply`` sets them.
         self.wakes = GrowthWakes(policy)
@@ -257,10 +216,10 @@ class Engine:
             while next_arrival < n and jobs[next_arrival].submit_time <= now:
                 job = jobs[next_arrival]
                 self.active[job.name] = Run(job, next_arrival, job.work, last=now)
-                if self.kept is not None:
-                    self.kept.arrive(self.active[job.name])
-                if self.listed is not None:
-                    self.listed.arrive(self.active[job.name])
+                if self.sides is not None:
+                    self.sides.arrive(self.active[job.name])
+                if self.lists is not None:
+                    self.lists.arrive(self.active[job.name])
                 arrived.append(job.name)
                 next_arrival += 1
                 dirty = True
@@ -311,80 +270,21 @@ class Engine:
         self.allocated -= run.workers
         self._set_useful(run, 0.0)
         del self.running[run.job.name]
-        if self.kept is not None:
-            self.kept.finish(run)
-        if self.listed is not None:
-            self.listed.finish(run)
+        if self.sides is not None:
+            self.sides.finish(run)
+        if self.lists is not None:
+            self.lists.finish(run)
         del self.active[run.job.name]
         self.records.append(run.record(now))
 
     # -- planning ---------------------------------------------------------------------------
-
-    def _snapshot_job(self, run: Run, now: float) -> Job:
-        """The job as the planner sees it now. The Job is cached until ``_apply`` changes the
-        job (the only place its replicas, samples and times change); where the ranking reads
-        attained GPU-time, a running job's Job is rebuilt at every plan, reusing the cached
-        spec, replicas and samples."""
-        fresh = self.fresh_attained and run.workers > 0
-        cached = run.cached
-        if cached is not None:
-            if not fresh:
-                return cached
-            if self.queue_only and self._queue(run.attained_at(now)) == self._queue(
-                cached.attained_gpu_seconds
-            ):
-                return cached
-            self.rekeyed += 1  # a running job's rank may have moved: see ``_plan``
-            worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
-            efficiency = cached.efficiency
-        else:
-            job = run.job
-            worker = RoleSpec(job.min_workers, job.max_workers, _WORKER)
-            replicas = tuple(run.replicas)
-            samples = (
-                tuple(run.samples[k] for k in sorted(run.samples))
-                if self.config.report_throughput
-                else ()
-            )
-            efficiency = self._efficiency(run)
-        job = run.job
-        built = Job(
-            name=job.name,
-            worker=worker,
-            submit_time=job.submit_time,
-            priority=job.priority,
-            requested=job.requested,
-            replicas=replicas,
-            start_time=run.start_time,
-            last_resize_time=run.last_resize_time,
-            resizes=run.resizes + run.preemptions,
-            attained_gpu_seconds=run.attained_at(now),
-            throughput=samples,
-            efficiency=efficiency,
-        )
-        run.cached = built
-        if self.fixed_key is not None:
-            run.rank_key = self.fixed_key(built)
-        if self.queue_only:
-            got = built.attained_gpu_seconds
-            thresholds = self.policy.queue_thresholds_gpu_s
-            run.queue_low = max((t for t in thresholds if t <= got), default=-_INF)
-            run.queue_high = min((t for t in thresholds if t > got), default=_INF)
-        return built
-
-    def _efficiency(self, run: Run) -> Efficiency | None:
-        """A profiled job's statistical efficiency now, once it has measured anything."""
-        profile = run.job.profile
-        if profile is None or not run.samples:
-            return None
-        return profile.efficiency(run.placement, run.done)
 
     def _plan(self, now: float, arrived: list[str] | None = None) -> None:
         """Plan and apply. ``arrived``: the jobs that arrived since the last plan, when
         nothing else changed and no time-based rule fell due; if none of them can start,
         the plan is left out (the last plan's result is a fixed point, invariant 6)."""
         if self.profiled and self.config.report_throughput:
-            self._remeasure(now)
+            self.views.remeasure(self.running.values(), now)
         settled_before, self.settled = self.settled, False
         if (
             settled_before
@@ -393,7 +293,7 @@ class Engine:
                 self.running.values(),
                 [self.active[name] for name in arrived],
                 now,
-                self._snapshot_job,
+                self.views.job,
                 self.policy,
                 self.cluster.gpus - self.allocated,
                 queue_only=self.queue_only,
@@ -402,31 +302,32 @@ class Engine:
             self.settled = True
             self.skipped += 1
             return
-        # (A cached Job is taken where it holds: ``instant.collect``, ``active``, ``listed``.)
+        # (A cached Job is taken where it holds: ``showing.collect``, ``running_and_waiting``,
+        # ``snapshot_lists``.)
         free = self.cluster.gpus - self.allocated
         ask = self.settles and not self._holding(now)
         view = None
-        if self.kept is not None:  # the three answers from the kept lists (``instant``)
-            listed = self.kept.listing(
-                now, self._snapshot_job, self.queue_only, self.fresh_attained
+        if self.sides is not None:  # the three answers from the kept lists (``showing``)
+            listed = self.sides.listing(now, self.views.job, self.queue_only, self.fresh_attained)
+            view = shown_from_sides(
+                *listed, self.policy, now, free, self.reservations, ask_settled=ask
             )
-            view = narrow(*listed, self.policy, now, free, self.reservations, ask_settled=ask)
         if view is None:
             tallied = None
-            if self.listed is not None:
-                lists = self.listed.listing(now, self._snapshot_job)
-                tallied = self.listed.tally()
+            if self.lists is not None:
+                lists = self.lists.listing(now, self.views.job)
+                tallied = self.lists.tally()
             else:
                 got = collect(
                     self.active.values(),
                     now,
-                    self._snapshot_job,
+                    self.views.job,
                     queue_only=self.queue_only,
                     fresh=self.fresh_attained,
                     keyed=self.fixed_key is not None,
                 )
                 lists = got.jobs, got.live, got.keys
-            view = plainly(
+            view = shown_from_all(
                 lists[0],
                 lists[1],
                 lists[2],
@@ -443,38 +344,39 @@ class Engine:
         # A waiting job left out cannot start (``shown``), so nothing can where none shown can.
         if view.settled:
             self.skipped += 1
-            self.rekeyed_seen = self.rekeyed
+            self.rekeyed_seen = self.views.rekeyed
             self.reservations = ()  # what the plan would return: no hold is left
             # Keys that change only at wake-ups: ``arrivals_settled`` may then be asked.
             self.settled = self.fixed_key is not None and not self.least_attained
             return
         # Not where a running job's rank may have moved (a LAS queue crossed at no wake-up).
-        moved = self.rekeyed != self.rekeyed_seen
+        moved = self.views.rekeyed != self.rekeyed_seen
         if self.config.prune and arrived is not None and len(jobs) < len(self.active) and not moved:
             names = {j.name for j in jobs}
             if not any(name in names for name in arrived):
                 self.skipped += 1
                 return
-        if self.shows_all and self.listed is not None:
-            jobs, live, keys = self.listed.jobs, self.listed.live, self.listed.keys
+        if self.shows_all and self.lists is not None:
+            jobs, live, keys = self.lists.jobs, self.lists.live, self.lists.keys
         occupied = None
-        if self.hides and keys is not None:
-            jobs, occupied = split(
+        if self.leaves_out and keys is not None:
+            jobs, occupied = leave_out(
                 jobs, live, keys, self.policy, self.node_of, self.node_used, best=view.best
             )
         snapshot = Snapshot(self.nodes, tuple(jobs), self.reservations)
         began = time.perf_counter()
-        result: Plan = plan(
-            snapshot,
-            self.policy,
-            now,
-            memo=self.memo,
-            changes_only=self.config.incremental,
-            occupied=occupied,
+        # (The collector paused meanwhile: ``collector.paused``.)
+        planner = self.planner
+        result: Plan = paused(
+            lambda: (
+                plan(snapshot, self.policy, now)
+                if planner is None
+                else planner.plan(snapshot, now, occupied)
+            )
         )
         self.plan_wall += time.perf_counter() - began
         self.plans += 1
-        self.rekeyed_seen = self.rekeyed
+        self.rekeyed_seen = self.views.rekeyed
         self.reservations = result.reservations
         changes = result.changes
         for decision in changes:
@@ -488,59 +390,6 @@ class Engine:
             if run is not None and r.expires_at > now and run.workers < run.job.min_workers:
                 return True
         return False
-
-    def _remeasure(self, now: float) -> None:
-        """A runtime keeps measuring at its job's current size (the coordinator's smoothed
-        rate, which the controller copies into the status), so the sample at that size
-        follows the job now, and so do its gradient statistics (``Efficiency``). A profiled
-        job's batch (with adaptation) and statistical efficiency change with its epoch; the
-        samples at sizes it left keep what it measured there."""
-        for run in self.running.values():
-            profile = run.job.profile
-            if profile is None or run.paused_until > now:
-                continue
-            run.advance(now)
-            key = (len(run.placement), run.workers)
-            rate, batch = profile.measured(run.placement, run.done)
-            sample = run.samples[key]
-            if (sample.samples_per_second, sample.batch) != (rate, batch):
-                run.samples[key] = ThroughputSample(key[0], key[1], rate, batch)
-                self._drop_job(run)
-            cached = run.cached
-            if cached is not None and cached.efficiency != self._efficiency(run):
-                self._drop_job(run)
-
-    def _drop_job(self, run: Run) -> None:
-        """``run``'s snapshot Job is rebuilt at the next plan (its replicas, samples or
-        times changed): the only place a cached Job is dropped."""
-        run.cached = None
-        if self.listed is not None:
-            self.listed.touch(run)
-
-    def _queue(self, attained: float) -> int:
-        """The LAS queue index of a running job with ``attained`` GPU-seconds (as
-        ``ordering.sort_key`` counts it for a job with replicas)."""
-        queue = 0
-        for t in self.policy.queue_thresholds_gpu_s:
-            if attained >= t:
-                queue += 1
-        return queue
-
-    def _next_epoch(self, now: float) -> float:
-        """When a running profiled job next enters a new epoch: its measured rate changes
-        there, so the plan may change (a controller, planning every cycle, would see it)."""
-        wake = _INF
-        for run in self.running.values():
-            profile = run.job.profile
-            if profile is None or run.rate <= 0:
-                continue
-            edge = profile.horizon(run.done)
-            if edge < run.total:
-                rate = profile.rate(run.placement, run.done)
-                at = max(run.last, run.paused_until) + (edge - run.done) / rate
-                if at > now:
-                    wake = min(wake, at)
-        return wake
 
     def _apply(self, run: Run, decision: JobDecision, now: float) -> None:
         action, change = decision.action, decision.workers
@@ -581,9 +430,9 @@ class Engine:
             run.rate = run.job.rate(after)
         else:
             run.rate = profile.rate(run.placement, run.done) if after else 0.0
-        self._drop_job(run)
-        if self.kept is not None:
-            self.kept.place(run, before, after)
+        self.views.drop(run)
+        if self.sides is not None:
+            self.sides.place(run, before, after)
         self.allocated += after
         self._use(run, 1)
         if after:
@@ -626,13 +475,13 @@ class Engine:
         if self.grows:
             wake = min(wake, self.wakes.next_after(now, self.running))
         if self.profiled and self.config.report_throughput:
-            wake = min(wake, self._next_epoch(now))
+            wake = min(wake, next_epoch(self.running.values(), now))
         if policy.starvation_limit_s is not None:
             for run in self.active.values():
                 if not run.workers:
-                    at = run.job.submit_time + policy.starvation_limit_s
-                    if at > now:
-                        wake = min(wake, at)
+                    starves = starvation_end(run.job.submit_time, policy)
+                    if starves is not None and starves > now:
+                        wake = min(wake, starves)
         return wake
 
 

@@ -37,17 +37,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from edl_scheduler.core import (
-    Admission,
-    Growth,
-    Job,
-    Ordering,
-    Policy,
-    Preemption,
-    Reservation,
-    Role,
-)
-from edl_scheduler.core.ordering import sort_key
+from edl_scheduler.core import Admission, Job, Ordering, Policy, Reservation, Role
+from edl_scheduler.core.ordering import ranks_continuously, sort_key
+from edl_scheduler.core.sizing import gang_gpus, gang_size, surplus_gpus
 
 
 def _live_workers(job: Job) -> int:
@@ -90,14 +82,14 @@ def shown(
 ) -> list[int]:
     """Where in ``jobs`` the jobs ``visible`` returns are, in its order (a caller that keeps
     something per job takes the same entries)."""
-    at = shown_or_all(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
+    at = pruned(jobs, policy, now, free_gpus, reservations, live=live, keys=keys)
     return list(range(len(jobs))) if at is None else at
 
 
 class Tally:
     """What ``shown`` reads of every job, from one pass over them (``tally``) or kept by a
-    caller that follows each change (``listed.Listed``): the GPUs above the minimum of the
-    running jobs (``min_replicas``: what shrinking them frees, under an elastic policy);
+    caller that follows each change (``snapshot_lists.SnapshotLists``): the GPUs above the
+    minimum of the running jobs (what shrinking them frees, under an elastic policy);
     whether every running job may be preempted; the GPUs of the largest waiting job's gang
     (``gang``; -1: none waits), so that where it fits every waiting job does, and where
     the waiting jobs are, in order (``waiting``: a keeper finds them only if asked)."""
@@ -126,20 +118,9 @@ class Tally:
         return self._waiting
 
 
-def surplus_of(job: Job, live: int) -> int:
+def surplus_of(job: Job, live: int, elastic: bool) -> int:
     """GPUs above ``job``'s minimum that its ``live`` workers take (0 while it waits)."""
-    worker = job.worker
-    return max(0, live - worker.min_replicas) * worker.resources.gpu
-
-
-def gang(job: Job, elastic: bool) -> int:
-    """The GPUs ``job`` needs to start: its minimum (elastic) or its rigid size."""
-    worker = job.worker
-    if elastic:
-        size = worker.min_replicas
-    else:  # ``Job.rigid_size``, without the call
-        size = job.requested if job.requested is not None else worker.max_replicas
-    return size * worker.resources.gpu
+    return surplus_gpus(live, gang_size(job, elastic), job.worker.resources.gpu)
 
 
 def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tally:
@@ -153,16 +134,16 @@ def tally(jobs: list[Job], live: list[int], shrink: bool, elastic: bool) -> Tall
         j = jobs[i]
         if not n:
             waiting.append(i)
-            largest = max(largest, gang(j, elastic))
+            largest = max(largest, gang_gpus(j, elastic))
             continue
         if not j.preemptible:
             return Tally([], 0, False, -1)
         if shrink:
-            surplus += surplus_of(j, n)
+            surplus += surplus_of(j, n, elastic)
     return Tally(waiting, surplus, True, largest)
 
 
-def shown_or_all(
+def pruned(
     jobs: Sequence[Job],
     policy: Policy,
     now: float,
@@ -180,13 +161,10 @@ def shown_or_all(
     loops over the waiting or the running jobs alone, and the sequences are indexed as
     lists (compiled, indexing a ``Sequence`` is a generic call)."""
     js = jobs if isinstance(jobs, list) else list(jobs)
-    if policy.ordering is Ordering.LEAST_ATTAINED:
+    if ranks_continuously(policy):
         return None
-    shrink = policy.elastic and policy.preemption in (
-        Preemption.SHRINK,
-        Preemption.SHRINK_THEN_SUSPEND,
-    )
-    suspend = policy.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
+    shrink = policy.elastic and policy.shrinks
+    suspend = policy.suspends
     if live is None:
         ns = [_live_workers(j) if j.replicas else 0 for j in js]
     else:
@@ -234,7 +212,7 @@ def shown_or_all(
     fits = []
     for i in waiting:
         j = js[i]
-        if gang(j, elastic) <= pool or j.name in held:
+        if gang_gpus(j, elastic) <= pool or j.name in held:
             fits.append(i)
     if len(fits) == len(waiting):
         return None
@@ -265,18 +243,14 @@ def settled(
     when its gang exceeds their sum (``Admitter.run``'s quick reject). If every such job is
     skipped, none starts, nothing is suspended, and with no growth there is no second round.
     ``live`` and ``keys`` as for ``visible``. False wherever a premise fails."""
-    if (
-        (policy.elastic and policy.growth is not Growth.NONE)
-        or policy.use_priority
-        or policy.preemption not in (Preemption.NONE, Preemption.SUSPEND)
-    ):
+    if not policy.moves_whole_jobs_only:
         return False
     if live is None:
         live = [_live_workers(j) if j.replicas else 0 for j in jobs]
     if keys is None:
         key = sort_key(policy, now)
         keys = [key(j) for j in jobs]
-    suspends = policy.preemption is Preemption.SUSPEND
+    suspends = policy.suspends
     # (rank key, 1, GPUs it lacks) for a job below its size; (rank key, 0, GPUs suspending
     # it frees) for a running job. Keys end in the job's name, so for one job below its
     # size that runs, its lack sorts first in the sweep below: its own workers are not in
@@ -292,11 +266,8 @@ def settled(
     assert len(ns) == len(ks) == len(js)  # (one entry per job in each)
     for at in range(len(js)):
         j, n = js[at], ns[at]
-        worker = j.worker  # (``Job.rigid_size`` without the call, as in ``shown``)
-        if elastic:
-            size = worker.min_replicas
-        else:
-            size = j.requested if j.requested is not None else worker.max_replicas
+        worker = j.worker
+        size = gang_size(j, elastic)
         if n > size or j.suspended or j.pserver is not None:
             # Above its size, leaving by its spec, or with parameter servers (the planner
             # restores a missing one, which needs no GPU): it may change.

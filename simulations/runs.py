@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field
 
 from edl_scheduler.core import Job, Replica, ThroughputSample
-from simulations.workload import SimJob
+from simulations.workload import ClusterSpec, SimJob
 
 _INF = math.inf
 
@@ -154,3 +154,18 @@ class Run:
             self.preemptions,
             self.attained,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    """What one run of one policy over one workload gives: every job's record, the
+    allocation over time, and what the run cost."""
+
+    policy: str
+    cluster: ClusterSpec
+    jobs: tuple[JobRecord, ...]
+    #: (time, allocated GPUs, useful GPUs) at every change, a step function.
+    timeline: tuple[tuple[float, int, float], ...]
+    plans: int
+    wall_s: float
+    plan_wall_s: float

@@ -111,7 +111,7 @@ def _by_fields(obj: Any) -> tuple[type, tuple[Any, ...]]:
 
 def _picklable() -> None:
     """Pickles ``_SENT`` by their constructor. Where the planner and the simulator run
-    compiled (``edl_scheduler/native.py``), mypyc's own pickling restores a frozen
+    compiled (``simulations/native.py``), mypyc's own pickling restores a frozen
     dataclass's fields by assignment, which the class refuses; the constructor takes them
     whole, compiled or not. Called in the parent and in each pool process (results)."""
     for cls in _SENT:

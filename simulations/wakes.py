@@ -1,5 +1,6 @@
-"""When running jobs' cool-downs and minimum run times end: the instants at which a plan may
-grow or shrink a job that the last plan had to leave alone (``Engine._next_wake``).
+"""When running jobs' cool-downs and minimum run times end, and when profiled jobs enter a
+new epoch: the instants at which a plan may grow or shrink a job that the last plan had to
+leave alone (``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 
 from edl_scheduler.core import Policy
+from edl_scheduler.core.stability import cooldown_end, min_run_end
 from simulations.runs import Run
 
 
@@ -32,16 +35,16 @@ class GrowthWakes:
 
     def push(self, run: Run) -> None:
         """Note when ``run``'s cool-down and minimum run time end, as the engine just left
-        it (running)."""
+        it (running; the rules' arithmetic is ``core.stability``'s)."""
         job, workers = run.job, len(run.replicas)
-        if run.last_resize_time is None:
-            return
         if workers < job.max_workers:
-            at = run.last_resize_time + self.cooldown_s
-            heapq.heappush(self.heap, (at, run.version, job.name))
-        if workers > job.min_workers and run.start_time is not None:
-            at = run.start_time + self.min_run_s
-            heapq.heappush(self.heap, (at, run.version, job.name))
+            at = cooldown_end(run.last_resize_time, run.start_time, self.cooldown_s)
+            if at is not None:
+                heapq.heappush(self.heap, (at, run.version, job.name))
+        if workers > job.min_workers:
+            at = min_run_end(run.start_time, self.min_run_s)
+            if at is not None:
+                heapq.heappush(self.heap, (at, run.version, job.name))
 
     def next_after(self, now: float, running: dict[str, Run]) -> float:
         """The first end after ``now`` of a cool-down or minimum run time of a job in
@@ -54,3 +57,20 @@ class GrowthWakes:
                 return at
             heapq.heappop(heap)
         return math.inf
+
+
+def next_epoch(running: Iterable[Run], now: float) -> float:
+    """When a running profiled job next enters a new epoch: its measured rate changes
+    there, so the plan may change (a controller, planning every cycle, would see it)."""
+    wake = math.inf
+    for run in running:
+        profile = run.job.profile
+        if profile is None or run.rate <= 0:
+            continue
+        edge = profile.horizon(run.done)
+        if edge < run.total:
+            rate = profile.rate(run.placement, run.done)
+            at = max(run.last, run.paused_until) + (edge - run.done) / rate
+            if at > now:
+                wake = min(wake, at)
+    return wake

@@ -20,8 +20,8 @@ from typing import Annotated, Any, Final
 
 from pydantic import AwareDatetime, BeforeValidator, Field
 
+from edl_gradients import FieldNames, statistics_problem
 from edl_scheduler.api.meta import ApiModel
-from edl_scheduler.gradients import FieldNames, statistics_problem
 
 __all__ = [
     "Condition",

@@ -1,13 +1,13 @@
 """The planner: ``plan(snapshot, policy, now) -> Plan``, pure and deterministic.
 
-The controller, the local backend and the simulator all call this one function. Nothing in
+The controller and the local backend call this one function; the simulator calls it too,
+through ``incremental.IncrementalPlanner``, whose plans are proven equal to it. Nothing in
 this package imports Kubernetes, a clock, randomness, sockets or file I/O (import-linter
 checks it); the clock and any seed are arguments.
 """
 
 from edl_scheduler.core.applying import apply_plan
 from edl_scheduler.core.errors import PlanningError
-from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.plan import HOLD_REASONS, Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.planning import plan
 from edl_scheduler.core.policy import (
@@ -57,7 +57,6 @@ __all__ = [
     "NodeSelectorTerm",
     "Ordering",
     "Plan",
-    "PlanMemo",
     "PlanningError",
     "Policy",
     "Preemption",

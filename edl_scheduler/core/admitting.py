@@ -2,29 +2,31 @@
 
 Invariant 2 (gang) lives here: a job starts, or a job below its minimum is restored, only
 when its whole gang (``minReplicas`` workers and its parameter servers' minimum) is placed
-in one statement. Invariant 4 (priority first) lives in ``_may_shrink`` and
-``_may_suspend``: a waiting job may take every worker above the minimum of each
-preemptible job ranked below it, regardless of cool-downs, and whole lower jobs where the
-policy allows suspension. Victims are taken one replica (or one whole job) at a time,
-node by node (first the nodes that could hold most of the gang, preferring those whose
-victims have the lowest priority), and on each node lowest priority first, then the most
-fulfilled; workers that growth added earlier in this cycle go back first (they are then
-simply not added). Once the gang fits, victims that turn out not to be needed are given
-back, so a plan names exactly enough of them. A job suspended this cycle is admitted again
-like any waiting job of its rank, which moves it where it fits.
+in one statement. What it may take from others, and in which order, is ``preempting``'s
+(invariant 4); admission takes those victims one at a time until the gang fits, then gives
+back the ones it turns out not to need, so a plan names exactly enough of them. A job
+suspended this cycle is admitted again like any waiting job of its rank, which moves it
+where it fits.
+
+Proofs outside this module rest on what it does (a waiting job that fails its trial takes,
+reserves and blocks nothing but under strict FIFO; it visits jobs in rank order; its quick
+reject): ``rounds_start_nothing`` here (``tests/core/test_admission_rounds.py``), which running
+jobs no plan can change (``incremental.unchangeable``, ``tests/core/test_unchangeable.py``)
+and the simulator's pruning (``simulations/pruning.py``; ``tests/simulations/test_pruning.py``,
+``test_settled.py``). A change here that breaks them fails there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Final
 
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason, counted
-from edl_scheduler.core.policy import Admission, Growth, Policy, Preemption
-from edl_scheduler.core.session import JobState, Session, Statement
-from edl_scheduler.core.snapshot import Replica, Role
-from edl_scheduler.core.stability import may_shrink_voluntarily
+from edl_scheduler.core.policy import Admission, Policy
+from edl_scheduler.core.preempting import Victim, take, victims
+from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.sizing import surplus_gpus
+from edl_scheduler.core.snapshot import Role
 
 _W: Final = Role.WORKER
 
@@ -65,26 +67,6 @@ class _Suffixes:
         return self.sums()[start]
 
 
-class _Victim:
-    """What is taken from one job: live replicas, or one worker that growth added to it
-    this cycle on ``withdrawn`` (node index), which is then simply not added. (A plain
-    class: compiled, its ``__init__`` is C, where a dataclass's is Python code.)"""
-
-    __slots__ = ("js", "replicas", "whole", "withdrawn")
-
-    def __init__(
-        self,
-        js: JobState,
-        replicas: tuple[Replica, ...],
-        whole: bool,
-        withdrawn: int | None = None,
-    ) -> None:
-        self.js = js
-        self.replicas = replicas
-        self.whole = whole
-        self.withdrawn = withdrawn
-
-
 def needs_of(js: JobState) -> dict[Role, int]:
     """What a job lacks to run at its minimum: its whole gang when waiting."""
     needs = {Role.WORKER: max(0, js.lo - js.size())}
@@ -102,29 +84,15 @@ def _gpus(js: JobState, needs: dict[Role, int]) -> int:
     return total
 
 
-def _may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
-    """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
-    for every preemptible job ranked below; an equal-priority job ranked above gives up its
-    borrowed workers only when the policy lets equals reclaim and it is past its cool-down."""
-    # A job started this cycle may still be one: growth may have given it workers above
-    # its minimum in this very cycle, and those are as reclaimable as any.
-    if victim is js or not victim.job.preemptible:
-        return False
-    if victim.rank > js.rank:
-        return True
+def waiting_message(js: JobState) -> str:
+    """What a job that admission left waiting says (``Admitter.run`` notes the numbers)."""
+    if js.reason is Reason.WAITING_IN_LINE:
+        return f"waiting in line behind {js.behind} (strict FIFO)"
+    what = "to restore its minimum" if js.reason is Reason.BELOW_MINIMUM else "for its gang"
     return (
-        session.policy.reclaim_equal_priority
-        and victim.priority == js.priority
-        and may_shrink_voluntarily(session, victim)
+        f"waiting: needs {counted(js.wait_gpus, 'GPU')} {what} ({counted(js.lo, 'worker')}), "
+        f"{js.wait_free} free where it may run; {js.wait_ahead} waiting jobs ranked ahead"
     )
-
-
-def _may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
-    if victim is js or not victim.job.preemptible or victim.started or not victim.running:
-        return False
-    if session.policy.use_priority:
-        return victim.priority < js.priority
-    return victim.rank > js.rank
 
 
 def rounds_start_nothing(policy: Policy) -> bool:
@@ -139,13 +107,11 @@ def rounds_start_nothing(policy: Policy) -> bool:
     suspending jobs ranked below themselves, which ``J`` could have suspended too: room
     per node that ``J`` could reach only shrinks, and holds for jobs ranked above ``J``
     do not change. Nothing runs between the rounds (no growth), so every job of the second
-    round fails again, with the reason it has (a plan of changes only writes no message).
+    round fails again, with the reason it has; only the numbers of its message (free GPUs,
+    jobs ahead) may differ, so a planner that returns only the decisions that change
+    (``incremental``) may leave the round out.
     """
-    return (
-        not (policy.elastic and policy.growth is not Growth.NONE)
-        and not policy.use_priority
-        and policy.preemption in (Preemption.NONE, Preemption.SUSPEND)
-    )
+    return policy.moves_whole_jobs_only
 
 
 class Admitter:
@@ -154,11 +120,8 @@ class Admitter:
     def __init__(self, session: Session) -> None:
         self.s = session
         policy = session.policy
-        self.shrink_ok = policy.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND)
-        self.suspend_ok = policy.preemption in (
-            Preemption.SUSPEND,
-            Preemption.SHRINK_THEN_SUSPEND,
-        )
+        self.shrink_ok = policy.shrinks
+        self.suspend_ok = policy.suspends
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
         # Ranking puts each priority level in one run of ranks: only its ends are read, and
@@ -199,7 +162,7 @@ class Admitter:
                     continue
                 gpu = job.worker.resources.gpu
                 if shrink:
-                    shrinkable[rank] = max(0, workers - js.lo) * gpu
+                    shrinkable[rank] = surplus_gpus(workers, js.lo, gpu)
                 if suspend and not js.started:
                     suspendable[rank] = workers * gpu
         self.shrinkable = _Suffixes(shrinkable)
@@ -212,7 +175,7 @@ class Admitter:
         if not js.job.preemptible:
             return 0, 0
         gpu = js.job.worker.resources.gpu
-        return max(0, js.size() - js.lo) * gpu, 0 if js.started else js.size() * gpu
+        return surplus_gpus(js.size(), js.lo, gpu), 0 if js.started else js.size() * gpu
 
     def _update_pools(self, js: JobState) -> None:
         shrink, suspend = self._pools(js)
@@ -240,7 +203,6 @@ class Admitter:
         cluster = self.s.cluster
         preempts = self.shrink_ok or self.suspend_ok
         head_of_line = self.s.policy.admission is Admission.HEAD_OF_LINE
-        quiet = self.s.changes_only  # a job that stays waiting is not reported: no message
         # Every waiting job the snapshot shows is visited at every plan, and most of them
         # only meet the quick reject below: the loop reads what it needs once, in locals,
         # and asks ``_pool``'s sums without calls. Capacity never changes within a cycle;
@@ -277,9 +239,8 @@ class Admitter:
                     continue
                 gpus = _gpus(js, needs)
             if blocked_by is not None:
-                js.reason = Reason.WAITING_IN_LINE
-                if not quiet:
-                    js.message = f"waiting in line behind {blocked_by.name} (strict FIFO)"
+                # (its message is written where the plan returns its decision: ``said``)
+                js.reason, js.message, js.behind = Reason.WAITING_IN_LINE, "", blocked_by.name
                 continue
             classes = js.classes
             if classes is not last_classes:
@@ -311,15 +272,11 @@ class Admitter:
                     started += 1
                     continue
                 free = cluster.free_in(classes)
-            if js.live_w:
-                what, js.reason = "to restore its minimum", Reason.BELOW_MINIMUM
-            else:
-                what, js.reason = "for its gang", Reason.WAITING_FOR_CAPACITY
-            if not quiet:
-                js.message = (
-                    f"waiting: needs {counted(gpus, 'GPU')} {what} ({counted(js.lo, 'worker')}), "
-                    f"{max(0, free)} free where it may run; {ahead} waiting jobs ranked ahead"
-                )
+            js.reason = Reason.BELOW_MINIMUM if js.live_w else Reason.WAITING_FOR_CAPACITY
+            # The numbers of its message, written where the plan returns its decision (most
+            # waiting jobs' decisions change nothing: ``waiting_message``).
+            js.message = ""
+            js.wait_gpus, js.wait_free, js.wait_ahead = gpus, max(0, free), ahead
             ahead += 1
             if head_of_line:
                 blocked_by = js
@@ -366,97 +323,13 @@ class Admitter:
             return False
         return self._preempt(js, needs)
 
-    def _candidates(self, js: JobState, needs: dict[Role, int]) -> Iterator[_Victim]:
-        """Victim units in the order they are taken: single workers above their job's
-        minimum, node by node (the nodes that could hold most of the gang first), then
-        whole jobs (lowest priority first). The caller takes each unit before asking for
-        the next, so budgets and fulfillment are read fresh."""
-        if self.shrink_ok:
-            yield from self._shrink_units(js, needs)
-        if self.suspend_ok:
-            cluster, classes = self.s.cluster, js.classes
-            whole = [v for v in self.s.jobs if _may_suspend(self.s, js, v)]
-            for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
-                gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
-                rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
-                if any(cluster.node_class[cluster.index[r.node]] in classes for r in rest):
-                    yield _Victim(v, tuple(rest), whole=True)
-
-    def _shrink_units(self, js: JobState, needs: dict[Role, int]) -> Iterator[_Victim]:
-        cluster, res, need = self.s.cluster, js.resources(Role.WORKER), needs[Role.WORKER]
-        on_node: dict[int, list[tuple[JobState, Replica | None]]] = {}
-        for v in self.s.jobs:
-            if v.size() <= v.lo or not _may_shrink(self.s, js, v):
-                continue
-            for n in v.added[_W]:  # growth of this cycle goes back first
-                if cluster.node_class[n] in js.classes:
-                    on_node.setdefault(n, []).append((v, None))
-            removed = v.removed[_W]
-            gone = set(map(id, removed)) if removed else None  # (most jobs: none removed)
-            for r in reversed(v.live[_W]):  # newest first: rank 0 stays longest
-                n = cluster.index[r.node]
-                if (gone is None or id(r) not in gone) and cluster.node_class[n] in js.classes:
-                    on_node.setdefault(n, []).append((v, r))
-
-        def potential(n: int) -> int:
-            """Room for the gang on ``n`` if every worker there that may go went, each
-            victim job giving at most its budget (its workers above the minimum)."""
-            gpu = cpu = mem = 0
-            budget: dict[JobState, int] = {}  # (by identity: ``JobState`` has eq=False)
-            for v, _ in on_node[n]:
-                left = budget.get(v)
-                if left is None:
-                    left = v.workers - v.lo
-                if left > 0:
-                    budget[v] = left - 1
-                    freed = v.job.worker.resources
-                    gpu += freed.gpu
-                    cpu += freed.cpu_milli
-                    mem += freed.memory_bytes
-                else:
-                    budget[v] = left
-            return cluster.room_freed(n, res, js.name, js.rank, gpu, cpu, mem)
-
-        def order(n: int) -> tuple[int, int, int, int, int]:
-            """Nodes where victims add the most useful room first (a node that already
-            holds some of the gang gains nothing from victims up to that), then those
-            that could hold most of the gang, then the cheapest victims."""
-            lowest = min(v.priority for v, _ in on_node[n])
-            now = min(cluster.room(n, res, js.name, js.rank), need)
-            return (-(most[n] - now), -most[n], lowest, -now, n)
-
-        # The room for the gang each node can reach: victims there stop once it is reached.
-        # (Parameter servers need room too, which this count of workers does not see: for
-        # them every node's victims are offered until the whole gang's workers fit there.)
-        most = {n: min(potential(n), need) for n in on_node}
-        enough = dict.fromkeys(on_node, need) if needs.get(Role.PSERVER) else most
-        for n in sorted(on_node, key=order):
-            units = sorted(
-                on_node[n],
-                key=lambda vr: (
-                    vr[0].priority,
-                    -vr[0].fulfillment(),
-                    -vr[0].rank,
-                    vr[1] is not None,
-                ),
-            )
-            for v, replica in units:
-                if cluster.room(n, res, js.name, js.rank) >= max(1, enough[n]):
-                    break
-                if v.size() <= v.lo:
-                    continue  # its budget is spent
-                if replica is None:
-                    yield _Victim(v, (), whole=False, withdrawn=n)
-                else:
-                    yield _Victim(v, (replica,), whole=False)
-
     def _preempt(self, js: JobState, needs: dict[Role, int]) -> bool:
         stmt = self.s.statement()
-        taken: list[_Victim] = []
+        taken: list[Victim] = []
         target = _gpus(js, needs)
         fits = False
-        for victim in self._candidates(js, needs):
-            self._take(stmt, victim)
+        for victim in victims(self.s, js, needs, self.shrink_ok, self.suspend_ok):
+            take(stmt, victim)
             taken.append(victim)
             free = self.s.cluster.free_in(js.classes)
             if free >= target and gang_fits(self.s, js, needs):
@@ -466,7 +339,7 @@ class Admitter:
             stmt.discard()
             return False
         # Give back every victim the gang turns out not to need, latest taken first.
-        kept: list[_Victim] = []
+        kept: list[Victim] = []
         for victim in reversed(taken):
             for replica in victim.replicas:
                 stmt.restore(victim.js, replica)
@@ -474,7 +347,7 @@ class Admitter:
                 stmt.add(victim.js, Role.WORKER, victim.withdrawn)
             if gang_fits(self.s, js, needs):
                 continue
-            self._take(stmt, victim)
+            take(stmt, victim)
             kept.append(victim)
         if not place_gang(self.s, stmt, js, needs):  # pragma: no cover - fits was checked
             stmt.discard()
@@ -483,13 +356,7 @@ class Admitter:
         self._started(js, kept)
         return True
 
-    def _take(self, stmt: Statement, victim: _Victim) -> None:
-        for replica in victim.replicas:
-            stmt.remove(victim.js, replica)
-        if victim.withdrawn is not None:
-            stmt.cancel(victim.js, Role.WORKER, victim.withdrawn)
-
-    def _started(self, js: JobState, victims: list[_Victim]) -> None:
+    def _started(self, js: JobState, victims: list[Victim]) -> None:
         names = sorted({v.js.name for v in victims})
         for name in names:
             v = self.s.state_of(name)

@@ -21,14 +21,18 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-from edl_scheduler.core.margins import margins
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Role
-from edl_scheduler.core.stability import cooling_until, resize_gain, worth_the_pause
+from edl_scheduler.core.stability import (
+    cooldown_end,
+    cooling_until,
+    resize_gain,
+    worth_the_pause,
+)
 
 #: Reasons of a job that is waiting to start or to be restored to its minimum.
 WAITING: Final = frozenset(
@@ -42,7 +46,7 @@ def _score(js: JobState, session: Session) -> tuple[float, ...]:
         return (-js.priority, fulfilled, js.rank)
     kept = js.margins
     if kept is None:
-        kept = margins(js, session)
+        kept = js.worth(session.policy)
     if not js.added_w and not js.removed_w:  # as it was: its kept speed-ups (``margins``)
         return (-js.priority, kept.growth_score, fulfilled, js.rank)
     model = kept.model
@@ -115,16 +119,12 @@ class Grower:
             job = js.job
             if js.suspended or job.suspended:
                 continue
-            # When its cool-down ends, if it has not ended (``cooling_until``, written out:
-            # this loop sees every job).
+            # When its cool-down ends, if it has not ended (``cooling_until``).
             live = js.live_w
-            last = job.last_resize_time
-            if last is None:
-                last = job.start_time
             until = None
-            if last is not None and live:
-                end = last + cooldown
-                if end > now:
+            if live:
+                end = cooldown_end(job.last_resize_time, job.start_time, cooldown)
+                if end is not None and end > now:
                     until = end
             if workers >= js.hi:
                 if until is None:
@@ -137,12 +137,11 @@ class Grower:
             if until is not None:
                 if js.reason is Reason.COOLING_DOWN:
                     pass  # held so in an earlier round (``hold`` would return at once)
-                elif s.changes_only and not js.started and js.for_job is None:
-                    # Unmoved so far: the message would replace its own. A plan of changes
-                    # only reads the message of a job whose size changes, and whatever
-                    # changes a held job's size writes its message, so it is left to be
-                    # written if read (``cooling_message``): one fewer format per cooling
-                    # job per plan.
+                elif not js.started and js.for_job is None:
+                    # Unmoved so far: the message would replace its own. It is written where
+                    # the plan returns the job's decision (``cooling_message``): whatever
+                    # changes a held job's size later writes its message, and most cooling
+                    # jobs' decisions change nothing.
                     js.reason, js.message, js.cooling_end = Reason.COOLING_DOWN, "", until
                 else:
                     js.hold(Reason.COOLING_DOWN, cooling_message(until, now))
@@ -211,7 +210,7 @@ class Grower:
     def run(self) -> None:
         """Hand out idle GPUs; may be called again after admission changed the picture."""
         s = self.s
-        if not s.policy.elastic or s.policy.growth is Growth.NONE:
+        if not s.policy.grows:
             return
         jobs = self.candidates()
         while True:

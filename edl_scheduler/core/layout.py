@@ -2,8 +2,9 @@
 
 A cluster's nodes change far less often than its jobs; ``Layout`` is what ``Cluster`` needs
 of them before any replica is counted, so that a driver planning again over the same nodes
-tuple (the simulator, through ``PlanMemo``) derives it once. Everything here is read, never
-changed, by the cycle: ``Cluster`` copies what it changes (free capacity per node).
+tuple (the simulator, through ``incremental.IncrementalPlanner``) derives it once.
+Everything here is read, never changed, by the cycle: ``Cluster`` copies what it changes
+(free capacity per node).
 """
 
 from __future__ import annotations

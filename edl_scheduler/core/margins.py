@@ -4,9 +4,10 @@ Rebalancing (``rebalancing``) values a move by each job's fitted model at the jo
 node count when the step begins, and by ``stability.restart_factor``, which depends on
 ``now``. Everything else in those values is a function of the job object alone (its samples
 and efficiency, its live workers and their nodes, its bounds) and of the policy, so it is
-derived once and kept on the job's session state (``JobState.margins``); with a ``PlanMemo``
-that state lives from plan to plan for as long as the ``Job`` object does, so a job that did
-not change is not fitted or scored again.
+derived once and kept on the job's session state (``JobState.worth``); with an incremental
+planner (``incremental``) that state lives from plan to plan for as long as the ``Job``
+object does, so a job that did not change is not fitted or scored again. This module knows
+the job's values only, not the session, which keeps them.
 
 What must stay true:
 
@@ -15,8 +16,8 @@ What must stay true:
   never for a job with replicas added or removed.
 - It is valid for one ``Job`` object under one policy: any change of a job's samples,
   efficiency, replicas or bounds is a new ``Job`` (they are frozen) and gets a new
-  ``JobState`` (``session.Session`` keeps a state only for the very object it was built
-  for); a new policy object drops the memo, and with it every kept state.
+  ``JobState`` (an incremental planner keeps a state only for the very object it was built
+  for, under the one policy it plans for).
 - ``best_gain`` is never below the value rebalancing gives the job's first extra worker
   (``Rebalancer._gain``), and ``least_loss`` never above the cost it gives the job's first
   lost worker (``Rebalancer._loss``), whatever ``now`` is. Those read ``now`` only through
@@ -33,8 +34,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.snapshot import Job, Replica
 from edl_scheduler.core.throughput import ThroughputModel, job_model
 
 _INF: Final = float("inf")
@@ -95,35 +95,23 @@ class Margins:
         self.least_loss = least_loss
 
 
-def explored_limit(js: JobState) -> int:
-    """The most workers a rebalancing move may give ``js``: twice the largest size its
-    runtime measured a throughput at, within its bounds (its minimum when it measured none)."""
-    measured = max((s.workers for s in js.job.throughput if s.samples_per_second > 0), default=0)
-    return min(js.hi, max(js.lo, 1, 2 * measured))
+def explored_limit(job: Job, lo: int, hi: int) -> int:
+    """The most workers a rebalancing move may give ``job`` (bounds ``lo`` and ``hi`` under
+    the policy): twice the largest size its runtime measured a throughput at, within its
+    bounds (its minimum when it measured none)."""
+    measured = max((s.workers for s in job.throughput if s.samples_per_second > 0), default=0)
+    return min(hi, max(lo, 1, 2 * measured))
 
 
-def margins(js: JobState, session: Session) -> Margins:
-    """``js``'s margins, derived at the first call for its ``Job`` object and kept."""
-    found = js.margins
-    if found is None:
-        found = _derive(js, session.policy.gain_horizon_s, session.policy.resize_pause_s)
-        js.margins = found
-    return found
-
-
-def model_of(js: JobState) -> ThroughputModel:
-    """``throughput.job_model(js.job)``, from the kept margins where they were derived (the
-    fit's cache is keyed by the samples, whose hash is most of its cost)."""
-    found = js.margins
-    return found.model if found is not None else job_model(js.job)
-
-
-def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
-    live = js.live[Role.WORKER]
+def derive(
+    job: Job, live: list[Replica], lo: int, hi: int, horizon_s: float, pause_s: float
+) -> Margins:
+    """The margins of ``job`` with ``live`` workers and bounds ``lo``, ``hi``, under a
+    policy's gain horizon and resize pause."""
     workers = len(live)
     nodes = max(1, len({r.node for r in live}))
-    model = job_model(js.job)
-    limit = explored_limit(js)
+    model = job_model(job)
+    limit = explored_limit(job, lo, hi)
     # The same operations, in the same order, as ``Rebalancer._gain`` and ``_loss`` at
     # f = 1 (``_Member.utility``: -1 / speed-up, -inf at none).
     at = model.speedup(nodes, workers) if workers > 0 else 0.0
@@ -136,7 +124,7 @@ def _derive(js: JobState, horizon_s: float, pause_s: float) -> Margins:
     else:
         u_above = -1.0 / above if above > 0 else -_INF
         best = (u_above - u_at) * horizon_s - pause
-    if workers <= max(1, js.lo):
+    if workers <= max(1, lo):
         least = _INF
     else:
         u_below = -1.0 / below if below > 0 else -_INF

@@ -3,10 +3,17 @@
 Rank 0 is the first to be served. With priorities, every job of a higher priority ranks
 above every job of a lower one; within a level the policy's ordering decides; the job name
 breaks the last tie so that ranking is total and deterministic.
+
+Which policy fields make a job's rank depend on time is said here, once: a waiting job's
+under a LAS starvation limit (``key_varies``, ``starvation_end``), a running job's where
+the ordering reads attained GPU-time (``ranks_by_queue``: only when it crosses a queue
+threshold, ``queue_of``, ``queue_band``; ``ranks_continuously``: at every instant). A
+driver that keeps rank keys between plans (the simulator) asks these, never the fields.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from edl_scheduler.core.policy import Ordering, Policy
@@ -17,13 +24,44 @@ def effective_priority(job: Job, policy: Policy) -> int:
     return job.priority if policy.use_priority else 0
 
 
+def queue_of(attained: float, thresholds: tuple[float, ...]) -> int:
+    """The LAS queue of a job that attained ``attained`` GPU-seconds: how many thresholds
+    it has passed."""
+    queue = 0
+    for t in thresholds:
+        if attained >= t:
+            queue += 1
+    return queue
+
+
+def queue_band(attained: float, thresholds: tuple[float, ...]) -> tuple[float, float]:
+    """The attained GPU-seconds ``[low, high)`` within which a job that attained
+    ``attained`` stays in its LAS queue (``queue_of``)."""
+    low = max((t for t in thresholds if t <= attained), default=-math.inf)
+    high = min((t for t in thresholds if t > attained), default=math.inf)
+    return low, high
+
+
+def starves(job: Job, policy: Policy, now: float) -> bool:
+    """Whether a waiting job has waited past the policy's LAS starvation limit by ``now``
+    (it then returns to the first queue)."""
+    limit = policy.starvation_limit_s
+    return limit is not None and not job.replicas and not now - job.submit_time < limit
+
+
+def starvation_end(submit_time: float, policy: Policy) -> float | None:
+    """When a job submitted at ``submit_time`` that still waits starts to starve
+    (``starves`` from that instant on; None: the policy has no limit)."""
+    limit = policy.starvation_limit_s
+    return None if limit is None else submit_time + limit
+
+
 def las_queue(job: Job, policy: Policy, now: float) -> int:
     """The discretized 2D-LAS queue of a job: how many thresholds its attained GPU-time
     has passed, or 0 when it has starved past the policy's starvation limit."""
-    limit = policy.starvation_limit_s
-    if limit is not None and not job.replicas and now - job.submit_time >= limit:
+    if starves(job, policy, now):
         return 0
-    return sum(1 for t in policy.queue_thresholds_gpu_s if job.attained_gpu_seconds >= t)
+    return queue_of(job.attained_gpu_seconds, policy.queue_thresholds_gpu_s)
 
 
 def _waits(job: Job) -> float:
@@ -57,20 +95,11 @@ def sort_key(policy: Policy, now: float) -> Callable[[Job], tuple[float | str, .
 
         return least_attained
     if policy.ordering is Ordering.LAS_QUEUES:
-        thresholds = policy.queue_thresholds_gpu_s
-        limit = policy.starvation_limit_s
         running_first = policy.las_running_first
 
         def las(j: Job) -> tuple[float | str, ...]:
             prio = -float(j.priority if use_priority else 0)
-            if limit is not None and not j.replicas and now - j.submit_time >= limit:
-                queue = 0
-            else:
-                got = j.attained_gpu_seconds
-                queue = 0
-                for t in thresholds:
-                    if got >= t:
-                        queue += 1
+            queue = las_queue(j, policy, now)
             waits = _waits(j) if running_first else 0.0
             return (prio, float(queue), waits, j.submit_time, j.name)
 
@@ -86,6 +115,18 @@ def key_varies(policy: Policy) -> bool:
     """Whether a waiting job's rank key depends on ``now`` (the LAS starvation rule); a
     running job's never does, nor any job's under the other orderings."""
     return policy.ordering is Ordering.LAS_QUEUES and policy.starvation_limit_s is not None
+
+
+def ranks_by_queue(policy: Policy) -> bool:
+    """Whether a running job's rank reads its attained GPU-time only through its LAS queue
+    (``queue_of``): it moves only when the job crosses a threshold."""
+    return policy.ordering is Ordering.LAS_QUEUES
+
+
+def ranks_continuously(policy: Policy) -> bool:
+    """Whether a running job's rank reads its attained GPU-time itself (least attained
+    first): it moves at every instant the job runs."""
+    return policy.ordering is Ordering.LEAST_ATTAINED
 
 
 def ranked(jobs: tuple[Job, ...], policy: Policy, now: float) -> list[Job]:

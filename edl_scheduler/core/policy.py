@@ -116,6 +116,31 @@ class Policy:
     def promised(self, invariant: Invariant) -> bool:
         return invariant in self.promises
 
+    # What the policy's fields make the planner do, asked by its steps and by every proof
+    # that something cannot happen (``incremental``, the simulator's shortcuts): one answer
+    # each, here.
+
+    @property
+    def grows(self) -> bool:
+        """Whether growth (and rebalancing) can change a running job's size."""
+        return self.elastic and self.growth is not Growth.NONE
+
+    @property
+    def shrinks(self) -> bool:
+        """Whether admission may take workers above their minimum from running jobs."""
+        return self.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND)
+
+    @property
+    def suspends(self) -> bool:
+        """Whether admission may suspend whole running jobs."""
+        return self.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
+
+    @property
+    def moves_whole_jobs_only(self) -> bool:
+        """Whether a plan changes a job only by starting it or suspending it whole: no
+        growth, no shrinking, no priorities (which let an arrival reach past the ranks)."""
+        return not self.grows and not self.use_priority and not self.shrinks
+
 
 _RIGID_PROMISES = frozenset(
     {Invariant.NO_OVERCOMMIT, Invariant.GANG, Invariant.MIN_KEPT, Invariant.IDEMPOTENT}

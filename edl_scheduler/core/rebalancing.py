@@ -49,7 +49,7 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-from edl_scheduler.core.margins import explored_limit, first_gain, first_loss, margins
+from edl_scheduler.core.margins import explored_limit, first_gain, first_loss
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
@@ -98,7 +98,7 @@ class _Member:
 
     def __init__(self, js: JobState, session: Session, donor: bool, recipient: bool) -> None:
         self.js = js
-        kept = margins(js, session)  # (the job is not moved yet: its live size is its size)
+        kept = js.worth(session.policy)  # (not moved yet: its live size is its size)
         self.model: ThroughputModel = kept.model
         self.nodes0 = kept.nodes
         self.workers0 = kept.workers
@@ -165,7 +165,7 @@ def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Se
     horizon = session.policy.gain_horizon_s
     best_gain = -_INF
     for js in takers:
-        kept = js.margins or margins(js, session)
+        kept = js.margins or js.worth(session.policy)
         if kept.best_gain <= best_gain:
             continue
         gain = first_gain(kept, restart_factor(session, js), horizon)
@@ -178,7 +178,7 @@ def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Se
     for group in (takers, givers):
         for js in group:
             # (``least_loss`` is infinite at one worker or at the job's minimum)
-            kept = js.margins or margins(js, session)
+            kept = js.margins or js.worth(session.policy)
             if kept.least_loss >= best_gain or not js.job.preemptible:
                 continue
             if not may_shrink_voluntarily(session, js):
@@ -226,7 +226,7 @@ class Rebalancer:
             if not may_shrink_voluntarily(s, js):
                 continue
             if USE_KEPT_BOUNDS:
-                self.donors.append(((js.margins or margins(js, s)).least_loss, js.rank, 0, js))
+                self.donors.append(((js.margins or js.worth(s.policy)).least_loss, js.rank, 0, js))
             else:
                 members[js.rank] = _Member(js, s, True, False)
         self.donors += [(self._loss(m), m.js.rank, 0, m) for m in members.values() if m.donor]
@@ -265,7 +265,7 @@ class Rebalancer:
             if cooling_until(s, js) is not None:
                 continue
             kept = js.margins
-            limit = kept.limit if kept is not None else explored_limit(js)
+            limit = kept.limit if kept is not None else explored_limit(js.job, js.lo, js.hi)
             if workers < limit:
                 takers.append(js)
             elif workers > max(1, js.lo) and job.preemptible:

@@ -1,44 +1,34 @@
 """One planning cycle's working state, opened over a snapshot (as a Volcano session is).
 
 The cycle's free capacity is a ``capacity.Cluster``, the only code that takes or gives node
-capacity. ``JobState`` is one job's working state in the cycle.
+capacity. ``JobState`` is one job's working state in the cycle: what it had (derived from
+the job alone, ``job_state``) and what this cycle did to it.
 
 ``Statement`` records moves so that an action can try them and then commit or discard them.
-Nothing here reads a clock or does I/O; the session dies with the ``plan()`` call.
+``open_session`` opens a session over a snapshot the way ``plan()`` does: every job derived
+and ranked afresh. An incremental planner (``incremental``) opens one from the states it
+kept instead; a session does not know which. Nothing here reads a clock or does I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Final
+from collections.abc import Callable
+from typing import Final
 
 from edl_scheduler.core.capacity import Cluster, Hold
+from edl_scheduler.core.layout import Layout, layout_of
+from edl_scheduler.core.margins import Margins, derive
 from edl_scheduler.core.matching import allowed_on
-from edl_scheduler.core.memo import Derived, PlanMemo
-from edl_scheduler.core.ordering import effective_priority, key_varies, sort_key
+from edl_scheduler.core.ordering import effective_priority, sort_key
 from edl_scheduler.core.plan import Reason
 from edl_scheduler.core.policy import Policy
-from edl_scheduler.core.ranking import first, kept_ranking
 from edl_scheduler.core.resources import Resources
-from edl_scheduler.core.snapshot import Constraints, Job, Replica, Role, Snapshot
-
-if TYPE_CHECKING:  # the margins module imports this one
-    from edl_scheduler.core.margins import Margins
+from edl_scheduler.core.sizing import bounds
+from edl_scheduler.core.snapshot import Constraints, Job, Replica, Reservation, Role, Snapshot
+from edl_scheduler.core.throughput import ThroughputModel, job_model
 
 _W: Final = Role.WORKER
 _P: Final = Role.PSERVER
-
-
-def _occupy(used: list[list[int]], occupied: Sequence[Resources], nodes: int) -> None:
-    if len(occupied) != nodes or any(r.is_negative() for r in occupied):
-        raise ValueError(
-            f"occupied: {len(occupied)} entries for {nodes} nodes; give one per node of the "
-            "snapshot, in its order, none negative"
-        )
-    for u, r in zip(used, occupied, strict=True):
-        u[0] += r.gpu
-        u[1] += r.cpu_milli
-        u[2] += r.memory_bytes
 
 
 class JobState:
@@ -49,6 +39,7 @@ class JobState:
     __slots__ = (
         "added",
         "added_w",
+        "behind",
         "classes",
         "cooling_end",
         "for_job",
@@ -69,6 +60,9 @@ class JobState:
         "reserve",
         "started",
         "suspended",
+        "wait_ahead",
+        "wait_free",
+        "wait_gpus",
         "workers",
     )
 
@@ -90,8 +84,8 @@ class JobState:
         self.lo = lo
         self.hi = hi
         self.classes = classes
-        #: Replicas the job had (not draining). Never changed: with a ``PlanMemo`` the
-        #: same lists serve later cycles; moves go to ``added`` and ``removed``.
+        #: Replicas the job had (not draining). Never changed: a state an incremental
+        #: planner keeps serves later cycles; moves go to ``added`` and ``removed``.
         self.live = live
         #: ``live``, ``added`` and ``removed`` of the workers, the very lists: read as an
         #: attribute where a loop over every job asks (a dict look-up by role is not free).
@@ -117,17 +111,58 @@ class JobState:
         self.hold_expires_at: float | None = None
         self.suspended = False
         self.started = False
-        #: What a worker more or fewer is worth at its live size (``margins``): the job's
+        #: What a worker more or fewer is worth at its live size (``worth``): the job's
         #: alone, so a kept state keeps it; derived when first asked for.
         self.margins: Margins | None = None
-        #: When the cool-down of a job held for it ends, where a plan of changes only left
-        #: its message unwritten (``growing.Grower.candidates``); read only while its
-        #: reason is ``COOLING_DOWN`` and its message empty, which nothing else leaves.
+        # What a message left unwritten would say (``said``): an action that holds a job
+        # unmoved, or leaves it waiting, notes the numbers and leaves ``message`` empty, and
+        # the plan writes the message only for a decision it returns. Each is read only
+        # while ``message`` is empty and ``reason`` is the one set beside it in this cycle.
+        #: When the cool-down of a job held for it ends (reason ``COOLING_DOWN``).
         self.cooling_end: float | None = None
+        #: The job a strict-FIFO line waits behind (reason ``WAITING_IN_LINE``).
+        self.behind = ""
+        #: A waiting job's lack in GPUs, the GPUs free where it may run and the waiting
+        #: jobs ranked ahead (reasons ``WAITING_FOR_CAPACITY``, ``BELOW_MINIMUM``).
+        self.wait_gpus = 0
+        self.wait_free = 0
+        self.wait_ahead = 0
 
     @property
     def name(self) -> str:
         return self.job.name
+
+    def begin(self, rank: int) -> None:
+        """Start a cycle at ``rank``: what a cycle sets goes back to a new state's values;
+        what is the job's alone stays (a state kept from the last cycle that saw this Job,
+        whose moves ``moves`` forgot)."""
+        self.rank = rank
+        self.reason, self.message, self.for_job = None, "", None
+        self.reserve = self.suspended = self.started = False
+        self.hold_expires_at = None
+
+    def worth(self, policy: Policy) -> Margins:
+        """What a worker more or fewer is worth to the job at its live size under
+        ``policy`` (``margins``), derived at the first call for its ``Job`` object and
+        kept."""
+        found = self.margins
+        if found is None:
+            found = derive(
+                self.job,
+                self.live_w,
+                self.lo,
+                self.hi,
+                policy.gain_horizon_s,
+                policy.resize_pause_s,
+            )
+            self.margins = found
+        return found
+
+    def model(self) -> ThroughputModel:
+        """``throughput.job_model(job)``, from the kept margins where they were derived
+        (the fit's cache is keyed by the samples, whose hash is most of its cost)."""
+        found = self.margins
+        return found.model if found is not None else job_model(self.job)
 
     def moves(self) -> None:
         """Forget this cycle's moves (a kept state, before the next cycle acts)."""
@@ -284,161 +319,126 @@ class Statement:
             self._undo.pop()()
 
 
+def job_state(job: Job, policy: Policy, classes: Eligibility) -> JobState:
+    """What a cycle derives from ``job`` alone under ``policy``: its bounds, priority,
+    live replicas and the node classes it may use (rank 0 until a session ranks it)."""
+    lo, hi = bounds(job, policy.elastic)
+    live: dict[Role, list[Replica]] = {_W: [], _P: []}
+    for replica in job.replicas:
+        if not replica.draining:
+            live[replica.role].append(replica)
+    return JobState(
+        job,
+        0,
+        effective_priority(job, policy),
+        lo,
+        hi,
+        classes.of(job.constraints),
+        live,
+        workers=len(live[_W]),
+        pservers=len(live[_P]),
+    )
+
+
+class Eligibility:
+    """The node classes of a layout that a job's constraints allow, found once per distinct
+    ``Constraints`` (most jobs share one object)."""
+
+    __slots__ = ("_cache", "_examples", "_last", "_last_classes")
+
+    def __init__(self, layout: Layout) -> None:
+        self._examples = layout.class_example
+        self._cache: dict[Constraints, frozenset[int]] = {}
+        self._last: Constraints | None = None
+        self._last_classes: frozenset[int] = frozenset()
+
+    def of(self, constraints: Constraints) -> frozenset[int]:
+        if constraints is self._last:  # (no hashing)
+            return self._last_classes
+        found = self._cache.get(constraints)
+        if found is None:
+            found = frozenset(
+                c for c, example in enumerate(self._examples) if allowed_on(constraints, example)
+            )
+            self._cache[constraints] = found
+        self._last, self._last_classes = constraints, found
+        return found
+
+
+def count_live(used: list[list[int]], js: JobState, index: dict[str, int]) -> None:
+    """Add what ``js``'s live replicas take to ``used`` ([gpu, cpu, memory] per node)."""
+    for role in (_W, _P):
+        live = js.live[role]
+        if live:
+            res = js.resources(role)
+            for replica in live:
+                u = used[index[replica.node]]
+                u[0] += res.gpu
+                u[1] += res.cpu_milli
+                u[2] += res.memory_bytes
+
+
+def first(pair: tuple[tuple[float | str, ...], JobState]) -> tuple[float | str, ...]:
+    return pair[0]
+
+
+def open_session(snapshot: Snapshot, policy: Policy, now: float) -> Session:
+    """A session over ``snapshot`` (valid) with every job derived and ranked afresh: the
+    ranking is the policy's (``ordering.sort_key``, whose keys end in the job's name)."""
+    layout = layout_of(snapshot.nodes)
+    classes = Eligibility(layout)
+    key = sort_key(policy, now)
+    used = [[0, 0, 0] for _ in snapshot.nodes]
+    keyed: list[tuple[tuple[float | str, ...], JobState]] = []
+    for job in snapshot.jobs:
+        js = job_state(job, policy, classes)
+        keyed.append((key(job), js))
+        count_live(used, js, layout.index)
+    keyed.sort(key=first)
+    cluster = Cluster(snapshot.nodes, used, layout)
+    return Session(policy, now, cluster, [js for _, js in keyed], snapshot.reservations)
+
+
 class Session:
     """Everything one cycle works on: the cluster, the ranked jobs, the policy and ``now``."""
 
     def __init__(
         self,
-        snapshot: Snapshot,
         policy: Policy,
         now: float,
-        memo: PlanMemo | None = None,
-        *,
-        changes_only: bool = False,
-        occupied: Sequence[Resources] | None = None,
+        cluster: Cluster,
+        jobs: list[JobState],
+        reservations: tuple[Reservation, ...] = (),
+        named: Callable[[str], JobState | None] | None = None,
     ) -> None:
-        """``memo``: what earlier cycles derived from the same jobs (``memo``), reused
-        for jobs it holds and refilled with this snapshot's jobs. ``changes_only``: the
-        plan reports only the jobs whose size changes, so the actions need not write the
-        message of a job that stays waiting (``planning.plan``)."""
+        """``jobs``: every job's state in rank order, with nothing moved (``begin`` sets
+        each one's rank and clears what an earlier cycle set); ``cluster``: the free
+        capacity with their live replicas counted; ``reservations``: the last plan's,
+        loaded as holds. ``named``: finds a job's state by its name, where the caller keeps
+        a table of them (else one is built when first asked)."""
         self.policy = policy
         self.now = now
-        self.changes_only = changes_only
+        self.cluster = cluster
+        self.jobs = jobs
         #: Rank -> every job a statement of this cycle moved (``Statement``).
         self.touched: dict[int, JobState] = {}
-        self.jobs: list[JobState] = []
-        key = sort_key(policy, now)
-        varies = key_varies(policy)
-        if memo is not None and memo.ranked is not None and not varies:
-            # Node name -> index: the memo's layout has the map (made once, not per cycle).
-            index = memo.layout(snapshot.nodes).index
-            keyed, used = kept_ranking(
-                snapshot, memo, lambda job: Session._derive(job, policy, index, None, key, False)
-            )
-        else:
-            index = {n.name: i for i, n in enumerate(snapshot.nodes)}
-            used = [[0, 0, 0] for _ in snapshot.nodes]
-            derived = [self._derive(job, policy, index, memo, key, varies) for job in snapshot.jobs]
-            keyed = [(d.key if d.key is not None else key(d.job), d) for d in derived]
-            keyed.sort(key=first)
-            for _, d in keyed:  # (``ranking.count``, inlined: this path serves the controller)
-                for n, g, c, m in d.usage:
-                    u = used[n]
-                    u[0] += g
-                    u[1] += c
-                    u[2] += m
-            if memo is not None:
-                memo.jobs = {id(d.job): d for d in derived}
-                memo.names = {d.job.name: d for d in derived}
-                memo.remember(snapshot.jobs, derived)
-                steady = memo.steady
-                memo.steady = {k: v for k, v in steady.items() if k in memo.jobs}
-                memo.ranked = None if varies else keyed
-                memo.keys = [] if varies else [k for k, _ in keyed]
-                memo.used = [list(u) for u in used]
-        if occupied is not None:  # replicas of jobs left out of the snapshot (``plan``)
-            _occupy(used, occupied, len(snapshot.nodes))
-        self.cluster = Cluster(snapshot.nodes, used, memo.layout(snapshot.nodes) if memo else None)
-        self._class_cache: dict[Constraints, frozenset[int]] = {}
-        self._last_constraints: Constraints | None = None
-        self._last_classes: frozenset[int] = frozenset()
-        if memo is not None:
-            for js in memo.moved.values():  # what the last cycle's statements moved
-                js.moves()
-            memo.moved = self.touched
-        for rank, (_, d) in enumerate(keyed):
-            kept = d.state
-            if kept is not None:
-                js = kept
-                # Kept from the last cycle that saw this Job (a Derived of this cycle's own,
-                # as every one without a memo is, has none): what is the job's alone stays;
-                # what a cycle sets is set back to a fresh JobState's values.
-                js.rank = rank
-                js.reason, js.message, js.for_job = None, "", None
-                js.reserve = js.suspended = js.started = False
-                js.hold_expires_at = None
-                self.jobs.append(js)
-                continue
-            live = d.live
-            js = JobState(
-                d.job,
-                rank,
-                d.priority,
-                d.lo,
-                d.hi,
-                self.eligible_classes(d.job.constraints),
-                live,
-                workers=len(live[_W]),
-                pservers=len(live[_P]),
-            )
-            if memo is not None:
-                d.state = js
-            self.jobs.append(js)
-        # Name -> state: with a memo, its entry by name (``PlanMemo.names``, which describes
-        # this snapshot's jobs, each entry holding the state this loop gave it), so no
-        # table is built per cycle; without one, a table built when first asked.
-        self._names = memo.names if memo is not None else None
+        for rank in range(len(jobs)):
+            jobs[rank].begin(rank)
+        self._named = named
         self._by_name: dict[str, JobState] | None = None
-        self._load_holds(snapshot)
-
-    @staticmethod
-    def _derive(
-        job: Job,
-        policy: Policy,
-        index: dict[str, int],
-        memo: PlanMemo | None,
-        key: Callable[[Job], tuple[float | str, ...]],
-        varies: bool,
-    ) -> Derived:
-        """What the session needs of ``job`` alone: from the memo, or derived now. The rank
-        key is kept only where it does not depend on ``now`` (see ``key_varies``)."""
-        if memo is not None:
-            found = memo.get(job)
-            if found is not None:
-                return found
-        if policy.elastic:
-            lo, hi = job.worker.min_replicas, job.worker.max_replicas
-        else:
-            lo = hi = job.rigid_size
-        live: dict[Role, list[Replica]] = {_W: [], _P: []}
-        usage: list[tuple[int, int, int, int]] = []
-        for replica in job.replicas:
-            if not replica.draining:
-                live[replica.role].append(replica)
-                spec = job.worker if replica.role is _W else job.pserver
-                assert spec is not None  # validated
-                res = spec.resources
-                usage.append((index[replica.node], res.gpu, res.cpu_milli, res.memory_bytes))
-        constant = None if varies and not job.replicas else key(job)
-        return Derived(job, constant, lo, hi, effective_priority(job, policy), live, tuple(usage))
+        self._load_holds(reservations)
 
     def state_of(self, name: str) -> JobState | None:
         """The state of the job named ``name`` in this cycle (None: no such job)."""
-        names = self._names
-        if names is not None:
-            d = names.get(name)
-            return None if d is None else d.state
+        if self._named is not None:
+            return self._named(name)
         if self._by_name is None:
             self._by_name = {js.job.name: js for js in self.jobs}
         return self._by_name.get(name)
 
-    def eligible_classes(self, constraints: Constraints) -> frozenset[int]:
-        if constraints is self._last_constraints:  # most jobs share one object: no hashing
-            return self._last_classes
-        found = self._class_cache.get(constraints)
-        if found is None:
-            found = frozenset(
-                c
-                for c, example in enumerate(self.cluster.class_example)
-                if allowed_on(constraints, example)
-            )
-            self._class_cache[constraints] = found
-        self._last_constraints, self._last_classes = constraints, found
-        return found
-
-    def _load_holds(self, snapshot: Snapshot) -> None:
+    def _load_holds(self, reservations: tuple[Reservation, ...]) -> None:
         """Reservations from the last plan, minus what has expired or is already placed."""
-        for r in snapshot.reservations:
+        for r in reservations:
             js = self.state_of(r.job)
             node = self.cluster.index.get(r.node)
             if js is None or node is None or r.expires_at <= self.now or js.job.suspended:

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Final
 
+from edl_gradients import FieldNames, statistics_problem
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
-from edl_scheduler.gradients import FieldNames, statistics_problem
 
 
 class Role(Enum):

@@ -3,32 +3,52 @@
 A job is not resized more often than its cool-down allows, not shrunk voluntarily before it
 has run its minimum time, and not grown when the expected gain over the policy's horizon is
 smaller than the pause the resize costs. Invariant 4 overrides all of this: admitting a
-higher-ranked job's gang never asks these functions (see ``admitting._may_shrink``).
+higher-ranked job's gang never asks these functions (see ``preempting.may_shrink``).
+
+The time arithmetic is here and nowhere else: when a cool-down ends (``cooldown_end``) and
+when a minimum run ends (``min_run_end``, ``has_run_minimum``), on the job's times alone.
+The planner's steps ask them, and so does a driver that must know when a plan could next
+change a job for time alone (the simulator's wake-ups, ``simulations/wakes.py``).
 """
 
 from __future__ import annotations
 
-from edl_scheduler.core.margins import model_of
 from edl_scheduler.core.session import JobState, Session
 
 
+def cooldown_end(
+    last_resize_time: float | None, start_time: float | None, cooldown_s: float
+) -> float | None:
+    """When a running job's cool-down ends: ``cooldown_s`` after its last resize, or after
+    its start where it was never resized (None: it has neither). It may be resized again
+    at that instant, not before."""
+    last = last_resize_time if last_resize_time is not None else start_time
+    return None if last is None else last + cooldown_s
+
+
+def min_run_end(start_time: float | None, min_run_s: float) -> float | None:
+    """When a running job started at ``start_time`` has run its minimum time (None: it has
+    not started); ``has_run_minimum`` says so from that instant on."""
+    return None if start_time is None else start_time + min_run_s
+
+
+def has_run_minimum(start_time: float | None, now: float, min_run_s: float) -> bool:
+    """Whether a job started at ``start_time`` has run ``min_run_s`` by ``now``."""
+    return start_time is not None and not now - start_time < min_run_s
+
+
 def cooling_until(session: Session, js: JobState) -> float | None:
-    """When the job's cool-down ends, or None if it may be resized now. (Asked for every
-    running job at every plan: written with attribute reads only.)"""
-    job = js.job
-    last = job.last_resize_time
-    if last is None:
-        last = job.start_time
-    if last is None or not js.live_w:  # (``js.was_running``)
+    """When the job's cool-down ends, or None if it may be resized now."""
+    if not js.live_w:  # (``js.was_running``)
         return None
-    end = last + session.policy.cooldown_s
-    return end if end > session.now else None
+    job = js.job
+    end = cooldown_end(job.last_resize_time, job.start_time, session.policy.cooldown_s)
+    return end if end is not None and end > session.now else None
 
 
 def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
     """Whether a shrink that invariant 4 does not demand is allowed now."""
-    start = js.job.start_time
-    if start is None or session.now - start < session.policy.min_run_s:
+    if not has_run_minimum(js.job.start_time, session.now, session.policy.min_run_s):
         return False
     return cooling_until(session, js) is None
 
@@ -36,7 +56,7 @@ def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
 def resize_gain(js: JobState, nodes: tuple[int, int], workers: tuple[int, int]) -> float:
     """Predicted relative speed-up of going from ``workers[0]`` on ``nodes[0]`` nodes to
     ``workers[1]`` on ``nodes[1]``: 0.25 means 25% faster."""
-    model = model_of(js)
+    model = js.model()
     before = model.throughput(nodes[0], workers[0])
     after = model.throughput(nodes[1], workers[1])
     return after / before - 1.0 if before > 0 else float("inf")

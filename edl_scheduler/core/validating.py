@@ -18,15 +18,15 @@ never stop planning for the others. So the problems are of two scopes:
 A job with more live replicas than its maximum is no error: the user lowered the maximum,
 and the planner drains the surplus (``complying``).
 
-What must stay true: the set of jobs set aside is a function of the snapshot alone; with a
-``PlanMemo`` it is the same as without one.
+What must stay true: the set of jobs set aside is a function of the snapshot alone; an
+incremental planner that checks only the jobs it has not seen finds the same set
+(``incremental``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from edl_scheduler.core.memo import PlanMemo
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
 from edl_scheduler.core.snapshot import Job, Role, RoleSpec, Snapshot
 
@@ -149,51 +149,9 @@ def problem_of(job: Job, node_names: set[str]) -> JobError | None:
     return None
 
 
-def validate(snapshot: Snapshot, memo: PlanMemo | None = None) -> tuple[JobError, ...]:
+def validate(snapshot: Snapshot) -> tuple[JobError, ...]:
     """Raise a ClusterError if the nodes are inconsistent; else return the problems of
-    the jobs to set aside, in snapshot order (empty when every job is valid).
-
-    With a ``memo``, jobs it holds (validated in an earlier cycle on the same nodes, with
-    no problem, since a cycle that finds one forgets the memo) and nodes it validated are
-    not checked again; the problems found are the same as without it, because a held job
-    passed every check of its own and any clash of names takes the full path."""
-    if memo is not None and memo.nodes_valid:
-        fresh = memo.sort_out(snapshot.jobs)
-        if _distinct(fresh, memo):
-            node_names = memo.node_names
-            problems = []
-            for job in fresh:
-                found = problem_of(job, node_names)
-                if found is not None:
-                    problems.append(found)
-            return tuple(problems)
-    problems_all = _validate(snapshot)
-    if memo is not None:
-        memo.nodes_valid = True
-        memo.node_names = {node.name for node in snapshot.nodes}
-    return problems_all
-
-
-def _distinct(fresh: list[Job], memo: PlanMemo) -> bool:
-    """Whether the names of the snapshot just sorted out (``PlanMemo.sort_out``) are
-    distinct, looking only at ``fresh``, its jobs not held by the memo. The held ones are
-    jobs of the last validated snapshot, whose names were distinct, so two of them clash
-    only where one Job is shown twice (``repeated``); a new job clashes with a held one
-    only where that one is shown now (marked by this sort, ``Derived.seen``)."""
-    if memo.repeated:
-        return False
-    names, cycle = memo.names, memo.cycle
-    new: set[str] = set()
-    for job in fresh:
-        name = job.name
-        other = names.get(name)
-        if (other is not None and other.seen == cycle) or name in new:
-            return False
-        new.add(name)
-    return True
-
-
-def _validate(snapshot: Snapshot) -> tuple[JobError, ...]:
+    the jobs to set aside, in snapshot order (empty when every job is valid)."""
     node_names: set[str] = set()
     for node in snapshot.nodes:
         if node.name in node_names:

@@ -1,10 +1,13 @@
-"""A plan of changes only leaves the cool-down message of a job no move touched unwritten
-(``growing.Grower.candidates``): it carries exactly the full plan's changes, messages
-included, where cooling jobs are restored, shrunk, grown around or left alone."""
+"""Growth leaves the cool-down message of a job no move touched unwritten
+(``growing.Grower.candidates``), and the plan writes it where it returns the decision
+(``writing.said``): a full plan says it, and an incremental planner's plan of changes
+carries exactly the full plan's changes, messages included, where cooling jobs are
+restored, shrunk, grown around or left alone."""
 
 from __future__ import annotations
 
-from edl_scheduler.core import PlanMemo, Reason, Snapshot, plan, preset
+from edl_scheduler.core import Reason, Snapshot, plan, preset
+from edl_scheduler.core.incremental import IncrementalPlanner
 from tests.core.builders import job, node, nodes, snapshot
 
 EDL = preset("edl")
@@ -44,12 +47,17 @@ def _snapshots() -> list[tuple[Snapshot, float]]:
 
 
 def test_changes_only_plans_carry_the_full_plans_messages() -> None:
-    cooling_changes = 0
+    cooling_changes = cooling_said = 0
+    kept = IncrementalPlanner(EDL)
     for snap, now in _snapshots():
         full = plan(snap, EDL, now)
-        for memo in (None, PlanMemo()):
-            got = plan(snap, EDL, now, memo=memo, changes_only=True)
+        for planner in (IncrementalPlanner(EDL), kept):
+            got = planner.plan(snap, now)
             assert got.decisions == full.changes, (snap, now)
             assert got.reservations == full.reservations
         cooling_changes += sum(d.reason is Reason.COOLING_DOWN for d in full.changes)
+        cooling = [d for d in full.decisions if d.reason is Reason.COOLING_DOWN]
+        assert all("cooling down for" in d.message for d in cooling)
+        cooling_said += len(cooling)
     assert cooling_changes >= 2  # the restored jobs: a cooling job's message was read
+    assert cooling_said > cooling_changes  # and unmoved ones, written by the full plan

@@ -12,8 +12,8 @@ Aspects:
 from __future__ import annotations
 
 from edl_scheduler.core import Action, Reason, plan, preset
-from edl_scheduler.core.rebalancing import explored_limit
-from edl_scheduler.core.session import Session
+from edl_scheduler.core.margins import explored_limit
+from edl_scheduler.core.session import open_session
 from tests.core.builders import JobBuilder, job, nodes, snapshot
 
 NOW = 1000.0
@@ -51,8 +51,8 @@ def test_a_job_that_measured_nothing_takes_nothing_by_rebalancing() -> None:
 def test_the_limit_stays_within_the_bounds() -> None:
     big = job("big").min(3).max(5).measured(1, 4, 400.0).running(("n0", 3))
     small = job("small").min(2).max(8).running(("n0", 2))
-    session = Session(snapshot(nodes(1), [big, small]), preset("edl"), NOW)
-    limits = {js.name: explored_limit(js) for js in session.jobs}
+    session = open_session(snapshot(nodes(1), [big, small]), preset("edl"), NOW)
+    limits = {js.name: explored_limit(js.job, js.lo, js.hi) for js in session.jobs}
     assert limits == {"big": 5, "small": 2}
 
 

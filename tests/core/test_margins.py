@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 
 from edl_scheduler.core import preset
-from edl_scheduler.core.margins import margins
-from edl_scheduler.core.session import Session
+from edl_scheduler.core.session import open_session
 from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.throughput import job_model
 from tests.core.builders import JobBuilder, job, nodes, snapshot
@@ -42,10 +41,10 @@ def _charged(speedup: float, factor: float) -> float:
 @pytest.mark.parametrize("policy_name", ["edl", "edl-fulfillment"])
 def test_margins_are_the_models_values_and_bound_every_move(policy_name: str) -> None:
     policy = preset(policy_name)
-    session = Session(snapshot(nodes(4), _jobs()), policy, NOW)
+    session = open_session(snapshot(nodes(4), _jobs()), policy, NOW)
     horizon, pause_s = policy.gain_horizon_s, policy.resize_pause_s
     for js in session.jobs:
-        kept = margins(js, session)
+        kept = js.worth(policy)
         model = job_model(js.job)
         live = js.live[Role.WORKER]
         workers, count = len(live), max(1, js.node_count(session.cluster))
@@ -68,7 +67,7 @@ def test_margins_are_the_models_values_and_bound_every_move(policy_name: str) ->
                 assert loss >= kept.least_loss, (js.name, factor)
             else:
                 assert kept.least_loss == float("inf"), js.name
-        assert margins(js, session) is kept  # derived once per Job object
+        assert js.worth(policy) is kept  # derived once per Job object
 
 
 def test_a_new_job_object_gets_new_margins() -> None:
@@ -76,7 +75,7 @@ def test_a_new_job_object_gets_new_margins() -> None:
     policy = preset("edl")
     before = job("young").min(1).max(8).measured(1, 1, 100.0).running(("n0", 1))
     after = job("young").min(1).max(8).measured(1, 1, 100.0).measured(1, 2, 30.0)
-    first = Session(snapshot(nodes(1), [before]), policy, NOW)
-    second = Session(snapshot(nodes(1), [after.running(("n0", 1))]), policy, NOW)
-    a, b = (margins(s.jobs[0], s) for s in (first, second))
+    first = open_session(snapshot(nodes(1), [before]), policy, NOW)
+    second = open_session(snapshot(nodes(1), [after.running(("n0", 1))]), policy, NOW)
+    a, b = (s.jobs[0].worth(policy) for s in (first, second))
     assert b.above != a.above and b.above == job_model(second.jobs[0].job).speedup(1, 2)

@@ -8,8 +8,8 @@ Aspects:
   has, and the plan of every other job, and the reservations, equal the plan of the
   snapshot without that job, where the capacity its live replicas take on known nodes is
   used by others;
-- the same holds when the plan is made through a ``PlanMemo`` that saw the valid snapshot
-  first.
+- the same holds of the changes of a plan made by an incremental planner that saw the
+  valid snapshot first.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from edl_scheduler.core import (
     PRESETS,
     Job,
-    PlanMemo,
     Reason,
     Replica,
     Resources,
@@ -31,6 +30,7 @@ from edl_scheduler.core import (
     plan,
     preset,
 )
+from edl_scheduler.core.incremental import IncrementalPlanner
 from tests.core.strategies import NOW, snapshots
 
 CORRUPTIONS = (
@@ -113,6 +113,7 @@ def test_the_others_are_planned_as_if_the_job_were_not_there(
     expected = plan(without(broken, bad), policy, NOW)
     assert tuple(d for d in got.decisions if d.job != bad.name) == expected.decisions
     assert got.reservations == expected.reservations
-    memo = PlanMemo()
-    plan(valid, policy, NOW, memo=memo)
-    assert plan(broken, policy, NOW, memo=memo) == got
+    planner = IncrementalPlanner(policy)
+    planner.plan(valid, NOW)
+    quick = planner.plan(broken, NOW)
+    assert (quick.decisions, quick.reservations) == (got.changes, got.reservations)

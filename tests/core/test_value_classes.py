@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 
-from edl_scheduler import native
 from edl_scheduler.core.plan import Action, JobDecision, Plan, Reason, RoleChange
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import (
@@ -39,6 +38,7 @@ from edl_scheduler.core.snapshot import (
     ThroughputSample,
     Toleration,
 )
+from simulations import native
 from tests.core.builders import node
 
 SPEC = RoleSpec(1, 4, Resources(1, 500, 2**30))

@@ -1,7 +1,7 @@
 """The runs that ``test_native.py`` makes twice, in Python and compiled, as JSON.
 
 ``EDL_PURE=0 python -m tests.simulations.native_runs`` prints one JSON object: which build ran
-(``edl_scheduler.native.mode()`` and where the planner was loaded from) and every run's job
+(``simulations.native.mode()`` and where the planner was loaded from) and every run's job
 records, timeline and plan count. Floats go through ``json`` (``repr``, exact both ways),
 so equal output is equal results. (Without ``EDL_PURE=0`` it runs Python: importing
 ``tests`` sets ``EDL_PURE=1``.)
@@ -20,7 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from edl_scheduler import native
+# The simulator first: importing it takes the build, before any planner module loads.
+from simulations import native  # isort: skip
+
 from edl_scheduler.core import planning, preset
 from simulations.engine import SimResult, simulate
 from simulations.fidelity import EVENT_DRIVEN

@@ -3,9 +3,9 @@
 Aspects:
 - every preset, and Tiresias with low queue thresholds, on ``60_job.csv`` with 8 GPUs
   (queues, preemptions and, under the LAS policies, queue demotions happen; elastic ``edl``
-  grows and rebalances), produces the same job records, timeline and plan count with the
-  planner's memo, plans of changes only (``plan(..., changes_only=True)``) and the kept LAS
-  snapshot jobs as with full plans and none of them (a kept job is rebuilt when its queue changes:
+  grows and rebalances), produces the same job records, timeline and plan count through an
+  ``IncrementalPlanner`` (what it keeps, plans of changes only) with the kept LAS snapshot
+  jobs as through ``plan()`` with none of them (a kept job is rebuilt when its queue changes:
   ``test_engine``'s demotion scenarios run this path too), and with the engine's kept live
   counts and rank keys handed to pruning. Seen to fail when a kept job's upper queue bound
   is never reached (no rebuild at a demotion) and when the rank keys are handed to pruning

@@ -1,4 +1,4 @@
-"""The compiled build (``edl_scheduler/native.py``) against the Python it is built from.
+"""The compiled build (``simulations/native.py``) against the Python it is built from.
 
 Aspects:
 - ``python -m simulations compile`` builds every module of the planner and the simulator's
@@ -6,6 +6,10 @@ Aspects:
   the build runs it: the planner is loaded from the extension, ``mode()`` says ``NATIVE``;
 - that process and this one (Python, as the whole suite runs: ``tests/__init__.py``) give
   the same job records, timelines and plan counts on every run of ``native_runs``;
+- only the simulator takes the build: with one there, ``import edl_scheduler`` and the
+  planner's own import leave the import system as it was and load the planner as Python,
+  and a coordinator's start (``trainer_runtime.coordinator.state``) imports nothing of
+  ``edl_scheduler``;
 - the build is taken only under its sources' key: a build filed under another key (the
   sources changed since) or an incomplete one is not taken, ``EDL_PURE`` is obeyed, and a
   process whose planner modules were imported before ``activate`` stays Python;
@@ -29,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from edl_scheduler import native
+from simulations import native
 from tests.simulations import native_runs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -77,7 +81,7 @@ def test_the_build_gives_the_results_of_the_python_it_is_built_from(build_root: 
 
 _ASSIGN = """
 import dataclasses
-from edl_scheduler import native
+from simulations import native
 from tests.core.test_value_classes import VALUES
 refused = []
 for value in VALUES:
@@ -99,7 +103,28 @@ def test_compiled_value_classes_refuse_an_assignment(build_root: Path) -> None:
     assert _python(_ASSIGN, _env(build_root)).split() == ["NATIVE", str(fields)]
 
 
-_MODE = "from edl_scheduler import native; print(native.mode().name)"
+_MODE = "from simulations import native; print(native.mode().name)"
+
+_OTHERS = """
+import sys
+before = list(sys.meta_path)
+import edl_scheduler, edl_scheduler.core
+from edl_scheduler.core import planning
+import trainer_runtime.coordinator.state
+print(sys.meta_path == before, planning.__file__.endswith(".py"), "simulations" in sys.modules)
+"""
+
+_COORDINATOR = """
+import sys
+import trainer_runtime.coordinator.state
+print(sorted(m for m in sys.modules if m.split(".")[0] == "edl_scheduler"))
+"""
+
+
+def test_only_the_simulator_takes_the_build(build_root: Path) -> None:
+    assert _python(_MODE, _env(build_root)).strip() == "NATIVE"
+    assert _python(_OTHERS, _env(build_root)).split() == ["True", "True", "False"]
+    assert _python(_COORDINATOR, _env(build_root)).strip() == "[]"
 
 
 def test_a_build_is_taken_only_under_its_sources_key(build_root: Path, tmp_path: Path) -> None:
@@ -117,7 +142,7 @@ def test_a_build_is_taken_only_under_its_sources_key(build_root: Path, tmp_path:
     assert _python(_MODE, _env(partial)).strip() == "PURE_NO_BUILD"
     # Planner modules imported before the build could be taken: the process stays Python.
     late = (
-        "import os; from edl_scheduler import native; import edl_scheduler.core; "
+        "import os; from simulations import native; import edl_scheduler.core; "
         "os.environ.pop('EDL_PURE'); "
         "print(native.activate().name)"
     )
@@ -127,7 +152,7 @@ def test_a_build_is_taken_only_under_its_sources_key(build_root: Path, tmp_path:
 def test_the_key_changes_with_any_byte_of_what_mypyc_reads(tmp_path: Path) -> None:
     files = native.keyed_files()
     assert set(native.modules().values()) <= set(files.values())  # every compiled module
-    for rel in ("edl_scheduler/api/spec.py", "edl_scheduler/gradients.py", "simulations/cli.py"):
+    for rel in ("edl_scheduler/api/spec.py", "edl_gradients/__init__.py", "simulations/cli.py"):
         assert rel in files, rel  # and what they type against, compiled or not
     copies = {}
     for rel, source in files.items():
@@ -138,7 +163,7 @@ def test_the_key_changes_with_any_byte_of_what_mypyc_reads(tmp_path: Path) -> No
     assert key == native.source_key(files) == native.source_key(native.keyed_files(tmp_path))
     for rel in (
         "edl_scheduler/core/growing.py",
-        "simulations/instant.py",
+        "simulations/showing.py",
         "edl_scheduler/api/spec.py",
     ):
         original = copies[rel].read_bytes()

@@ -11,17 +11,15 @@ Aspects:
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
-from edl_scheduler.core import Plan, Policy, Snapshot, plan, preset
+from edl_scheduler.core import Snapshot, preset
 from edl_scheduler.core.throughput import goodput
-from simulations import engine
 from simulations.engine import SimConfig, simulate
 from simulations.profiles import ProfileSpeed, load_application
 from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
+from tests.simulations.recording import watch
 
 PROFILES = default_traces() / "pollux" / "traces"
 ROUNDS = SimConfig(tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, start_delay_s=30.0)
@@ -34,16 +32,15 @@ def test_the_current_size_is_measured_again_as_the_epoch_changes(
     speed = ProfileSpeed(bert, 48)
     seen: list[tuple[float, float]] = []
 
-    def recording(snapshot: Snapshot, policy: Policy, now: float, **options: Any) -> Plan:
+    def recording(snapshot: Snapshot, now: float) -> None:
         for job in snapshot.jobs:
             seen.extend(
                 (now, goodput(s, job.efficiency).samples_per_second)
                 for s in job.throughput
                 if s.workers == 4
             )
-        return plan(snapshot, policy, now, **options)
 
-    monkeypatch.setattr(engine, "plan", recording)
+    watch(monkeypatch, recording)
     job = SimJob("b", 0.0, 4, 0.0, 4, 4, profile=speed)
     result = simulate([job], ClusterSpec(1, 4), preset("fifo-gang"), ROUNDS)
     end = result.jobs[0].end

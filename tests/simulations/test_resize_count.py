@@ -7,14 +7,12 @@ shrink and a grow count one each, from the plan after they were made; a preempti
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
-import simulations.engine as engine
-from edl_scheduler.core import Plan, Snapshot, preset
+from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.workload import LINEAR, ClusterSpec, SimJob
+from tests.simulations.recording import watch
 
 NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
 
@@ -25,13 +23,7 @@ Seen = list[tuple[float, str, int]]
 @pytest.fixture
 def seen(monkeypatch: pytest.MonkeyPatch) -> Seen:
     log: Seen = []
-    real: Callable[..., Plan] = engine.plan
-
-    def recording(snapshot: Snapshot, policy: object, now: float, **kw: object) -> Plan:
-        log.extend((now, j.name, j.resizes) for j in snapshot.jobs)
-        return real(snapshot, policy, now, **kw)
-
-    monkeypatch.setattr(engine, "plan", recording)
+    watch(monkeypatch, lambda snap, now: log.extend((now, j.name, j.resizes) for j in snap.jobs))
     return log
 
 

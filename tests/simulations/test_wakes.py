@@ -24,7 +24,7 @@ from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 _INF = float("inf")
 
 
-def _plainly(running: list[Run], policy: Policy, now: float) -> float:
+def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
     """The first end of a running job's cool-down or minimum run time after ``now``, from
     every running job (the loop the heap replaces)."""
     wake = _INF
@@ -52,7 +52,7 @@ class _Checked(Engine):
     found = 0
 
     def _next_wake(self, now: float) -> float:
-        expected = _plainly(list(self.running.values()), self.policy, now)
+        expected = _by_a_loop(list(self.running.values()), self.policy, now)
         got = self.wakes.next_after(now, self.running) if self.grows else _INF
         assert got == expected, (now, got, expected)
         type(self).asked += 1

@@ -20,7 +20,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from edl_scheduler.gradients import statistics_problem
+from edl_gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
 from trainer_runtime.protocol.options import ConsumptionMode

@@ -2,21 +2,23 @@
 
 Before every plan the engine lists the active jobs (their snapshot ``Job``, live workers and
 rank key), then ``pruning.shown`` leaves out the waiting jobs that cannot start,
-``pruning.settled`` asks whether the plan would change anything, and ``hiding.split`` finds
-the running jobs no plan can change. Each is a pass over every job, where an instant
-changes about one. ``narrow`` answers all three questions from the running jobs and the
-waiting jobs (``Running``, ``Waiting``), looping over each once; the engine keeps those
-lists from instant to instant (``active``). ``collect`` builds the list afresh and sorts it
-into running and waiting jobs in the same loop, for the policies ``narrow`` does not serve
-(``plainly`` then asks ``shown`` and ``settled`` themselves).
+``pruning.settled`` asks whether the plan would change anything, and
+``leaving_out.leave_out`` finds the running jobs no plan can change. Each is a pass over
+every job, where an instant changes about one. ``shown_from_sides`` answers all three
+questions from the running jobs and the waiting jobs (``Running``, ``Waiting``), looping
+over each once; the engine keeps those two sides from instant to instant
+(``running_and_waiting``). ``collect`` builds the list afresh and sorts it into running and
+waiting jobs in the same loop, for the policies ``shown_from_sides`` does not serve
+(``shown_from_all`` then asks ``shown`` and ``settled`` themselves).
 
-What must stay true: ``narrow``'s answers are exactly those of ``shown``, ``settled`` and the
-first loop of ``split`` (the best-ranked shown job below its size), on every instant
-(``tests/simulations/test_t2_instant.py`` compares them at every plan of the simulations).
-It serves only where hiding does (``hiding.hides``: no growth, no shrinking, no priorities,
-preemption none or whole-job suspension, rank keys kept) and admission is not strict FIFO;
-it answers None, and the engine asks the three functions, where a premise of its shortcuts
-fails (a running job that may not be preempted).
+What must stay true: ``shown_from_sides``'s answers are exactly those of ``shown``,
+``settled`` and the first loop of ``leave_out`` (the best-ranked shown job below its size),
+on every instant (``tests/simulations/test_showing.py`` compares them at every plan of the
+simulations). It serves only where running jobs are left out (``unchangeable.applies``: no
+growth, no shrinking, no priorities, preemption none or whole-job suspension, rank keys
+kept) and admission is not strict FIFO; it answers None, and the engine asks the three
+functions, where a premise of its shortcuts fails (a running job that may not be
+preempted).
 
 Why the shortcuts are exact: ``shown`` keeps every running job and the waiting jobs whose
 gang fits ``pool`` (free GPUs plus what suspending the running jobs ranked below the
@@ -33,9 +35,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from edl_scheduler.core import Admission, Job, Policy, Preemption, Reservation
-from simulations.hiding import hides
-from simulations.pruning import Tally, settled, shown_or_all
+from edl_scheduler.core import Admission, Job, Policy, Reservation
+from edl_scheduler.core.incremental.unchangeable import applies
+from edl_scheduler.core.sizing import gang_size
+from simulations.pruning import Tally, pruned, settled
 from simulations.runs import Run
 
 Key = tuple[float | str, ...]
@@ -99,10 +102,10 @@ def collect(
 
 
 @dataclass(slots=True)
-class Narrowed:
+class Shown:
     """``shown``'s jobs (their Jobs, live workers and keys, in the engine's order), whether
     they are ``settled`` (False where not asked), and ``(key,)`` of the best-ranked of them
-    below its size (``split``'s ``best``; ``(None,)``: none; None: not found here)."""
+    below its size (``leave_out``'s ``best``; ``(None,)``: none; None: not found here)."""
 
     jobs: list[Job]
     live: list[int]
@@ -111,7 +114,7 @@ class Narrowed:
     best: tuple[Key | None] | None
 
 
-def plainly(
+def shown_from_all(
     jobs: list[Job],
     live: list[int],
     keys: list[Key],
@@ -122,21 +125,21 @@ def plainly(
     prune: bool,
     ask_settled: bool,
     tallied: Tally | None = None,
-) -> Narrowed:
+) -> Shown:
     """The same answers from ``shown`` (where ``prune``) and ``settled`` themselves (every
     policy), over the active jobs as ``collect`` lists them (keys empty where not kept;
     ``tallied``: their ``pruning.Tally``, where the caller keeps it). Reads the lists,
-    never changes them (``listed`` hands out its own)."""
+    never changes them (``snapshot_lists`` hands out its own)."""
     kept: list[Key] | None = keys if keys or not jobs else None
     if prune:
-        at = shown_or_all(
+        at = pruned(
             jobs, policy, now, free_gpus, reservations, live=live, keys=kept, tallied=tallied
         )
         if at is not None and len(at) < len(jobs):
             jobs, live = [jobs[i] for i in at], [live[i] for i in at]
             kept = None if kept is None else [kept[i] for i in at]
     quiet = ask_settled and settled(jobs, policy, now, free_gpus, live=live, keys=kept)
-    return Narrowed(jobs, live, kept if kept is not None else [], quiet, None)
+    return Shown(jobs, live, kept if kept is not None else [], quiet, None)
 
 
 #: A running job: (arrival index, Job, live workers, rank key).
@@ -145,9 +148,10 @@ Running = tuple[int, Job, int, Key]
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """A waiting job as ``narrow`` reads it, built once while it waits (``active``). A class,
-    not a tuple: compiled, a field of a tuple taken from a list is read by unboxing all of
-    them, where ``narrow`` passes over most waiting jobs reading two."""
+    """A waiting job as ``shown_from_sides`` reads it, built once while it waits
+    (``running_and_waiting``). A class, not a tuple: compiled, a field of a tuple taken from
+    a list is read by unboxing all of them, where ``shown_from_sides`` passes over most
+    waiting jobs reading two."""
 
     index: int  # in arrival order
     job: Job
@@ -160,20 +164,19 @@ class Waiting:
 
 
 def waiting_entry(index: int, job: Job, key: Key, elastic: bool) -> Waiting:
-    w = job.worker
-    size = w.min_replicas if elastic else job.rigid_size
+    size = gang_size(job, elastic)
     flagged = job.suspended or job.pserver is not None
-    return Waiting(index, job, key, size, size * w.resources.gpu, job.name, flagged)
+    return Waiting(index, job, key, size, size * job.worker.resources.gpu, job.name, flagged)
 
 
 def entries(c: Collected, elastic: bool) -> tuple[list[Running], list[Waiting]]:
-    """``c``'s running and waiting jobs as ``narrow`` reads them (keys kept)."""
+    """``c``'s running and waiting jobs as ``shown_from_sides`` reads them (keys kept)."""
     jobs, live, keys = c.jobs, c.live, c.keys
     running = [(i, jobs[i], live[i], keys[i]) for i in c.running]
     return running, [waiting_entry(i, jobs[i], keys[i], elastic) for i in c.waiting]
 
 
-def narrow(
+def shown_from_sides(
     running: list[Running],
     waiting: list[Waiting],
     top_w: Key | None,
@@ -183,17 +186,17 @@ def narrow(
     reservations: Sequence[Reservation],
     *,
     ask_settled: bool,
-) -> Narrowed | None:
-    """``shown``, ``settled`` (where ``ask_settled``) and ``split``'s best-ranked short job
+) -> Shown | None:
+    """``shown``, ``settled`` (where ``ask_settled``) and ``leave_out``'s best-ranked short job
     over the active jobs, given as their running and waiting ones (each in arrival order;
     ``top_w``: the best-ranked waiting key). See the module. None where a premise fails:
-    hiding's (``hiding.hides``), admission not strict FIFO, every running job preemptible.
+    hiding's (``unchangeable.applies``), admission not strict FIFO, every running job preemptible.
     (Lists, and loops that index them: compiled, a loop over a ``Sequence`` or ``zip``
     goes through Python's iteration protocol.)"""
-    if policy.admission is Admission.HEAD_OF_LINE or not hides(policy):
+    if policy.admission is Admission.HEAD_OF_LINE or not applies(policy):
         return None
     held = {r.job for r in reservations}
-    suspends = policy.preemption is Preemption.SUSPEND
+    suspends = policy.suspends
     elastic = policy.elastic
     free = max(0, free_gpus)
     pool = free
@@ -205,12 +208,8 @@ def narrow(
         if not j.preemptible:
             return None  # (``shown`` then shows everything)
         w = j.worker
-        size = (
-            w.min_replicas
-            if elastic
-            else (j.requested if j.requested is not None else w.max_replicas)
-        )
-        if n < size:  # (one leaving by its spec or with servers is ``split``'s too)
+        size = gang_size(j, elastic)
+        if n < size:  # (one leaving by its spec or with servers is ``leave_out``'s too)
             lack = (size - n) * w.resources.gpu
             if short_top is None or k < short_top:
                 short_top, short_lack = k, lack
@@ -226,7 +225,7 @@ def narrow(
     live: list[int] = []
     keys: list[Key] = []
     at, ran = 0, len(running)
-    fits_top: Key | None = None  # the best-ranked shown waiting job (``split``'s)
+    fits_top: Key | None = None  # the best-ranked shown waiting job (``leave_out``'s)
     gang_top: Key | None = None  # ... and of those with a gang (``settled``'s)
     gang_lack = 0
     for e in waiting:
@@ -260,12 +259,12 @@ def narrow(
         live.append(rn)
         keys.append(rk)
         at += 1
-    # ``split``'s best-ranked shown job below its size: waiting, or running short.
+    # ``leave_out``'s best-ranked shown job below its size: waiting, or running short.
     if short_top is None or (fits_top is not None and fits_top < short_top):
         best = (fits_top,)
     else:
         best = (short_top,)
-    out = Narrowed(jobs, live, keys, False, best)
+    out = Shown(jobs, live, keys, False, best)
     if ask_settled and not may_change:
         out.settled = _settled(
             out,
@@ -283,7 +282,7 @@ def narrow(
 
 
 def _settled(
-    out: Narrowed,
+    out: Shown,
     running: list[Running],
     top_w: Key | None,
     policy: Policy,
@@ -294,10 +293,10 @@ def _settled(
     least_lack: int,
     pool: int,
 ) -> bool:
-    """``settled`` over the shown jobs, from what ``narrow`` counted (no job above its size,
-    leaving by its spec, or with servers): ``short`` and ``gang``, the best-ranked running
-    job below its size and waiting job with a gang, with what each lacks; ``least_lack``,
-    the least any of them lacks (-1: none lacks anything)."""
+    """``settled`` over the shown jobs, from what ``shown_from_sides`` counted (no job above
+    its size, leaving by its spec, or with servers): ``short`` and ``gang``, the best-ranked
+    running job below its size and waiting job with a gang, with what each lacks;
+    ``least_lack``, the least any of them lacks (-1: none lacks anything)."""
     (short_top, short_lack), (gang_top, gang_lack) = short, gang
     if gang_top is None or (short_top is not None and short_top < gang_top):
         top, lack = short_top, short_lack
@@ -306,7 +305,7 @@ def _settled(
     if top is None:
         return True
     assert least_lack >= 0
-    if policy.preemption is not Preemption.SUSPEND:
+    if not policy.suspends:
         reach = max(0, free_gpus)
     elif top == top_w:
         reach = pool  # the same free GPUs and running jobs ranked below the same key

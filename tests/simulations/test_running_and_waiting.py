@@ -1,9 +1,10 @@
-"""The engine's kept lists of running and waiting jobs (``simulations.active``) against the
-lists built afresh from the active jobs (``instant.collect``, ``instant.entries``).
+"""The engine's kept lists of running and waiting jobs (``simulations.running_and_waiting``)
+against the lists built afresh from the active jobs (``showing.collect``,
+``showing.entries``).
 
 Aspects:
 - at every instant of the ``60_job.csv`` simulations with hiding (every preset and LAS
-  variant where ``narrow`` serves: low thresholds with demotions, a starvation limit;
+  variant where ``shown_from_sides`` serves: low thresholds with demotions, a starvation limit;
   ticks and event-driven), the kept running jobs (Job, live workers, key), waiting entries
   and best-ranked waiting key equal the fresh ones, in arrival order; the run gives the
   records, timeline and plans of the engine without hiding;
@@ -18,16 +19,16 @@ from dataclasses import replace
 import pytest
 
 from edl_scheduler.core import Admission, Job, Policy, Replica, Resources, Role, RoleSpec
-from simulations.active import Active
+from edl_scheduler.core.incremental.unchangeable import applies
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
-from simulations.instant import Key, Running, Waiting, collect, entries
+from simulations.running_and_waiting import RunningAndWaiting
 from simulations.runs import Run
+from simulations.showing import Key, Running, Waiting, collect, entries
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 
 def _serves(policy: Policy) -> bool:
-    return hides(policy) and policy.admission is not Admission.HEAD_OF_LINE
+    return applies(policy) and policy.admission is not Admission.HEAD_OF_LINE
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
@@ -35,7 +36,7 @@ def _serves(policy: Policy) -> bool:
 def test_the_kept_lists_equal_fresh_ones_at_every_instant(name: str, config: str) -> None:
     policy, cfg = POLICIES[name], replace(CONFIGS[config], hide=True)
     engine = Engine(_jobs(policy), CLUSTER, policy, cfg)
-    kept = engine.kept
+    kept = engine.sides
     if name == "starving":  # (its rank keys are not kept: nothing is hidden)
         assert kept is None
         return
@@ -83,7 +84,7 @@ _ONE = Replica("w0", Role.WORKER, "node-0")
 
 
 def test_jobs_move_between_the_lists() -> None:
-    kept = Active(elastic=False)
+    kept = RunningAndWaiting(elastic=False)
     runs = [_run(i) for i in range(3)]
     for run in runs:
         kept.arrive(run)

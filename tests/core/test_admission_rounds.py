@@ -1,13 +1,13 @@
-"""A plan of changes only leaves out the second admission round where it can start nothing
+"""An incremental planner leaves out the second admission round where it can start nothing
 (``admitting.rounds_start_nothing``: no growth, no priorities, preemption none or whole-job
-suspension).
+suspension): it returns only changes, and that round could only restate reasons.
 
 Aspects:
 - on generated snapshots (rigid and elastic jobs, priorities, jobs suspended by their spec,
-  holds carried over), under every preset, the changes-only plan's decisions and
+  holds carried over), under every preset, the incremental plan's decisions and
   reservations are the full plan's changes and reservations; the full plan runs every round;
 - the premise is needed: where growth runs, a later round may start a job (a snapshot
-  found by a search of generated ones under ``edl``); there the changes-only plan runs it.
+  found by a search of generated ones under ``edl``); there the incremental planner runs it.
   Seen to fail with the rounds left out under every policy.
 """
 
@@ -29,6 +29,7 @@ from edl_scheduler.core import (
     plan,
 )
 from edl_scheduler.core.admitting import Admitter, rounds_start_nothing
+from edl_scheduler.core.incremental import IncrementalPlanner
 from edl_scheduler.core.session import JobState
 from tests.core.strategies import NOW, snapshots
 
@@ -38,13 +39,13 @@ CASES = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCh
 @pytest.mark.parametrize("name", sorted(PRESETS))
 @CASES
 @given(data=st.data())
-def test_changes_only_plans_equal_the_full_plans_changes(name: str, data: st.DataObject) -> None:
+def test_incremental_plans_equal_the_full_plans_changes(name: str, data: st.DataObject) -> None:
     policy = PRESETS[name]
     snap: Snapshot = data.draw(
         snapshots(rigid=not policy.elastic, priorities=st.integers(0, 2)), label="snapshot"
     )
     full = plan(snap, policy, NOW)
-    quick = plan(snap, policy, NOW, changes_only=True)
+    quick = IncrementalPlanner(policy).plan(snap, NOW)
     assert quick.decisions == full.changes
     assert quick.reservations == full.reservations
 
@@ -92,7 +93,7 @@ def test_where_growth_runs_a_later_round_may_start_a_job(monkeypatch: pytest.Mon
     monkeypatch.setattr(Admitter, "run", counting)
     full = plan(snap, policy, NOW)
     assert any(later)  # a later round started a job
-    quick = plan(snap, policy, NOW, changes_only=True)
+    quick = IncrementalPlanner(policy).plan(snap, NOW)
     assert quick.decisions == full.changes
     assert "j1" in {d.job for d in full.changes}
 

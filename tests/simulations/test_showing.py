@@ -1,20 +1,20 @@
-"""The engine's one-go answers (``simulations.instant.narrow``) against ``pruning.shown``,
-``pruning.settled`` and ``hiding.split``'s own search for the best-ranked short job.
+"""The engine's one-go answers (``simulations.showing.shown_from_sides``) against ``pruning.shown``,
+``pruning.settled`` and ``leaving_out.leave_out``'s own search for the best-ranked short job.
 
 Aspects:
 - on every snapshot the ``60_job.csv`` simulations plan on (every preset and the LAS
   variants, ticks and event-driven), at the snapshot's free GPUs and at others, with its
-  reservations and one more: ``narrow`` shows the jobs ``shown`` shows (same Jobs, live
+  reservations and one more: ``shown_from_sides`` shows the jobs ``shown`` shows (same Jobs, live
   counts and keys, same order), answers ``settled`` as it does over them (and False where
-  not asked), and finds the best-ranked shown job below its size that ``split`` finds; it
+  not asked), and finds the best-ranked shown job below its size that ``leave_out`` finds; it
   answers None exactly where a premise fails (strict FIFO, a policy hiding does not serve,
   a running job that may not be preempted);
-- in the engine (hiding on), every instant's ``narrow`` equals those answers, with the
+- in the engine (hiding on), every instant's ``shown_from_sides`` equals those answers, with the
   records, timeline and plan count of the engine without hiding; its sweep fallback is
   reached (low queue thresholds, ``tiresias-pollux``);
-- a running job short of its size, ranked above the waiting ones, is ``split``'s best.
+- a running job short of its size, ranked above the waiting ones, is ``leave_out``'s best.
 Seen to fail with ``reach`` taken as ``pool`` whatever the best-ranked short job, and with
-a running job short of its size left out of ``split``'s best.
+a running job short of its size left out of ``leave_out``'s best.
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ from dataclasses import replace
 import pytest
 
 from edl_scheduler.core import Admission, Job, Policy, Reservation, Role, Snapshot, preset
+from edl_scheduler.core.incremental.unchangeable import applies
 from edl_scheduler.core.ordering import sort_key
 from simulations import engine as engine_module
-from simulations import instant
+from simulations import showing
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
-from simulations.instant import (
+from simulations.showing import (
     Collected,
-    Narrowed,
     Running,
+    Shown,
     Waiting,
     entries,
-    narrow,
-    plainly,
+    shown_from_all,
+    shown_from_sides,
 )
 from tests.core.builders import job, node, snapshot
 from tests.simulations.recording import recorded
@@ -51,7 +51,8 @@ def _live(job: Job) -> int:
 
 
 def _best_short(jobs: list[Job], live: list[int], keys: list[Key], policy: Policy) -> Key | None:
-    """``split``'s rule, plainly: the least key of a job with no worker or below its size."""
+    """``leave_out``'s rule, plainly: the least key of a job with no worker or below its
+    size."""
     found = [
         k
         for j, n, k in zip(jobs, live, keys, strict=True)
@@ -61,7 +62,7 @@ def _best_short(jobs: list[Job], live: list[int], keys: list[Key], policy: Polic
 
 
 def _serves(policy: Policy) -> bool:
-    return hides(policy) and policy.admission is not Admission.HEAD_OF_LINE
+    return applies(policy) and policy.admission is not Admission.HEAD_OF_LINE
 
 
 def _check(
@@ -71,19 +72,21 @@ def _check(
     free: int,
     holds: tuple[Reservation, ...],
     swept: list[int],
-) -> Narrowed | None:
-    """``narrow`` against the reference answers, asked with and without ``settled``;
-    ``swept`` counts the calls to ``settled`` (``narrow``'s fallback)."""
+) -> Shown | None:
+    """``shown_from_sides`` against the reference answers, asked with and without ``settled``;
+    ``swept`` counts the calls to ``settled`` (``shown_from_sides``'s fallback)."""
     found = None
     for ask in (True, False):
         before = len(swept)
         running, waiting = entries(c, policy.elastic)
-        got = narrow(running, waiting, c.top_waiting, policy, now, free, holds, ask_settled=ask)
+        got = shown_from_sides(
+            running, waiting, c.top_waiting, policy, now, free, holds, ask_settled=ask
+        )
         swept[0] += len(swept) > before
         if got is None:
             assert not _serves(policy) or any(not c.jobs[i].preemptible for i in c.running)
             return None
-        want = plainly(c.jobs, c.live, c.keys, policy, now, free, holds, True, ask)
+        want = shown_from_all(c.jobs, c.live, c.keys, policy, now, free, holds, True, ask)
         assert (got.jobs, got.live, got.keys) == (want.jobs, want.live, want.keys), (now, free)
         assert got.settled == want.settled, (now, free, ask)
         assert got.best == (_best_short(got.jobs, got.live, got.keys, policy),), (now, free)
@@ -122,7 +125,7 @@ def _collected(snap: Snapshot, policy: Policy, now: float) -> Collected:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("name", sorted(POLICIES))
-def test_narrow_equals_the_three_rules_on_every_snapshot(
+def test_shown_from_sides_equals_the_three_rules_on_every_snapshot(
     name: str, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     policy = POLICIES[name]
@@ -130,14 +133,16 @@ def test_narrow_equals_the_three_rules_on_every_snapshot(
     sequence = recorded(monkeypatch, lambda: simulate(_jobs(policy), CLUSTER, policy, unpruned))
     assert sequence
     answered = settles = 0
-    swept = [0]  # [narrow's calls that reached the sweep, then one entry per settled call]
-    real = instant.settled
+    swept = [
+        0
+    ]  # [shown_from_sides's calls that reached the sweep, then one entry per settled call]
+    real = showing.settled
 
     def counting(*args: object, **kw: object) -> bool:
         swept.append(0)
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(instant, "settled", counting)
+    monkeypatch.setattr(showing, "settled", counting)
     for snap, now in sequence:
         c = _collected(snap, policy, now)
         holds: list[tuple[Reservation, ...]] = [snap.reservations]
@@ -161,12 +166,12 @@ def test_narrow_equals_the_three_rules_on_every_snapshot(
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 @pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if _serves(p)))
-def test_the_engine_narrows_as_the_rules_do(
+def test_the_engine_shows_as_the_rules_do(
     name: str, config: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     policy, cfg = POLICIES[name], replace(CONFIGS[config], hide=True)
-    seen: list[Narrowed] = []
-    real_narrow = instant.narrow
+    seen: list[Shown] = []
+    real_shown = showing.shown_from_sides
 
     def checked(
         running: list[Running],
@@ -177,11 +182,13 @@ def test_the_engine_narrows_as_the_rules_do(
         free: int,
         holds: tuple[Reservation, ...],
         **kw: bool,
-    ) -> Narrowed | None:
-        got = real_narrow(running, waiting, top, pol, now, free, holds, **kw)
+    ) -> Shown | None:
+        got = real_shown(running, waiting, top, pol, now, free, holds, **kw)
         c = _rebuilt(running, waiting)
         assert top == c.top_waiting
-        want = plainly(c.jobs, c.live, c.keys, pol, now, free, holds, True, kw["ask_settled"])
+        want = shown_from_all(
+            c.jobs, c.live, c.keys, pol, now, free, holds, True, kw["ask_settled"]
+        )
         assert got is not None
         assert (got.jobs, got.live, got.keys, got.settled) == (
             want.jobs,
@@ -193,7 +200,7 @@ def test_the_engine_narrows_as_the_rules_do(
         seen.append(got)
         return got
 
-    monkeypatch.setattr(engine_module, "narrow", checked)
+    monkeypatch.setattr(engine_module, "shown_from_sides", checked)
     engine = Engine(_jobs(policy), CLUSTER, policy, cfg)
     fast = engine.run()
     monkeypatch.undo()

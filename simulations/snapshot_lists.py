@@ -1,12 +1,12 @@
 """The active jobs' snapshot lists kept from one plan to the next, where nothing but the
 engine's own changes alters them.
 
-``instant.collect`` lists every active job afresh before each plan: its snapshot ``Job``,
+``showing.collect`` lists every active job afresh before each plan: its snapshot ``Job``,
 live workers and rank key, in arrival order. Where the policy's ranking does not read the
 clock and does not read attained GPU-time (``Engine.fresh_attained`` false: no job's
 ``Job`` is rebuilt for time alone), a job's entry changes only where the engine changes the
 job: it arrives, a plan resizes it (``Engine._apply`` drops its cached ``Job``), a profiled
-job measures a new rate (``Engine._remeasure`` drops it), or it completes. ``Listed`` keeps
+job measures a new rate (``Engine._remeasure`` drops it), or it completes. ``SnapshotLists`` keeps
 the three lists and patches the entries of those jobs alone, so a plan no longer pays a
 pass of list appends over every active job (about a tenth of a full Philly run under
 ``edl``).
@@ -19,7 +19,7 @@ waiting ones.
 
 What must stay true: ``listing`` returns exactly ``collect``'s ``jobs``, ``live`` and
 ``keys`` over the active jobs in arrival order, and ``tally`` what ``pruning.tally`` counts
-of them (``tests/simulations/test_listed.py`` compares both at every plan of the
+of them (``tests/simulations/test_snapshot_lists.py`` compares both at every plan of the
 simulations).
 That holds while the engine tells ``arrive`` of every arrival, ``touch`` of every job whose
 cached ``Job`` it drops, and ``finish`` of every completion. The lists returned are this
@@ -32,17 +32,18 @@ import bisect
 from collections.abc import Callable
 
 from edl_scheduler.core import Job
-from simulations.instant import Key
-from simulations.pruning import Tally, gang, surplus_of
+from edl_scheduler.core.sizing import gang_gpus
+from simulations.pruning import Tally, surplus_of
 from simulations.runs import Run
+from simulations.showing import Key
 
 
-class Listed:
+class SnapshotLists:
     """Per active job, in arrival order: its arrival index, run, snapshot Job, live
     workers and rank key (see the module)."""
 
     def __init__(self, elastic: bool) -> None:
-        #: Whether a waiting job's gang is its minimum (else its rigid size: ``pruning.gang``).
+        #: Whether a waiting job's gang is its minimum (else its rigid size: ``sizing``).
         self.elastic = elastic
         #: Arrival indices, ascending (searched by bisection: a job's place in the lists).
         self.indices: list[int] = []
@@ -129,7 +130,7 @@ class Listed:
         """Count (1) or uncount (-1) the entry at ``at`` in the tally."""
         n, job = self.live[at], self.jobs[at]
         if not n:
-            g = gang(job, self.elastic)
+            g = gang_gpus(job, self.elastic)
             if sign > 0:
                 bisect.insort(self.waiting, self.indices[at])
                 bisect.insort(self.gangs, g)
@@ -137,7 +138,7 @@ class Listed:
                 del self.waiting[bisect.bisect_left(self.waiting, self.indices[at])]
                 del self.gangs[bisect.bisect_left(self.gangs, g)]
             return
-        self.surplus += sign * surplus_of(job, n)
+        self.surplus += sign * surplus_of(job, n, self.elastic)
         if not job.preemptible:
             self.fixed += sign
 

@@ -5,14 +5,15 @@ Three places hold these numbers: the coordinator that receives them from rank 0
 (``trainer_runtime.coordinator.state``), the TrainingJob status that stores them
 (``edl_scheduler.api.status``) and the planner's snapshot that weighs throughput by them
 (``edl_scheduler.core.snapshot.Efficiency``). A record the coordinator keeps must be one the
-planner accepts, so all three ask this module.
+planner accepts, so all three ask this package.
 
-Why here, at the root of the package, in the lowest layer of the import-linter contract: the
-api is the lowest layer of ``edl_scheduler`` (the core imports it, never the reverse), so
-the rule cannot live in the core; and the coordinator cannot import the api cheaply
-(importing ``edl_scheduler.api`` builds every pydantic model, about a second more on a
-coordinator's start, which is on every admission's path). This module imports only
-``math``. What must stay true: it imports nothing of the project and no I/O, and each
+Why a package of its own, beside ``edl_scheduler`` and ``trainer_runtime``: the runtime and
+the scheduler both need the rule, and neither may pay for the other. The api is the lowest
+layer of ``edl_scheduler`` (the core imports it, never the reverse), so the rule cannot live
+in the core; a coordinator must not import ``edl_scheduler`` (its api builds every pydantic
+model on import, about a second more on a coordinator's start, which is on every
+admission's path), and the scheduler must not import the runtime. What must stay true: this
+package imports nothing of the project and no I/O (``lint-imports`` checks it), and each
 caller names the fields as its own users see them.
 """
 

@@ -1,5 +1,5 @@
-"""The engine's kept snapshot lists (``simulations.listed``) against the lists built afresh
-from the active jobs (``instant.collect``).
+"""The engine's kept snapshot lists (``simulations.snapshot_lists``) against the lists built afresh
+from the active jobs (``showing.collect``).
 
 Aspects:
 - at every plan of the ``60_job.csv`` simulations (every policy whose ranking reads neither
@@ -31,16 +31,14 @@ from edl_scheduler.core import (
     Role,
     RoleSpec,
     Snapshot,
-    plan,
     preset,
 )
-from simulations import engine as engine_module
 from simulations.engine import Engine, SimConfig, simulate
-from simulations.instant import Key, collect
-from simulations.listed import Listed
 from simulations.profiles import ProfileSpeed, load_application
 from simulations.pruning import Tally, shown, tally
 from simulations.runs import Run
+from simulations.showing import Key, collect
+from simulations.snapshot_lists import SnapshotLists
 from simulations.traces import default_traces
 from simulations.workload import ClusterSpec, SimJob
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
@@ -50,7 +48,7 @@ def _checked_run(jobs: list[SimJob], cluster: ClusterSpec, policy: Policy, cfg: 
     """Runs ``jobs`` with every listing compared to ``collect``'s; returns the plans
     compared, after checking the run against the engine without kept lists."""
     engine = Engine(jobs, cluster, policy, cfg)
-    listed = engine.listed
+    listed = engine.lists
     assert listed is not None
     real, real_tally = listed.listing, listed.tally
     plans = 0
@@ -89,12 +87,12 @@ def _checked_run(jobs: list[SimJob], cluster: ClusterSpec, policy: Policy, cfg: 
     return plans
 
 
-def _uses_listed(policy: Policy) -> bool:
-    return Engine([], CLUSTER, policy, CONFIGS["events"]).listed is not None
+def _uses_lists(policy: Policy) -> bool:
+    return Engine([], CLUSTER, policy, CONFIGS["events"]).lists is not None
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if _uses_listed(p)))
+@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if _uses_lists(p)))
 def test_the_kept_lists_equal_fresh_ones_at_every_plan(name: str, config: str) -> None:
     policy = POLICIES[name]
     assert _checked_run(_jobs(policy), CLUSTER, policy, CONFIGS[config]) > 0
@@ -107,26 +105,30 @@ def test_elastic_snapshots_show_every_active_job(monkeypatch: pytest.MonkeyPatch
     engine = Engine(_jobs(policy), CLUSTER, policy, CONFIGS["events"])
     assert engine.shows_all
 
-    def planned(snapshot: Snapshot, *args: Any, **options: Any) -> Plan:
+    planner = engine.planner
+    assert planner is not None
+    real = planner.plan
+
+    def planned(snapshot: Snapshot, now: float, *args: Any) -> Plan:
         nonlocal left_out, plans
         assert [j.name for j in snapshot.jobs] == list(engine.active)
         free = CLUSTER.gpus - engine.allocated
         live = [len(engine.active[j.name].replicas) for j in snapshot.jobs]
-        at = shown(list(snapshot.jobs), policy, args[1], free, snapshot.reservations, live=live)
+        at = shown(list(snapshot.jobs), policy, now, free, snapshot.reservations, live=live)
         left_out += len(snapshot.jobs) - len(at)
         plans += 1
-        return plan(snapshot, *args, **options)
+        return real(snapshot, now, *args)
 
-    monkeypatch.setattr(engine_module, "plan", planned)
+    monkeypatch.setattr(planner, "plan", planned)
     engine.run()
     assert plans > 0 and left_out > 0  # (pruning would have left some out)
     assert not Engine(_jobs(policy), CLUSTER, preset("fifo-gang"), CONFIGS["events"]).shows_all
 
 
 def test_the_policies_that_read_time_list_afresh() -> None:
-    assert _uses_listed(preset("edl")) and _uses_listed(preset("fifo-gang"))
-    assert not _uses_listed(POLICIES["tiresias"]) and not _uses_listed(POLICIES["least-attained"])
-    assert Engine([], CLUSTER, preset("edl"), SimConfig(incremental=False)).listed is None
+    assert _uses_lists(preset("edl")) and _uses_lists(preset("fifo-gang"))
+    assert not _uses_lists(POLICIES["tiresias"]) and not _uses_lists(POLICIES["least-attained"])
+    assert Engine([], CLUSTER, preset("edl"), SimConfig(incremental=False)).lists is None
 
 
 def test_profiled_jobs_measured_again_are_listed_again() -> None:
@@ -152,7 +154,7 @@ def _rebuild(run: Run, now: float) -> Job:
 
 
 def test_jobs_enter_change_and_leave_the_lists() -> None:
-    listed = Listed(elastic=True)
+    listed = SnapshotLists(elastic=True)
     runs = [_run(i) for i in range(3)]
     for run in runs:
         listed.arrive(run)

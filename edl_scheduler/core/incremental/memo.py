@@ -1,70 +1,55 @@
-"""What one cycle derived from each job, kept for the next cycle of the same driver.
+"""What the incremental planner keeps of each job from one cycle to the next.
 
 Most jobs are the same from one cycle to the next (a simulator plans at every arrival and
-completion, and each plan changes one or two jobs). A job's validation, its rank key and the
-parts of its session state that depend only on the job (its bounds, live replicas and the
-capacity they take) are pure functions of the job, the policy and the nodes; ``PlanMemo``
-keeps them between cycles, keyed by the job object's identity, so ``plan()`` derives them
-only for jobs it has not seen.
+completion, and each plan changes one or two jobs). A job's validation, its rank key, the
+capacity its live replicas take and its session state (``session.JobState``: its bounds,
+live replicas, node classes and margins) are pure functions of the job, the policy and the
+nodes; ``PlanMemo`` keeps them between cycles, keyed by the job object's identity, so a
+cycle derives them only for jobs it has not seen.
 
-What must stay true: a plan made with a memo equals the plan made without one, whatever
-cycles came before (``tests/core/test_memo.py``). That holds because every entry is keyed by
-the identity of an immutable ``Job`` (the entry keeps the object alive, so the identity
-cannot be reused), and the whole memo is dropped when the policy or the nodes tuple is not
-the one it was built for. Entries of jobs absent from a cycle's snapshot leave it, parked
-(``parked``, taken back if the same object comes back; at most four snapshots' worth). The
-memo is the caller's: the planner reads no clock and does no I/O whether one is given or
-not.
+What must stay true: every entry is keyed by the identity of an immutable ``Job`` (the
+entry keeps the object alive, so the identity cannot be reused), and the whole memo is
+dropped when the nodes tuple is not the one it was built for (the planner is built for one
+policy). Entries of jobs absent from a cycle's snapshot leave it, parked (``parked``, taken
+back if the same object comes back; at most four snapshots' worth). A kept state's moves
+are forgotten before the next cycle acts (``moved``), and ``Session`` clears what a cycle
+sets (``JobState.begin``): a kept state is then what a new one would be.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from edl_scheduler.core.layout import Layout, layout_of
-from edl_scheduler.core.plan import JobDecision
-from edl_scheduler.core.policy import Policy
-from edl_scheduler.core.snapshot import Job, Node, Replica, Role
-
-if TYPE_CHECKING:  # the session module imports this one
-    from edl_scheduler.core.session import JobState
+from edl_scheduler.core.session import Eligibility, JobState
+from edl_scheduler.core.snapshot import Job, Node
 
 
 class Derived:
-    """What a cycle derives from one job alone. ``live`` is read, never changed, by the
-    planner; ``usage`` lists (node index, gpu, cpu, memory) per live replica; ``key`` is the
-    rank key when it does not depend on ``now`` (else None: computed each cycle). Nothing
-    changes one once made but ``seen``, the last kept ranking (``PlanMemo.cycle``) whose
-    snapshot showed its job (``ranking.kept_ranking``), ``at``, its place in the snapshot
-    the memo describes (``PlanMemo.order``), and ``state``, the session's working
-    state of the job (``session.JobState``; None until a session made one), kept here so
-    that a later cycle finds it without a look-up by the job's identity: it goes wherever
-    the entry goes (kept, parked, dropped), so a state is only ever its own job's.
+    """What the planner keeps of one job: its session state (``state``, whose bounds,
+    live replicas and margins are the job's alone), ``usage``, (node index, gpu, cpu,
+    memory) per live replica, and ``key``, the rank key when it does not depend on
+    ``now`` (else None: computed each cycle). Nothing changes one once made but ``seen``,
+    the last kept ranking (``PlanMemo.cycle``) whose snapshot showed its job
+    (``ranking.kept_ranking``), ``at``, its place in the snapshot the memo describes
+    (``PlanMemo.order``), and its state's per-cycle fields. It goes wherever the entry
+    goes (kept, parked, dropped), so a state is only ever its own job's.
 
     A plain class: compiled, its ``__init__`` is C, where a dataclass's is generated Python
     code (one is made for every job not seen before)."""
 
-    __slots__ = ("at", "hi", "job", "key", "live", "lo", "priority", "seen", "state", "usage")
+    __slots__ = ("at", "job", "key", "seen", "state", "usage")
 
     def __init__(
         self,
         job: Job,
         key: tuple[float | str, ...] | None,
-        lo: int,
-        hi: int,
-        priority: int,
-        live: dict[Role, list[Replica]],
+        state: JobState,
         usage: tuple[tuple[int, int, int, int], ...],
     ) -> None:
         self.job = job
         self.key = key
-        self.lo = lo
-        self.hi = hi
-        self.priority = priority
-        self.live = live
+        self.state = state
         self.usage = usage
         self.seen = 0
-        self.state: JobState | None = None
         #: Its place in the memo's last snapshot (``PlanMemo.order``), while it is there.
         self.at = -1
 
@@ -73,9 +58,9 @@ class PlanMemo:
     """Per-job derivations carried from one ``plan()`` call to the next (see the module)."""
 
     __slots__ = (
+        "_classes",
         "_layout",
         "_nodes",
-        "_policy",
         "cycle",
         "fresh",
         "fresh_at",
@@ -94,12 +79,10 @@ class PlanMemo:
         "since",
         "skipped",
         "sorted",
-        "steady",
         "used",
     )
 
     def __init__(self) -> None:
-        self._policy: Policy | None = None
         self._nodes: tuple[Node, ...] | None = None
         #: id(job) -> what was derived from it; ``Derived.job`` keeps the job alive.
         self.jobs: dict[int, Derived] = {}
@@ -107,6 +90,7 @@ class PlanMemo:
         self.nodes_valid = False
         self.node_names: set[str] = set()
         self._layout: Layout | None = None
+        self._classes: Eligibility | None = None
         #: The last cycle's jobs in rank order with their rank keys, kept so that the next
         #: cycle ranks only the jobs it has not seen (None: not kept, e.g. where a waiting
         #: job's key depends on ``now``); ``used[i]``: [gpu, cpu, memory] that the live
@@ -115,11 +99,6 @@ class PlanMemo:
         #: The keys of ``ranked``, in its order (searched without a key function).
         self.keys: list[tuple[float | str, ...]] = []
         self.used: list[list[int]] = []
-        #: id(job) -> (job, its decision) for a job that a cycle left as it was without
-        #: giving it a reason (most running jobs): that decision is a function of the job
-        #: and the policy alone (``planning._steady``), and frozen, so later cycles reuse
-        #: the object. Entries of jobs that left are dropped with them.
-        self.steady: dict[int, tuple[Job, JobDecision]] = {}
         #: The jobs the last cycle's statements touched, by rank: their kept states
         #: (``Derived.state``, so that a cycle does not build one per job) had moves, which
         #: the next cycle sets back, as it sets back every kept state's reason and flags,
@@ -158,24 +137,24 @@ class PlanMemo:
         #: How many leading jobs of the last sort kept their places in ``order``.
         self.since = 0
 
-    def bind(self, nodes: tuple[Node, ...], policy: Policy) -> None:
-        """Start a cycle on ``nodes`` under ``policy``; forget everything if either is not
-        the object the memo was built for."""
-        if nodes is not self._nodes or policy is not self._policy:
+    def bind(self, nodes: tuple[Node, ...]) -> None:
+        """Start a cycle on ``nodes``; forget everything if it is not the object the memo
+        was built for."""
+        if nodes is not self._nodes:
             self.forget()
-            self._nodes, self._policy = nodes, policy
+            self._nodes = nodes
 
     def forget(self) -> None:
-        """Drop everything derived, the bound nodes and policy too: the next cycle derives
-        every job afresh, as on a new memo."""
-        self._nodes = self._policy = None
+        """Drop everything derived, the bound nodes too: the next cycle derives every job
+        afresh, as on a new memo."""
+        self._nodes = None
         self.jobs = {}
         self.nodes_valid = False
         self._layout = None
+        self._classes = None
         self.ranked = None
         self.keys = []
         self.used = []
-        self.steady = {}
         self.moved = {}
         self.parked = {}
         self.names = {}
@@ -188,7 +167,15 @@ class PlanMemo:
         """``layout_of(nodes)`` for the bound nodes, derived once."""
         if self._layout is None or nodes is not self._nodes:
             self._layout = layout_of(nodes)
+            self._classes = None
         return self._layout
+
+    def classes(self, nodes: tuple[Node, ...]) -> Eligibility:
+        """The node classes each job's constraints allow on the bound nodes (cached)."""
+        layout = self.layout(nodes)
+        if self._classes is None:
+            self._classes = Eligibility(layout)
+        return self._classes
 
     def sort_out(self, jobs: tuple[Job, ...]) -> list[Job]:
         """The jobs of ``jobs`` not held here, in order; marks the entry of every held one

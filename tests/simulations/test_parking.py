@@ -1,5 +1,5 @@
 """Jobs that leave the snapshot and come back as the same Job object take back what the memo
-derived from them (``PlanMemo.parked``, ``ranking.kept_ranking``).
+derived from them (``incremental.memo.PlanMemo.parked``, ``incremental.ranking``).
 
 Aspects:
 - the engine with hiding (which leaves running jobs out and shows them again) gives the
@@ -7,8 +7,8 @@ Aspects:
   under every preset and the LAS variants (low thresholds with demotions, a starvation
   limit, a least-attained ranking), ticks and event-driven; where jobs are hidden, some
   come back and are taken back;
-- on the recorded snapshots of those runs, replayed in a shuffled order with one memo, every
-  plan of changes only equals the plan made without a memo (jobs leave and come back at
+- on the recorded snapshots of those runs, replayed in a shuffled order through one
+  incremental planner, every plan equals the changes of ``plan()`` (jobs leave and come back at
   random there, and a job's Job object changes while it is away).
 Seen to fail with a parked entry taken back by the job's name instead of its Job object.
 """
@@ -20,12 +20,13 @@ from dataclasses import replace
 
 import pytest
 
-from edl_scheduler.core import PlanMemo, plan
-from edl_scheduler.core import ranking as ranking_module
+from edl_scheduler.core import plan
+from edl_scheduler.core.incremental import IncrementalPlanner
+from edl_scheduler.core.incremental import planner as planner_module
+from edl_scheduler.core.incremental import ranking as ranking_module
+from edl_scheduler.core.incremental.unchangeable import applies
 from edl_scheduler.core.ordering import key_varies
-from edl_scheduler.core.session import Session
 from simulations.engine import Engine, simulate
-from simulations.hiding import hides
 from tests.simulations.recording import recorded
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
@@ -35,13 +36,13 @@ from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 def test_parking_changes_no_result(name: str, config: str, monkeypatch: pytest.MonkeyPatch) -> None:
     policy, cfg = POLICIES[name], replace(CONFIGS[config], hide=True)
     derived = [0]
-    real = Session._derive
+    real = planner_module._derive
 
     def counting(*args: object) -> object:
         derived[0] += 1
         return real(*args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(Session, "_derive", staticmethod(counting))
+    monkeypatch.setattr(planner_module, "_derive", counting)
     engine = Engine(_jobs(policy), CLUSTER, policy, cfg)
     fast = engine.run()
     with_parking = derived[0]
@@ -50,13 +51,13 @@ def test_parking_changes_no_result(name: str, config: str, monkeypatch: pytest.M
     assert fast.jobs == reference.jobs
     assert fast.timeline == reference.timeline
     assert fast.plans == reference.plans
-    if engine.hides:  # jobs left out came back and were taken back, not derived again
+    if engine.leaves_out:  # jobs left out came back and were taken back, not derived again
         assert with_parking <= derived[0] - with_parking
         if name in ("low-thresholds", "tiresias-pollux"):  # (LAS with demotions)
             assert with_parking < derived[0] - with_parking
 
 
-@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if hides(p)))
+@pytest.mark.parametrize("name", sorted(n for n, p in POLICIES.items() if applies(p)))
 def test_shuffled_snapshots_with_parking_plan_as_without_a_memo(
     name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,13 +68,13 @@ def test_shuffled_snapshots_with_parking_plan_as_without_a_memo(
     )
     assert sequence
     random.Random(7).shuffle(sequence)
-    memo = PlanMemo()
+    planner = IncrementalPlanner(policy)
     back = 0
     for snap, now in sequence[:400]:
-        before = dict(memo.parked)
-        got = plan(snap, policy, now, memo=memo, changes_only=True)
+        before = dict(planner.memo.parked)
+        got = planner.plan(snap, now)
         back += sum(1 for j in snap.jobs if id(j) in before and before[id(j)].job is j)
-        want = plan(snap, policy, now, changes_only=True)
-        assert got.changes == want.changes, now
+        want = plan(snap, policy, now)
+        assert got.decisions == want.changes, now
         assert got.reservations == want.reservations, now
     assert back > 0 or key_varies(policy)  # jobs came back and were taken back

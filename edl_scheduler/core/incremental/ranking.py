@@ -25,7 +25,7 @@ from collections.abc import Callable
 from itertools import islice
 from typing import Final, cast
 
-from edl_scheduler.core.memo import Derived, PlanMemo
+from edl_scheduler.core.incremental.memo import Derived, PlanMemo
 from edl_scheduler.core.snapshot import Job, Snapshot
 
 Key = tuple[float | str, ...]
@@ -81,7 +81,6 @@ def kept_ranking(
             del known[i]
             if names.get(d.job.name) is d:
                 del names[d.job.name]
-            memo.steady.pop(i, None)
             parked[i] = d  # (its kept state goes with it: ``Derived.state``)
             count(used, d, -1)
             assert d.key is not None  # a kept ranking's keys do not vary

@@ -1,12 +1,16 @@
 """The planner's and the simulator's hot modules compiled to C with mypyc, used where a build
 of these exact sources exists: the same code and the same results, about twice as fast.
 
-Why: a trace replay spends nearly all its time in ``plan()`` and in the simulator's event
+Why: a trace replay spends nearly all its time in the planner and in the simulator's event
 loop, pure Python that is fully typed (``mypy --strict``). mypyc (part of mypy) compiles such
 modules to C extensions with no change to their source, so a researcher who replays long
-traces builds once (``edl-sim compile``, about two minutes) and every later process picks
-the build up: ``import edl_scheduler`` calls ``activate`` before any planner module loads,
-so the controller's and the local backend's cycles run it too where a build exists.
+traces builds once (``edl-sim compile``, about two minutes) and every later simulator
+process picks the build up: ``import simulations`` calls ``activate`` (the package's
+``__init__``), before any planner module loads where the simulator is imported first. The
+build lives here, with its users: the controller, the local backend and the trainer
+runtime never import it, so ``import edl_scheduler`` and a coordinator's start do nothing
+of it, and they run the planner as Python. A script that imports the planner before the
+simulator (a benchmark) imports ``simulations`` first to run the build.
 
 What must stay true:
 - A build is keyed by the bytes of every module mypyc read to make it (``KEYED``: the
@@ -37,16 +41,21 @@ from pathlib import Path
 from types import ModuleType
 
 #: The packages, as the parts of their dotted names, whose modules are compiled.
-PACKAGES: tuple[tuple[str, ...], ...] = (("edl_scheduler", "core"), ("simulations",))
+PACKAGES: tuple[tuple[str, ...], ...] = (
+    ("edl_scheduler", "core"),
+    ("edl_scheduler", "core", "incremental"),
+    ("simulations",),
+)
 #: Modules left as Python: the command line, reports and plots (click, rich, matplotlib:
 #: nothing hot), trace loading (once per run), the Pollux profiles (not on the
-#: benchmarks' paths; mypyc refuses one of their int-or-float locals), and the planner's
-#: PlanningError (mypyc cannot subclass RuntimeError).
+#: benchmarks' paths; mypyc refuses one of their int-or-float locals), this module (it
+#: loads the build), and the planner's PlanningError (mypyc cannot subclass RuntimeError).
 NOT_COMPILED = frozenset(
     {
         "simulations.__main__",
         "simulations.cli",
         "simulations.fidelity",
+        "simulations.native",
         "simulations.plotting",
         "simulations.profiles",
         "simulations.reporting",
@@ -60,7 +69,7 @@ NOT_COMPILED = frozenset(
 KEYED: tuple[str, ...] = (
     "edl_scheduler/core",
     "edl_scheduler/api",
-    "edl_scheduler/gradients.py",
+    "edl_gradients",
     "simulations",
 )
 #: Bumped when the layout of a build directory changes.
@@ -230,8 +239,8 @@ def build() -> Path:
         raise BuildError(f"cannot create {root} ({error}): set {DIR_ENV}") from error
     with tempfile.TemporaryDirectory(prefix="edl-native-") as scratch:
         work = Path(scratch)
-        for top in sorted({parts[0] for parts in PACKAGES}):
-            # The whole package tree, for type checking; only ``sources`` are compiled.
+        for top in sorted({rel.split("/")[0] for rel in KEYED}):
+            # The whole package trees, for type checking; only ``sources`` are compiled.
             shutil.copytree(_package_dir((top,)), work / top, dirs_exist_ok=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.so"))  # fmt: skip
         key = source_key(keyed_files(work))

@@ -3,13 +3,13 @@ instant to the next, so that an instant lists only the running jobs.
 
 A waiting job's snapshot ``Job``, rank key and gang do not change while it waits (the engine
 rebuilds a job's ``Job`` only after a plan changed it, or where its attained GPU-time moves,
-which needs workers), so each is kept as one entry (``instant.Waiting``) from the first
+which needs workers), so each is kept as one entry (``showing.Waiting``) from the first
 instant it is seen waiting until it starts; an instant reads the entries, not the runs. The
-running jobs are listed at each instant as ``instant.collect`` lists them (their ``Job`` may
+running jobs are listed at each instant as ``showing.collect`` lists them (their ``Job`` may
 change with their LAS queue).
 
-What must stay true: ``listing`` gives what ``instant.entries`` gives from ``collect`` over
-the active jobs in arrival order (``tests/simulations/test_t2_active.py`` compares them at
+What must stay true: ``listing`` gives what ``showing.entries`` gives from ``collect`` over
+the active jobs in arrival order (``tests/simulations/test_running_and_waiting.py`` compares them at
 every instant of the simulations). That holds while ``place`` is told of every change of a
 job's worker count (start, suspension, resize, completion) and ``arrive`` of every arrival:
 only then does a job enter or leave either list, or a waiting job's ``Job`` change
@@ -23,8 +23,8 @@ import bisect
 from collections.abc import Callable
 
 from edl_scheduler.core import Job
-from simulations.instant import Key, Running, Waiting, waiting_entry
 from simulations.runs import Run
+from simulations.showing import Key, Running, Waiting, waiting_entry
 
 
 def _index(run: Run) -> int:
@@ -35,7 +35,7 @@ def _entry_index(entry: Waiting) -> int:
     return entry.index
 
 
-class Active:
+class RunningAndWaiting:
     """Running runs and waiting entries, each sorted by arrival index (see the module)."""
 
     def __init__(self, elastic: bool) -> None:
@@ -100,7 +100,7 @@ class Active:
         return running, self.waiting, self.keys[0] if self.keys else None
 
     def _interned(self, run: Run) -> Key:
-        """``run``'s rank key rebuilt of shared elements, and kept as its key. ``narrow``
+        """``run``'s rank key rebuilt of shared elements, and kept as its key. ``shown_from_sides``
         compares hundreds of keys per instant, and a tuple comparison skips by identity the
         elements two keys share (most rank keys agree but for the submit time and the name),
         where it would compare equal floats. An element is replaced only by one equal to it

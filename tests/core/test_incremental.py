@@ -1,23 +1,21 @@
-"""``plan(..., memo=PlanMemo())`` gives the plan ``plan()`` gives without one.
+"""``IncrementalPlanner`` (``core/incremental``) against ``plan()``, its reference.
 
 Aspects:
-- on recorded snapshot sequences (a simulator's plans, where most Job objects repeat from
-  one plan to the next) under every preset, and under a LAS policy with a starvation limit
-  (a waiting job's rank then depends on ``now``), each plan made with one memo carried through
-  the sequence equals the plan made from scratch, decision for decision, with reservations;
-- the memo forgets everything when the policy or the nodes change (a job's bounds and its
-  replicas' node indices depend on both);
-- an invalid job raises the same error with a memo as without, also after valid cycles, and
-  a job that was valid stays valid only as the same object;
-- the state a memo keeps from plan to plan (the ranking, the replicas' use per node, the
-  decisions of jobs nobody touched) equals, after every plan, what the plan would derive
-  from scratch, also when the snapshots come in an order where many jobs leave and arrive
-  between two plans (the merge of a kept ranking with many new jobs), and the plans equal
-  the plans made without a memo;
-- a plan asked for its changes only (``changes_only``, the simulator's mode) carries exactly
-  the full plan's changes, in order, and its reservations, with and without a memo, on the
-  same sequences in recorded and shuffled order (every preset: rigid LAS with demotions,
-  elastic ``edl`` with growth and rebalancing, fulfillment growth, strict FIFO).
+- on generated sequences (a snapshot, then each plan applied and an event: arrivals,
+  completions, failures, time passing; most Job objects repeat from one cycle to the next),
+  under every preset, one planner carried through the sequence returns exactly the changes
+  of ``plan()`` and its reservations at every cycle;
+- on recorded snapshot sequences (a simulator's plans) under every preset, and under a LAS
+  policy with a starvation limit (a waiting job's rank then depends on ``now``), in recorded
+  and in shuffled order (many jobs leave and arrive between two plans, so a kept ranking
+  takes many new jobs at once), the same; and the state the planner keeps (the ranking, the
+  replicas' use per node, its reference walk) equals, after every plan, what it would
+  derive from scratch;
+- the planner forgets everything when the nodes change (a job's replicas' node indices
+  depend on them);
+- an invalid job is set aside as ``plan()`` sets it aside, also after valid cycles, and a
+  job that was valid stays valid only as the same object; a new job named like a held one
+  shown now is caught, one named like a held one that left is not.
 """
 
 from __future__ import annotations
@@ -26,14 +24,19 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from edl_scheduler.core import PRESETS, PlanMemo, Policy, Reason, Snapshot, plan, preset
+from edl_scheduler.core import PRESETS, Plan, Policy, Reason, Snapshot, apply_plan, plan, preset
+from edl_scheduler.core.incremental import IncrementalPlanner
+from edl_scheduler.core.incremental.memo import PlanMemo
 from edl_scheduler.core.ordering import key_varies, sort_key
 from edl_scheduler.core.policy import with_overrides
 from simulations.engine import SimConfig, simulate
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, with_elasticity
 from tests.core.builders import job, node, snapshot
+from tests.core.strategies import apply_event, scenarios
 from tests.simulations.recording import recorded
 
 DATA = Path(__file__).parents[1] / "simulations" / "data" / "60_job.csv"
@@ -60,78 +63,100 @@ def _recorded(policy_name: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[S
     return recorded(monkeypatch, lambda: simulate(jobs, cluster, policy, SimConfig(tick_s=300.0)))
 
 
+def _same(got: Plan, full: Plan) -> bool:
+    """The incremental plan is the full plan's changes, in order, with its reservations."""
+    return got.decisions == full.changes and got.reservations == full.reservations
+
+
+@pytest.mark.parametrize("policy_name", sorted(PRESETS))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataObject) -> None:
+    policy = preset(policy_name)
+    scenario = data.draw(scenarios(rigid=not policy.elastic, max_events=8), label="scenario")
+    planner = IncrementalPlanner(policy)
+    snap, now = scenario.snapshot, scenario.now
+    for serial, event in enumerate((None, *scenario.events)):
+        if event is not None:
+            snap, now = apply_event(snap, now, event, serial)
+        full = plan(snap, policy, now)
+        got = planner.plan(snap, now)
+        assert _same(got, full), (serial, full.describe())
+        snap = apply_plan(snap, full)
+
+
 @pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
-def test_a_memo_carried_through_a_sequence_changes_no_plan(
+def test_recorded_sequences_plan_as_plan_does(
     policy_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sequence = _recorded(policy_name, monkeypatch)
     assert len(sequence) > 20
     policy = _policy(policy_name)
-    memo = PlanMemo()
+    planner = IncrementalPlanner(policy)
     changed = reused = 0
     for snap, now in sequence:
         expected = plan(snap, policy, now)
-        reused += sum(1 for j in snap.jobs if memo.get(j) is not None)
-        assert plan(snap, policy, now, memo=memo) == expected
+        reused += sum(1 for j in snap.jobs if planner.memo.get(j) is not None)
+        assert _same(planner.plan(snap, now), expected), now
         changed += bool(expected.changes)
     assert changed > 5  # the sequence moves jobs, not only waits
-    assert reused > len(sequence)  # and the memo served jobs seen before
+    assert reused > len(sequence)  # and the planner served jobs seen before
 
 
-def test_the_memo_forgets_on_another_policy_or_other_nodes() -> None:
+def test_the_planner_forgets_on_other_nodes() -> None:
     jobs = [
         job("a").min(1).max(4).requested(2).running(("n0", 2)),
         job("b").min(2).max(2).submitted(10),
     ]
     small = snapshot([node("n0").gpus(4)], jobs)
-    memo = PlanMemo()
-    for name in ("edl", "tiresias", "edl"):
-        assert plan(small, preset(name), 100.0, memo=memo) == plan(small, preset(name), 100.0)
+    planner = IncrementalPlanner(preset("edl"))
+    for _ in range(2):
+        assert _same(planner.plan(small, 100.0), plan(small, preset("edl"), 100.0))
     big = Snapshot((small.nodes[0], *snapshot([node("n1").gpus(4)], []).nodes), small.jobs)
-    assert plan(big, preset("edl"), 100.0, memo=memo) == plan(big, preset("edl"), 100.0)
+    assert _same(planner.plan(big, 100.0), plan(big, preset("edl"), 100.0))
+    assert planner.memo.layout(big.nodes).names == ["n0", "n1"]
 
 
-def test_an_invalid_job_is_set_aside_as_without_a_memo_after_valid_cycles() -> None:
+def test_an_invalid_job_is_set_aside_as_plan_does_after_valid_cycles() -> None:
     good = snapshot([node("n0").gpus(4)], [job("a").min(1).max(2).running(("n0", 1))])
-    memo = PlanMemo()
-    plan(good, preset("edl"), 0.0, memo=memo)
+    planner = IncrementalPlanner(preset("edl"))
+    planner.plan(good, 0.0)
     bad_job = job("b").min(1).max(2).running(("n9", 1)).build()  # an unknown node
     bad = Snapshot(good.nodes, (good.jobs[0], bad_job))
-    memoized = plan(bad, preset("edl"), 0.0, memo=memo)
-    assert memoized == plan(bad, preset("edl"), 0.0)
-    assert memoized.decision("b").reason is Reason.SET_ASIDE
-    assert memo.jobs == {}  # a cycle that sets a job aside forgets: the next starts afresh
-    assert plan(good, preset("edl"), 0.0, memo=memo) == plan(good, preset("edl"), 0.0)
+    full = plan(bad, preset("edl"), 0.0)
+    assert _same(planner.plan(bad, 0.0), full)
+    assert full.decision("b").reason is Reason.SET_ASIDE
+    assert _same(planner.plan(good, 0.0), plan(good, preset("edl"), 0.0))
     twice = Snapshot(good.nodes, (good.jobs[0], good.jobs[0]))  # held job, duplicated
-    memoized = plan(twice, preset("edl"), 0.0, memo=memo)
-    assert memoized == plan(twice, preset("edl"), 0.0)
-    assert "appears 2 times" in memoized.decision("a").message
+    assert _same(planner.plan(twice, 0.0), plan(twice, preset("edl"), 0.0))
+    assert "appears 2 times" in plan(twice, preset("edl"), 0.0).decision("a").message
 
 
 def test_names_are_checked_against_the_held_jobs_shown_now() -> None:
-    """Validation with a memo checks only the names of jobs it has not seen (``_distinct``):
-    a new job named like a held job shown in the same snapshot is set aside, as without a
-    memo; one named like a held job that has left is not."""
+    """The planner's validation checks only the names of jobs it has not seen
+    (``_distinct``): a new job named like a held job shown in the same snapshot is set
+    aside, as by ``plan()``; one named like a held job that has left is not."""
     nodes = snapshot([node("n0").gpus(4)], []).nodes
     a, b = job("a").min(1).max(2).running(("n0", 1)).build(), job("b").min(1).build()
-    memo = PlanMemo()
+    planner = IncrementalPlanner(preset("edl"))
+    memo = planner.memo
     for clash in (
         (a, b, job("a").min(1).build()),  # a new job, a held one's name
         (a, job("c").min(1).build(), job("c").min(2).build()),  # two new ones, one name
         (b, b),  # a held job shown twice
     ):
-        for jobs in ((a, b), (a, b)):  # the second cycle takes the memo's path
+        for jobs in ((a, b), (a, b)):  # the second cycle takes the kept path
             snap = Snapshot(nodes, jobs)
-            assert plan(snap, preset("edl"), 0.0, memo=memo) == plan(snap, preset("edl"), 0.0)
-        assert memo.nodes_valid and memo.jobs  # held: the clash is checked on the memo's path
+            assert _same(planner.plan(snap, 0.0), plan(snap, preset("edl"), 0.0))
+        assert memo.nodes_valid and memo.jobs  # held: the clash is checked on the kept path
         snap = Snapshot(nodes, clash)
-        memoized = plan(snap, preset("edl"), 0.0, memo=memo)
-        assert memoized == plan(snap, preset("edl"), 0.0)
-        assert Reason.SET_ASIDE in {d.reason for d in memoized.decisions}
+        full = plan(snap, preset("edl"), 0.0)
+        assert _same(planner.plan(snap, 0.0), full)
+        assert Reason.SET_ASIDE in {d.reason for d in full.decisions}
     for jobs in ((a, b), (a, b)):
-        plan(Snapshot(nodes, jobs), preset("edl"), 0.0, memo=memo)
+        planner.plan(Snapshot(nodes, jobs), 0.0)
     again = Snapshot(nodes, (b, job("a").min(1).max(3).build()))  # "a" left: its name is free
-    assert plan(again, preset("edl"), 0.0, memo=memo) == plan(again, preset("edl"), 0.0)
+    assert _same(planner.plan(again, 0.0), plan(again, preset("edl"), 0.0))
     assert Reason.SET_ASIDE not in {d.reason for d in plan(again, preset("edl"), 0.0).decisions}
     assert memo.names == {d.job.name: d for d in memo.jobs.values()}
 
@@ -143,7 +168,7 @@ def _kept_state_is_what_scratch_derives(memo: PlanMemo, snap: Snapshot, policy: 
     assert memo.last is snap.jobs and [d.job for d in memo.order] == list(snap.jobs)
     assert [d.at for d in memo.order] == list(range(len(snap.jobs)))
     assert all(memo.jobs[id(d.job)] is d for d in memo.order)
-    assert set(memo.steady) <= set(memo.jobs)
+    assert all(d.state.job is d.job for d in memo.order)  # each kept state is its own job's
     assert memo.names == {d.job.name: d for d in memo.jobs.values()}
     if key_varies(policy):
         assert memo.ranked is None
@@ -173,39 +198,17 @@ def test_kept_state_follows_snapshots_in_any_order(
 ) -> None:
     sequence = _recorded(policy_name, monkeypatch)
     policy = _policy(policy_name)
-    memo = PlanMemo()
+    planner = IncrementalPlanner(policy)
     # In recorded order (a few jobs change per plan), then shuffled (many leave and arrive
     # between two plans, so a kept ranking takes many new jobs at once).
     shuffled = list(sequence)
     random.Random(7).shuffle(shuffled)
-    for snap, now in [*sequence, *shuffled]:
-        got, scratch = plan(snap, policy, now, memo=memo), plan(snap, policy, now)
-        assert got == scratch
-        # The changes the planner collected as it decided are the changed decisions.
-        for made in (got, scratch):
-            assert made.changes == tuple(d for d in made.decisions if d.changed)
-        _kept_state_is_what_scratch_derives(memo, snap, policy)
-
-
-@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
-def test_a_plan_of_changes_only_carries_the_full_plans_changes(
-    policy_name: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    sequence = _recorded(policy_name, monkeypatch)
-    policy = _policy(policy_name)
-    memo, fresh = PlanMemo(), PlanMemo()
-    shuffled = list(sequence)
-    random.Random(11).shuffle(shuffled)
     moved = 0
     for snap, now in [*sequence, *shuffled]:
-        full = plan(snap, policy, now)
-        for kept in (memo, None):
-            got = plan(snap, policy, now, memo=kept, changes_only=True)
-            assert got.decisions == full.changes, (policy_name, now)
-            assert got.changes == full.changes
-            assert got.reservations == full.reservations
-        moved += len(full.changes)
-        # A memo used for full plans and changes-only plans alike keeps serving both.
-        assert plan(snap, policy, now, memo=fresh) == full
-        assert plan(snap, policy, now, memo=fresh, changes_only=True).decisions == full.changes
+        scratch = plan(snap, policy, now)
+        # The changes the planner collected as it decided are the changed decisions.
+        assert scratch.changes == tuple(d for d in scratch.decisions if d.changed)
+        assert _same(planner.plan(snap, now), scratch), (policy_name, now)
+        _kept_state_is_what_scratch_derives(planner.memo, snap, policy)
+        moved += len(scratch.changes)
     assert moved > 10

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import pytest
 
 from edl_scheduler.core import growing, preset, rebalancing
-from edl_scheduler.core.margins import explored_limit, first_gain, first_loss, margins
+from edl_scheduler.core.margins import explored_limit, first_gain, first_loss
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, restart_factor
 from simulations.engine import SimConfig, simulate
@@ -55,9 +55,9 @@ def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) ->
     for js in takers:
         member = rebalancing._Member(js, s, True, True)
         factor = restart_factor(s, js)
-        assert first_gain(margins(js, s), factor, horizon) == step._gain(member), js.name
+        assert first_gain(js.worth(s.policy), factor, horizon) == step._gain(member), js.name
         if js.workers > max(1, js.lo):
-            assert first_loss(margins(js, s), factor, horizon) == step._loss(member), js.name
+            assert first_loss(js.worth(s.policy), factor, horizon) == step._loss(member), js.name
         checked += 1
     return checked
 
@@ -81,7 +81,7 @@ def _reference_split(s: Session, jobs: list[JobState]) -> tuple[list[JobState], 
         if id(js.reason) in rebalancing._HELD:
             continue
         cooling = cooling_until(s, js) is not None
-        if js.size() < explored_limit(js):
+        if js.size() < explored_limit(js.job, js.lo, js.hi):
             if not cooling:
                 takers.append(js)
         elif js.size() > max(1, js.lo) and job.preemptible:

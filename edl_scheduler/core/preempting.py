@@ -1,0 +1,173 @@
+"""Preemption: which workers, or whole jobs, are taken so that a waiting job starts.
+
+Invariant 4 (priority first) lives here: a waiting job may take every worker above the
+minimum of each preemptible job ranked below it, regardless of cool-downs (``may_shrink``),
+and whole lower jobs where the policy suspends (``may_suspend``). Victims are offered one
+replica (or one whole job) at a time (``victims``), node by node (first the nodes that could
+hold most of the gang, preferring those whose victims have the lowest priority), and on
+each node lowest priority first, then the most fulfilled; workers that growth added earlier
+in this cycle go back first (they are then simply not added). Admission takes them in that
+order until the gang fits, and gives back those it turns out not to need
+(``admitting.Admitter``).
+
+Proofs outside this module rest on these rules: which running jobs no plan can change
+(``incremental.unchangeable``, ``tests/core/test_unchangeable.py``) and the simulator's
+shortcuts (``simulations/pruning.py``: waiting jobs that cannot start, plans that change
+nothing; ``tests/simulations/test_pruning.py``, ``test_settled.py``). A change here that
+breaks them fails there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Final
+
+from edl_scheduler.core.session import JobState, Session, Statement
+from edl_scheduler.core.snapshot import Replica, Role
+from edl_scheduler.core.stability import may_shrink_voluntarily
+
+_W: Final = Role.WORKER
+
+
+class Victim:
+    """What is taken from one job: live replicas, or one worker that growth added to it
+    this cycle on ``withdrawn`` (node index), which is then simply not added. (A plain
+    class: compiled, its ``__init__`` is C, where a dataclass's is Python code.)"""
+
+    __slots__ = ("js", "replicas", "whole", "withdrawn")
+
+    def __init__(
+        self,
+        js: JobState,
+        replicas: tuple[Replica, ...],
+        whole: bool,
+        withdrawn: int | None = None,
+    ) -> None:
+        self.js = js
+        self.replicas = replicas
+        self.whole = whole
+        self.withdrawn = withdrawn
+
+
+def may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
+    """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
+    for every preemptible job ranked below; an equal-priority job ranked above gives up its
+    borrowed workers only when the policy lets equals reclaim and it is past its cool-down."""
+    # A job started this cycle may still be one: growth may have given it workers above
+    # its minimum in this very cycle, and those are as reclaimable as any.
+    if victim is js or not victim.job.preemptible:
+        return False
+    if victim.rank > js.rank:
+        return True
+    return (
+        session.policy.reclaim_equal_priority
+        and victim.priority == js.priority
+        and may_shrink_voluntarily(session, victim)
+    )
+
+
+def may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
+    """May ``victim`` be suspended whole so that ``js`` starts? Where the policy suspends:
+    a preemptible running job not started this cycle, of lower priority (priorities in
+    use) or ranked below ``js``."""
+    if victim is js or not victim.job.preemptible or victim.started or not victim.running:
+        return False
+    if session.policy.use_priority:
+        return victim.priority < js.priority
+    return victim.rank > js.rank
+
+
+def victims(
+    session: Session, js: JobState, needs: dict[Role, int], shrink: bool, suspend: bool
+) -> Iterator[Victim]:
+    """Victim units in the order they are taken: single workers above their job's
+    minimum, node by node (the nodes that could hold most of the gang first), then
+    whole jobs (lowest priority first). The caller takes each unit before asking for
+    the next, so budgets and fulfillment are read fresh."""
+    if shrink:
+        yield from _shrink_units(session, js, needs)
+    if suspend:
+        cluster, classes = session.cluster, js.classes
+        whole = [v for v in session.jobs if may_suspend(session, js, v)]
+        for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
+            gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
+            rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
+            if any(cluster.node_class[cluster.index[r.node]] in classes for r in rest):
+                yield Victim(v, tuple(rest), whole=True)
+
+
+def _shrink_units(session: Session, js: JobState, needs: dict[Role, int]) -> Iterator[Victim]:
+    cluster, res, need = session.cluster, js.resources(Role.WORKER), needs[Role.WORKER]
+    on_node: dict[int, list[tuple[JobState, Replica | None]]] = {}
+    for v in session.jobs:
+        if v.size() <= v.lo or not may_shrink(session, js, v):
+            continue
+        for n in v.added[_W]:  # growth of this cycle goes back first
+            if cluster.node_class[n] in js.classes:
+                on_node.setdefault(n, []).append((v, None))
+        removed = v.removed[_W]
+        gone = set(map(id, removed)) if removed else None  # (most jobs: none removed)
+        for r in reversed(v.live[_W]):  # newest first: rank 0 stays longest
+            n = cluster.index[r.node]
+            if (gone is None or id(r) not in gone) and cluster.node_class[n] in js.classes:
+                on_node.setdefault(n, []).append((v, r))
+
+    def potential(n: int) -> int:
+        """Room for the gang on ``n`` if every worker there that may go went, each
+        victim job giving at most its budget (its workers above the minimum)."""
+        gpu = cpu = mem = 0
+        budget: dict[JobState, int] = {}  # (by identity: ``JobState`` has eq=False)
+        for v, _ in on_node[n]:
+            left = budget.get(v)
+            if left is None:
+                left = v.workers - v.lo
+            if left > 0:
+                budget[v] = left - 1
+                freed = v.job.worker.resources
+                gpu += freed.gpu
+                cpu += freed.cpu_milli
+                mem += freed.memory_bytes
+            else:
+                budget[v] = left
+        return cluster.room_freed(n, res, js.name, js.rank, gpu, cpu, mem)
+
+    def order(n: int) -> tuple[int, int, int, int, int]:
+        """Nodes where victims add the most useful room first (a node that already
+        holds some of the gang gains nothing from victims up to that), then those
+        that could hold most of the gang, then the cheapest victims."""
+        lowest = min(v.priority for v, _ in on_node[n])
+        now = min(cluster.room(n, res, js.name, js.rank), need)
+        return (-(most[n] - now), -most[n], lowest, -now, n)
+
+    # The room for the gang each node can reach: victims there stop once it is reached.
+    # (Parameter servers need room too, which this count of workers does not see: for
+    # them every node's victims are offered until the whole gang's workers fit there.)
+    most = {n: min(potential(n), need) for n in on_node}
+    enough = dict.fromkeys(on_node, need) if needs.get(Role.PSERVER) else most
+    for n in sorted(on_node, key=order):
+        units = sorted(
+            on_node[n],
+            key=lambda vr: (
+                vr[0].priority,
+                -vr[0].fulfillment(),
+                -vr[0].rank,
+                vr[1] is not None,
+            ),
+        )
+        for v, replica in units:
+            if cluster.room(n, res, js.name, js.rank) >= max(1, enough[n]):
+                break
+            if v.size() <= v.lo:
+                continue  # its budget is spent
+            if replica is None:
+                yield Victim(v, (), whole=False, withdrawn=n)
+            else:
+                yield Victim(v, (replica,), whole=False)
+
+
+def take(stmt: Statement, victim: Victim) -> None:
+    """Take ``victim``'s replicas (or withdraw its worker added this cycle) in ``stmt``."""
+    for replica in victim.replicas:
+        stmt.remove(victim.js, replica)
+    if victim.withdrawn is not None:
+        stmt.cancel(victim.js, Role.WORKER, victim.withdrawn)
