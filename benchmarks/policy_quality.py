@@ -3,7 +3,7 @@
 with ``--doc`` the Markdown tables are written to that file.
 
 Pollux workloads 1-8 (160 jobs each) at each ``--load``, on 16 nodes x 4 GPUs with the
-Pollux simulator's rounds (``simulations.fidelity.POLLUX_ROUNDS``): ``edl`` and
+Pollux simulator's rounds (``simulations.config.POLLUX_ROUNDS``): ``edl`` and
 ``edl-fulfillment`` with elastic jobs (min 1, max min(64, max batch / min local batch), ncf
 1), ``edl+adapt`` the same with batch-size adaptation, ``tiresias`` (the Tiresias paper's
 thresholds), ``tiresias-pollux`` (the Pollux simulator's Tiresias) and ``fifo-gang``, rigid
@@ -31,8 +31,8 @@ from typing import Any
 import click
 
 from edl_scheduler.core import preset
+from simulations.config import POLLUX_ROUNDS
 from simulations.engine import SimConfig, simulate
-from simulations.fidelity import POLLUX_ROUNDS
 from simulations.reporting import summarize
 from simulations.traces import default_traces, load_cluster, load_pollux, load_tiresias
 from simulations.workload import Elasticity, ScalingRule, shape

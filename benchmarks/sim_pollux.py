@@ -16,8 +16,8 @@ from pathlib import Path
 import click
 
 from edl_scheduler.core import preset
+from simulations.config import POLLUX_ROUNDS
 from simulations.engine import simulate
-from simulations.fidelity import POLLUX_ROUNDS
 from simulations.reporting import summarize
 from simulations.traces import default_traces, load_cluster, load_pollux
 from simulations.workload import Elasticity, ScalingRule, shape

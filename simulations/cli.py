@@ -7,6 +7,7 @@ Parsing is click's; everything the commands do lives in ``scenario``, ``engine``
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -14,10 +15,17 @@ from rich.console import Console
 from rich.progress import Progress
 
 from simulations import native
-from simulations.engine import SimConfig
 from simulations.fidelity import REFERENCES, markdown, run_check
 from simulations.reporting import markdown_table, run_title, write_reports
-from simulations.scenario import FORMATS, load_workload, parse_policy, prepare, run_policies
+from simulations.scenario import (
+    FORMATS,
+    defaults_for,
+    load_workload,
+    parse_policy,
+    prepare,
+    run_policies,
+    setup_of,
+)
 from simulations.traces import TraceError, default_traces, load_cluster
 from simulations.workload import Elasticity, ScalingSpecError, parse_priorities
 
@@ -35,17 +43,35 @@ def main() -> None:
 @click.option(
     "--elasticity",
     type=click.Choice([e.value for e in Elasticity]),
-    default="rigid",
-    show_default=True,
+    default=None,
+    help="Jobs' bounds [default: elastic for pollux (the workload's bounds), else rigid].",
 )
 @click.option("--scaling", default="amdahl:0.1", show_default=True, help="linear, amdahl:F")
 @click.option("--priorities", default="none", show_default=True, help="none or draw:K")
 @click.option("--seed", default=0, show_default=True)
-@click.option("--tick", default=60.0, show_default=True, help="Planning period (s); 0: none.")
-@click.option("--plan-on-events/--no-plan-on-events", default=True, show_default=True)
-@click.option("--resize-pause", default=10.0, show_default=True, help="Seconds per resize.")
-@click.option("--restart-pause", default=30.0, show_default=True, help="Seconds per restart.")
-@click.option("--start-delay", default=0.0, show_default=True, help="Seconds to start workers.")
+@click.option(
+    "--tick", type=float, default=None, help="Planning period (s); 0: none. [default: 60]"
+)
+@click.option(
+    "--plan-on-events/--no-plan-on-events",
+    default=None,
+    help="Plan at arrivals and completions too [default: yes; pollux: no, 60 s rounds].",
+)
+@click.option(
+    "--resize-pause", type=float, default=None, help="Seconds per resize [default: 10; pollux: 30]."
+)
+@click.option(
+    "--restart-pause",
+    type=float,
+    default=None,
+    help="Seconds per restart [default: 30; pollux: 0].",
+)
+@click.option(
+    "--start-delay",
+    type=float,
+    default=None,
+    help="Seconds to start a job's workers [default: 0; pollux: 30].",
+)
 @click.option("--limit", type=int, default=None, help="Keep only the first N jobs.")
 @click.option("--skip-bad-rows", is_flag=True, help="Skip malformed rows, with a count.")
 @click.option(
@@ -63,15 +89,15 @@ def run(
     fmt: str,
     cluster: str,
     policies: tuple[str, ...],
-    elasticity: str,
+    elasticity: str | None,
     scaling: str,
     priorities: str,
     seed: int,
-    tick: float,
-    plan_on_events: bool,
-    resize_pause: float,
-    restart_pause: float,
-    start_delay: float,
+    tick: float | None,
+    plan_on_events: bool | None,
+    resize_pause: float | None,
+    restart_pause: float | None,
+    start_delay: float | None,
     limit: int | None,
     skip_bad_rows: bool,
     profiles: Path | None,
@@ -80,8 +106,23 @@ def run(
     plots: bool,
     out: Path,
 ) -> None:
-    """Run several policies on one workload; write summary.json, jobs.csv, table.md, PNGs."""
+    """Run several policies on one workload; write summary.json, jobs.csv, table.md, PNGs.
+
+    Unset options take the format's documented setup (``scenario.defaults_for``); the table
+    and summary.json state each row's elasticity, planning times and pauses."""
     console = Console(stderr=True)
+    usual_elasticity, usual = defaults_for(fmt)
+    chosen = Elasticity(elasticity) if elasticity is not None else usual_elasticity
+    given: dict[str, object] = {
+        "tick_s": tick,
+        "plan_on_events": plan_on_events,
+        "resize_pause_s": resize_pause,
+        "restart_pause_s": restart_pause,
+        "start_delay_s": start_delay,
+    }
+    told = {k: v for k, v in given.items() if v is not None}
+    # hide: exact (simulations/leaving_out.py); this command records no snapshot
+    config = replace(usual, hide=True, **told)  # type: ignore[arg-type]
     try:
         spec = load_cluster(cluster)
         runs = [parse_policy(p) for p in policies]
@@ -98,7 +139,7 @@ def run(
         jobs = prepare(
             workload,
             spec,
-            elasticity=Elasticity(elasticity),
+            elasticity=chosen,
             scaling=scaling,
             seed=seed,
             priority_levels=parse_priorities(priorities),
@@ -107,21 +148,14 @@ def run(
         raise click.ClickException(str(exc)) from None
     if workload.skipped_rows:
         console.print(f"[yellow]warning: skipped {workload.skipped_rows} malformed row(s)")
-    config = SimConfig(
-        tick_s=tick,
-        plan_on_events=plan_on_events,
-        resize_pause_s=resize_pause,
-        restart_pause_s=restart_pause,
-        start_delay_s=start_delay,
-        hide=True,  # exact (simulations/leaving_out.py); this command records no snapshot
-    )
     with Progress(console=console, transient=True) as bar:
         task = bar.add_task(f"{len(jobs)} jobs on {spec.label}", total=len(runs))
         results = run_policies(
             jobs, spec, runs, config, processes=processes, done=lambda _: bar.advance(task)
         )
-    title = run_title(trace, fmt, len(jobs), spec, elasticity)
-    summaries = write_reports(results, out, plots=plots, title=title)
+    title = run_title(trace, fmt, len(jobs), spec, chosen.value)
+    setups = {run.label: setup_of(run, chosen, config) for run in runs}
+    summaries = write_reports(results, out, plots=plots, title=title, setups=setups)
     click.echo(markdown_table(summaries), nl=False)
 
 

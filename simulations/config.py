@@ -36,3 +36,28 @@ class SimConfig:
     #: so a tool that records snapshots to replay them would replay partial ones
     #: (``edl-sim run`` records none and turns it on).
     hide: bool = False
+
+    def describe(self) -> tuple[str, str]:
+        """How plans are timed and what a change costs, as a report states them:
+        (``"every 60 s and on events"``, ``"resize 10 s, restart 30 s, start 0 s"``)."""
+        every = f"every {self.tick_s:g} s" if self.tick_s > 0 else ""
+        events = "on events" if self.plan_on_events else ""
+        timing = " and ".join(part for part in (every, events) if part) or "never"
+        costs = (
+            f"resize {self.resize_pause_s:g} s, restart {self.restart_pause_s:g} s, "
+            f"start {self.start_delay_s:g} s"
+        )
+        return timing, costs
+
+
+#: The engine's own settings, what a Philly, Tiresias or synthetic run gets unless told
+#: otherwise: a plan every 60 s and at every arrival and completion, 10 s per resize (the
+#: runtime's measured pause, rounded up), 30 s per restart.
+ENGINE_DEFAULTS = SimConfig()
+#: The Tiresias simulator's runs: no ticks, no pauses.
+EVENT_DRIVEN = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
+#: The Pollux simulator's runs: 60 s rounds, 30 s at every start, restart and resize; what a
+#: Pollux workload runs with unless told otherwise.
+POLLUX_ROUNDS = SimConfig(
+    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
+)

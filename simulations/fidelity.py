@@ -18,17 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edl_scheduler.core import preset
-from simulations.engine import SimConfig, simulate
+from simulations.config import EVENT_DRIVEN
+from simulations.engine import simulate
 from simulations.reporting import summarize
 from simulations.traces import load_cluster, load_tiresias
 from simulations.workload import Elasticity, ScalingRule, shape
 
-#: The Tiresias simulator's runs: no ticks, no pauses.
-EVENT_DRIVEN = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
-#: The Pollux simulator's runs: 60 s rounds, 30 s at every start, restart and resize.
-POLLUX_ROUNDS = SimConfig(
-    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
-)
 TOLERANCE = 0.10
 
 

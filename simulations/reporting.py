@@ -106,12 +106,19 @@ _COLUMNS = (
 )
 
 
+#: What a row ran with (``scenario.setup_of``), stated beside its numbers where known.
+_SETUP = (("elasticity", "jobs"), ("planning", "plans"), ("pauses", "pauses"))
+
+
 def markdown_table(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    head = "| policy | " + " | ".join(title for _, title, _ in _COLUMNS) + " |"
-    rule = "|---|" + "---:|" * len(_COLUMNS)
+    setup = [(key, title) for key, title in _SETUP if all(key in s for s in summaries.values())]
+    titles = [title for _, title in setup] + [title for _, title, _ in _COLUMNS]
+    head = "| policy | " + " | ".join(titles) + " |"
+    rule = "|---|" + "---|" * len(setup) + "---:|" * len(_COLUMNS)
     rows = [head, rule]
     for name, summary in summaries.items():
-        cells = [fmt.format(summary[key]) for key, _, fmt in _COLUMNS]
+        cells = [str(summary[key]) for key, _ in setup]
+        cells += [fmt.format(summary[key]) for key, _, fmt in _COLUMNS]
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
 
@@ -169,12 +176,20 @@ def run_title(trace: str, fmt: str, jobs: int, cluster: ClusterSpec, elasticity:
 
 
 def write_reports(
-    results: Mapping[str, SimResult], out: Path, *, plots: bool = True, title: str = ""
+    results: Mapping[str, SimResult],
+    out: Path,
+    *,
+    plots: bool = True,
+    title: str = "",
+    setups: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write summary.json, jobs.csv, table.md (and the plots, titled ``title``: what ran)
-    into ``out``."""
+    into ``out``. ``setups``: per row, what it ran with (``scenario.setup_of``), written
+    into its summary and its row of the table."""
     out.mkdir(parents=True, exist_ok=True)
-    summaries = {name: summarize(r) for name, r in results.items()}
+    summaries = {
+        name: {**summarize(r), **((setups or {}).get(name) or {})} for name, r in results.items()
+    }
     (out / "summary.json").write_text(json.dumps(summaries, indent=2, sort_keys=True) + "\n")
     (out / "table.md").write_text(markdown_table(summaries))
     write_jobs_csv(results, out / "jobs.csv")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from edl_scheduler.core import Policy, preset
+from simulations.config import ENGINE_DEFAULTS, POLLUX_ROUNDS
 from simulations.engine import SimConfig, SimResult, simulate
 from simulations.runs import JobRecord
 from simulations.synthetic import SyntheticSpec, generate
@@ -53,6 +54,29 @@ def parse_policy(arg: str) -> PolicyRun:
         except ValueError:
             raise ValueError(f"policy {arg!r}: the suffix must be @rigid or @elastic") from None
     return PolicyRun(arg, preset(name), elasticity)
+
+
+def defaults_for(fmt: str) -> tuple[Elasticity, SimConfig]:
+    """The setup a format is documented with, what a run gets unless told otherwise.
+
+    A Pollux workload comes with its jobs' elastic bounds (``traces.load_pollux``: from 1
+    to what its application's batch allows) and was measured in the Pollux simulator's
+    rounds, so it runs elastic (a rigid preset still runs each job at its size) in those
+    rounds. A Philly, Tiresias or synthetic trace says nothing of elasticity: its jobs run
+    rigid unless the user assumes otherwise (``--elasticity``, ``@elastic``), in the
+    engine's own timing."""
+    if fmt == "pollux":
+        return Elasticity.ELASTIC, POLLUX_ROUNDS
+    return Elasticity.RIGID, ENGINE_DEFAULTS
+
+
+def setup_of(run: PolicyRun, elasticity: Elasticity, config: SimConfig) -> dict[str, str]:
+    """What a row of a report ran with: its jobs' elasticity (a rigid preset runs every job
+    at its requested size whatever its bounds), when it planned, and what changes cost."""
+    chosen = run.elasticity if run.elasticity is not None else elasticity
+    ran = chosen if run.policy.elastic else Elasticity.RIGID
+    timing, costs = config.describe()
+    return {"elasticity": ran.value, "planning": timing, "pauses": costs}
 
 
 def load_workload(

@@ -24,8 +24,8 @@ from typing import Any
 from simulations import native  # isort: skip
 
 from edl_scheduler.core import planning, preset
+from simulations.config import EVENT_DRIVEN
 from simulations.engine import SimResult, simulate
-from simulations.fidelity import EVENT_DRIVEN
 from simulations.scenario import parse_policy, run_policies
 from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import default_traces, load_cluster, load_philly, load_tiresias

@@ -194,7 +194,7 @@ def _gone(pid: int) -> bool:
 def test_a_build_stopped_by_sigterm_takes_its_compilers_with_it(tmp_path: Path) -> None:
     said = tmp_path / "pid"
     builder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from edl_scheduler import "
+        [sys.executable, "-c", "import sys; from pathlib import Path; from simulations import "
          "native; native.run_reaped([sys.executable, '-c', sys.argv[1], sys.argv[2]], Path())",
          _SPAWNS, str(said)],
         cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},

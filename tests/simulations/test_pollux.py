@@ -7,15 +7,24 @@ Aspects:
 - step time: accumulation makes a local batch above the maximum dearer than the maximum;
 - the engine integrates a job's progress epoch by epoch (rates change at epoch boundaries);
 - elastic bounds (min 1, max <= 64, ncf 1); batch adaptation never slows a job;
-- golden: workload-6 under ``tiresias-pollux`` (the Pollux simulator prints 3,469.69 s).
+- golden: workload-6 under ``tiresias-pollux`` (the Pollux simulator prints 3,469.69 s);
+- ``edl-sim run`` on a Pollux workload takes its documented setup unless told otherwise
+  (elastic jobs for elastic presets, the Pollux rounds), and its reports say so per row.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
+from click.testing import CliRunner
 
 from edl_scheduler.core import preset
-from simulations.engine import SimConfig, simulate
+from simulations.cli import main
+from simulations.config import POLLUX_ROUNDS
+from simulations.engine import simulate
 from simulations.profiles import ProfileSpeed, load_application
 from simulations.reporting import summarize
 from simulations.traces import default_traces, load_pollux, pollux_bounds
@@ -23,9 +32,7 @@ from simulations.workload import ClusterSpec, Elasticity, ScalingRule, SimJob, s
 
 POLLUX = default_traces() / "pollux"
 PROFILES = POLLUX / "traces"
-ROUNDS = SimConfig(
-    tick_s=60.0, plan_on_events=False, resize_pause_s=30.0, restart_pause_s=0.0, start_delay_s=30.0
-)
+ROUNDS = POLLUX_ROUNDS
 
 
 def test_application_profile() -> None:
@@ -90,3 +97,43 @@ def test_workload_6_under_tiresias_pollux() -> None:
     assert summary["finished"] == 160
     assert abs(summary["avg_jct_s"] / 3469.69 - 1) <= 0.10
     assert summary["avg_jct_s"] == pytest.approx(3415.7, abs=0.1)  # golden: explain changes
+
+
+def _cli(out: Path, *extra: str) -> dict[str, dict[str, object]]:
+    args = ["run", "--trace", str(POLLUX / "workloads" / "workload-6.csv"), "--format", "pollux"]
+    args += ["--limit", "40", "--no-plots", "--out", str(out), *extra]
+    args += ["--policy", "edl", "--policy", "tiresias-pollux"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "| edl | elastic | every " in result.output
+    summary: dict[str, dict[str, object]] = json.loads((out / "summary.json").read_text())
+    return summary
+
+
+def test_run_command_takes_the_pollux_setup(tmp_path: Path) -> None:
+    summary = _cli(tmp_path / "usual")
+    pauses = "resize 30 s, restart 0 s, start 30 s"
+    assert {k: summary["edl"][k] for k in ("elasticity", "planning", "pauses")} == {
+        "elasticity": "elastic",
+        "planning": "every 60 s",
+        "pauses": pauses,
+    }
+    assert summary["tiresias-pollux"]["elasticity"] == "rigid"  # a rigid preset runs rigid
+    cluster = ClusterSpec(16, 4)
+    workload = load_pollux(POLLUX / "workloads" / "workload-6.csv", PROFILES, cluster)
+    jobs = shape(
+        workload.jobs[:40],
+        elasticity=Elasticity.ELASTIC,
+        scaling=ScalingRule(0.0, 0.0),
+        cluster=cluster,
+        seed=0,
+    )
+    direct = summarize(simulate(jobs, cluster, preset("edl"), POLLUX_ROUNDS))
+    assert summary["edl"]["avg_jct_s"] == pytest.approx(direct["avg_jct_s"])
+    # What the user sets wins, and the report says what ran.
+    told = _cli(tmp_path / "told", "--tick", "120", "--plan-on-events", "--resize-pause", "5")
+    assert told["edl"]["planning"] == "every 120 s and on events"
+    assert told["edl"]["pauses"] == "resize 5 s, restart 0 s, start 30 s"
+    config = replace(POLLUX_ROUNDS, tick_s=120.0, plan_on_events=True, resize_pause_s=5.0)
+    again = summarize(simulate(jobs, cluster, preset("edl"), config))
+    assert told["edl"]["avg_jct_s"] == pytest.approx(again["avg_jct_s"])

@@ -39,8 +39,8 @@ from edl_scheduler.core import (
     preset,
 )
 from edl_scheduler.core.policy import with_overrides
+from simulations.config import EVENT_DRIVEN
 from simulations.engine import Engine, SimConfig, simulate
-from simulations.fidelity import EVENT_DRIVEN
 from simulations.pruning import settled
 from simulations.runs import Run
 from simulations.synthetic import SyntheticSpec, generate
