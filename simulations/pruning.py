@@ -198,7 +198,7 @@ def pruned(
         for i in waiting:
             if ks[i] < top:
                 top, best_at = ks[i], i
-        if policy.use_priority:
+        if not policy.suspends_by_rank:  # only lower priorities
             best = js[best_at].priority
             for i in range(len(ns)):
                 if ns[i]:

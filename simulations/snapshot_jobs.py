@@ -48,7 +48,8 @@ class SnapshotJobs:
         #: Under LAS queues the planner reads attained GPU-time only through the job's queue
         #: (``ordering.sort_key``), so a running job's Job is rebuilt only when its queue
         #: changes; its attained GPU-time in the snapshot may lag until then.
-        self.queue_only = incremental and ranks_by_queue(policy)
+        self.by_queue = ranks_by_queue(policy)
+        self.queue_only = incremental and self.by_queue
         #: The policy's rank key where it does not depend on ``now``: kept per snapshot Job
         #: (``Run.rank_key``) for pruning, on the incremental path.
         self.fixed_key = sort_key(policy, 0.0) if incremental and not key_varies(policy) else None
@@ -67,11 +68,15 @@ class SnapshotJobs:
         if cached is not None:
             if not fresh:
                 return cached
-            if self.queue_only and self.queue(run.attained_at(now)) == self.queue(
+            # Under LAS queues its rank moves only with its queue; the path that builds
+            # every Job afresh (not ``queue_only``) rebuilds it all the same.
+            moved = not self.by_queue or self.queue(run.attained_at(now)) != self.queue(
                 cached.attained_gpu_seconds
-            ):
+            )
+            if self.queue_only and not moved:
                 return cached
-            self.rekeyed += 1  # a running job's rank may have moved: see ``Engine._plan``
+            if moved:
+                self.rekeyed += 1  # a running job's rank may have moved: see ``Engine._plan``
             worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
             efficiency = cached.efficiency
         else:

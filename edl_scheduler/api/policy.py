@@ -44,6 +44,9 @@ class PolicyConfig(ApiModel):
     """What may be taken from running jobs to admit a waiting one."""
     reclaim_equal_priority: bool | None = None
     """Whether a waiting job may take borrowed workers from jobs of its own priority."""
+    suspend_equal_priority: bool | None = None
+    """Whether a waiting job may suspend a whole job of its own priority ranked below it
+    (past its minimum run), where the policy suspends."""
     growth: Literal["none", "fulfillment", "marginal-gain"] | None = None
     """How idle GPUs are shared."""
     cooldown_seconds: float | None = Field(default=None, ge=0)
@@ -62,6 +65,8 @@ class PolicyConfig(ApiModel):
     """LAS queue boundaries in attained GPU-seconds, ascending."""
     starvation_limit_seconds: float | None = Field(default=None, gt=0)
     """A LAS job waiting this long returns to the first queue."""
+    las_running_first: bool | None = None
+    """Within one LAS queue, running jobs rank above waiting ones."""
 
     def overrides(self) -> dict[str, Any]:
         """The fields set in the file, by the planner's field names."""

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from typing import Final
 
+from edl_scheduler.core.ordering import las_queue
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason, counted
-from edl_scheduler.core.policy import Admission, Policy
+from edl_scheduler.core.policy import Admission, Ordering, Policy
 from edl_scheduler.core.preempting import Victim, take, victims
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.sizing import surplus_gpus
@@ -129,7 +130,7 @@ class Admitter:
         # priority): under other policies no level is read and none is found.
         level: int | None = None
         reads = (self.shrink_ok and policy.reclaim_equal_priority) or (
-            self.suspend_ok and policy.use_priority
+            self.suspend_ok and not policy.suspends_by_rank
         )
         for js in session.jobs if reads else ():
             if js.priority != level:
@@ -191,7 +192,8 @@ class Admitter:
             start = self.level_start[js.priority] if self.s.policy.reclaim_equal_priority else 0
             total += self.shrinkable.suffix(start if start < js.rank else js.rank + 1)
         if self.suspend_ok:
-            start = self.level_end[js.priority] if self.s.policy.use_priority else js.rank + 1
+            by_rank = self.s.policy.suspends_by_rank
+            start = js.rank + 1 if by_rank else self.level_end[js.priority]
             total += self.suspendable.suffix(start)
         return total
 
@@ -210,7 +212,7 @@ class Admitter:
         # ``_admit`` or ``_move`` they are asked for again.
         shrink_ok, suspend_ok = self.shrink_ok, self.suspend_ok
         reclaim = self.s.policy.reclaim_equal_priority
-        by_priority = self.s.policy.use_priority
+        by_priority = not self.s.policy.suspends_by_rank  # (suspension's pool)
         level_start, level_end = self.level_start, self.level_end
         shrink_sums: list[int] | None = None
         suspend_sums: list[int] | None = None
@@ -338,9 +340,15 @@ class Admitter:
         if not fits:
             stmt.discard()
             return False
-        # Give back every victim the gang turns out not to need, latest taken first.
+        # Give back every victim the gang turns out not to need, latest taken first. A job
+        # suspended whole (taken after its workers above the minimum, so seen first here)
+        # keeps none of them: given back alone they would leave it below its minimum.
         kept: list[Victim] = []
+        gone: set[int] = set()  # ``id`` of the jobs suspended whole
         for victim in reversed(taken):
+            if id(victim.js) in gone:
+                kept.append(victim)
+                continue
             for replica in victim.replicas:
                 stmt.restore(victim.js, replica)
             if victim.withdrawn is not None:
@@ -349,12 +357,29 @@ class Admitter:
                 continue
             take(stmt, victim)
             kept.append(victim)
+            if victim.whole:
+                gone.add(id(victim.js))
         if not place_gang(self.s, stmt, js, needs):  # pragma: no cover - fits was checked
             stmt.discard()
             return False
         stmt.commit()
         self._started(js, kept)
         return True
+
+    def _over(self, js: JobState, v: JobState) -> str:
+        """Why ``js`` may take from ``v``: its higher priority, or within one priority its
+        rank by the policy's ordering (for least attained service, what each attained)."""
+        if js.priority > v.priority:
+            return f"priority {js.job.priority} over {v.job.priority}, ranked {js.rank + 1}"
+        policy, now = self.s.policy, self.s.now
+        ranks = f"same priority, ranked {js.rank + 1} against {v.rank + 1}"
+        if policy.ordering is Ordering.LAS_QUEUES:
+            queues = f"{las_queue(js.job, policy, now)} against {las_queue(v.job, policy, now)}"
+            return f"{ranks}: attained-service queue {queues}"
+        if policy.ordering is Ordering.LEAST_ATTAINED:
+            had = f"{js.job.attained_gpu_seconds:.0f} against {v.job.attained_gpu_seconds:.0f}"
+            return f"{ranks}: {had} GPU-seconds attained"
+        return ranks
 
     def _started(self, js: JobState, victims: list[Victim]) -> None:
         names = sorted({v.js.name for v in victims})
@@ -366,8 +391,8 @@ class Admitter:
             v.reason = Reason.SUSPENDED_TO_ADMIT if whole else Reason.SHRUNK_TO_ADMIT
             v.for_job = js.name
             v.message = (
-                f"{'suspended' if whole else 'shrunk'} to admit {js.name} "
-                f"(priority {js.job.priority}, ranked {js.rank + 1})"
+                f"{'suspended' if whole else 'shrunk'} to admit {js.name} ({self._over(js, v)})"
+                + ("; it resumes when room frees above its rank" if whole else "")
             )
             self._update_pools(v)
         js.started = True

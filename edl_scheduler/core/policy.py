@@ -92,6 +92,10 @@ class Policy:
     of its queue); without it, FIFO inside a queue lets an older waiting job suspend a
     younger running one of the same queue, and in the last queue (no demotion below it)
     long jobs then wait for every older long job to finish.
+    ``suspend_equal_priority``: where the policy suspends and ranks by priority, admission may also
+    suspend a whole running job of the waiting job's own priority ranked below it (by the
+    ordering), once that job has run ``min_run_s`` since its start; off, only jobs of lower
+    priority. (Without priorities every job ranked below may be suspended anyway.)
     """
 
     name: str
@@ -111,6 +115,7 @@ class Policy:
     queue_thresholds_gpu_s: tuple[float, ...] = ()
     starvation_limit_s: float | None = None
     las_running_first: bool = False
+    suspend_equal_priority: bool = False
     promises: frozenset[Invariant] = field(default=ALL_INVARIANTS)
 
     def promised(self, invariant: Invariant) -> bool:
@@ -136,6 +141,13 @@ class Policy:
         return self.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
 
     @property
+    def suspends_by_rank(self) -> bool:
+        """Whether admission may suspend any job ranked below the one it starts, not only
+        jobs of lower priority (those that have not run their minimum time excepted, where
+        the two differ: ``preempting.may_suspend``)."""
+        return self.suspends and (not self.use_priority or self.suspend_equal_priority)
+
+    @property
     def moves_whole_jobs_only(self) -> bool:
         """Whether a plan changes a job only by starting it or suspending it whole: no
         growth, no shrinking, no priorities (which let an arrival reach past the ranks)."""
@@ -146,8 +158,24 @@ _RIGID_PROMISES = frozenset(
     {Invariant.NO_OVERCOMMIT, Invariant.GANG, Invariant.MIN_KEPT, Invariant.IDEMPOTENT}
 )
 
+#: The Tiresias paper's LAS queue boundaries (GPU-seconds): a job is in the first queue
+#: until it has held about one GPU-hour, the second until two, the last after.
+TIRESIAS_THRESHOLDS_GPU_S = (3250.0, 7200.0)
+
 PRESETS: dict[str, Policy] = {
-    "edl": Policy(name="edl"),
+    # Within a priority level, least attained service first, in discretized queues (job
+    # durations are unknown and heavy-tailed: a job that has had little service is likely
+    # to need little more), running jobs first inside a queue (no job of a queue suspends
+    # another of the same queue). A waiting job takes workers above the minimum of jobs
+    # ranked below it, then whole jobs ranked below it that have run their minimum time.
+    "edl": Policy(
+        name="edl",
+        ordering=Ordering.LAS_QUEUES,
+        queue_thresholds_gpu_s=TIRESIAS_THRESHOLDS_GPU_S,
+        las_running_first=True,
+        preemption=Preemption.SHRINK_THEN_SUSPEND,
+        suspend_equal_priority=True,
+    ),
     "edl-fulfillment": Policy(
         name="edl-fulfillment",
         use_priority=False,
@@ -193,7 +221,7 @@ PRESETS: dict[str, Policy] = {
         preemption=Preemption.SUSPEND,
         growth=Growth.NONE,
         min_run_s=0.0,
-        queue_thresholds_gpu_s=(3250.0, 7200.0),
+        queue_thresholds_gpu_s=TIRESIAS_THRESHOLDS_GPU_S,
         las_running_first=True,
         promises=_RIGID_PROMISES,
     ),

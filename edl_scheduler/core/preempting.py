@@ -24,7 +24,7 @@ from typing import Final
 
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
-from edl_scheduler.core.stability import may_shrink_voluntarily
+from edl_scheduler.core.stability import has_run_minimum, may_shrink_voluntarily
 
 _W: Final = Role.WORKER
 
@@ -68,13 +68,21 @@ def may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
 
 def may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` be suspended whole so that ``js`` starts? Where the policy suspends:
-    a preemptible running job not started this cycle, of lower priority (priorities in
-    use) or ranked below ``js``."""
+    a preemptible running job not started this cycle, of lower priority (invariant 4), or
+    of ``js``'s own (every job, without priorities; with them, under ``suspend_equal_priority``)
+    ranked below it and past its minimum run (no rule demands that one: it is the
+    policy's choice, and the minimum run keeps it from thrashing)."""
     if victim is js or not victim.job.preemptible or victim.started or not victim.running:
         return False
-    if session.policy.use_priority:
-        return victim.priority < js.priority
-    return victim.rank > js.rank
+    if victim.priority < js.priority:
+        return True
+    policy = session.policy
+    if victim.priority > js.priority or not policy.suspends_by_rank:
+        return False
+    if victim.rank < js.rank:
+        return False
+    min_run = policy.min_run_s
+    return min_run <= 0 or has_run_minimum(victim.job.start_time, session.now, min_run)
 
 
 def victims(

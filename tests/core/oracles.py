@@ -231,13 +231,25 @@ def _gang_could_start(
     return best(0, tuple(b for b, _, _ in binding)) >= need
 
 
+def _suspendable(v: Job, job: Job, rank: dict[str, int], policy: Policy, now: float) -> bool:
+    """Whether admission may suspend ``v`` whole for ``job``: of lower priority, or (with
+    ``suspend_equal_priority``) of its own, ranked below it and past its minimum run."""
+    if priority(v, policy) < priority(job, policy):
+        return True
+    if not policy.suspend_equal_priority or priority(v, policy) != priority(job, policy):
+        return False
+    start = v.start_time
+    ran = start is not None and start < now and now - start >= policy.min_run_s
+    return ran and rank[v.name] > rank[job.name]
+
+
 def check_priority_first(
     before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
 ) -> list[str]:
     """Every waiting job (not user-suspended, not too large for the cluster) must not fit
     on what is left after the plan, minus what reservations keep for jobs ranked above it,
     plus every worker above the minimum of a preemptible job ranked below it (and, where the
-    policy suspends, every replica of a preemptible lower-priority job).
+    policy suspends, every replica of a preemptible job it may suspend: ``_suspendable``).
 
     Checked for waiting jobs without parameter servers only: exact gang feasibility with two
     replica shapes is a harder search than this oracle should make."""
@@ -261,7 +273,7 @@ def check_priority_first(
         for v in after.jobs:
             if v.name == job.name or not v.preemptible:
                 continue
-            if suspend and priority(v, policy) < priority(job, policy):
+            if suspend and _suspendable(v, job, rank, policy, now):
                 for role in Role:
                     counts: dict[str, int] = {}
                     for r in live(v, role):

@@ -12,7 +12,7 @@ import pytest
 
 from edl_scheduler.api import TrainingJobError, load_training_job
 from edl_scheduler.api.policy import load_policy_config
-from edl_scheduler.core import Growth, Preemption, Snapshot, plan, preset
+from edl_scheduler.core import Growth, Ordering, Preemption, Snapshot, plan, preset
 from edl_scheduler.core.building import job_from_training_job, policy_from_config
 from tests.core.builders import node
 
@@ -40,12 +40,15 @@ spec:
 
 def test_policy_file_overrides_a_preset() -> None:
     cfg = load_policy_config(
-        "base: edl\ncooldownSeconds: 30\npreemption: shrink-then-suspend\ngrowth: fulfillment\n"
+        "base: edl\ncooldownSeconds: 30\npreemption: shrink\ngrowth: fulfillment\n"
+        "suspendEqualPriority: false\nlasRunningFirst: false\nordering: fifo\n"
     )
     policy = policy_from_config(cfg)
     assert policy.cooldown_s == 30
-    assert policy.preemption is Preemption.SHRINK_THEN_SUSPEND
+    assert policy.preemption is Preemption.SHRINK
     assert policy.growth is Growth.FULFILLMENT
+    assert policy.ordering is Ordering.FIFO
+    assert not policy.suspend_equal_priority and not policy.las_running_first
     assert policy.min_run_s == preset("edl").min_run_s
 
 

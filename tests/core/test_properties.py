@@ -248,7 +248,8 @@ def test_invariant_7_freed_gpus_are_held_for_the_admitted_job(
     policy: Policy, snap: Snapshot, data: st.DataObject
 ) -> None:
     """When shrinking ``v`` admits ``j``, the next snapshot (victims still draining, ``j``'s
-    workers not yet there, a competing job of ``j``'s priority just arrived) must start
+    workers not yet there, a competing job of ``j``'s priority and rank below it just
+    arrived) must start
     ``j`` again on the held GPUs, not hand them to the competitor."""
     name = "j"
     first = plan(snap, policy, NOW)
@@ -269,9 +270,12 @@ def test_invariant_7_freed_gpus_are_held_for_the_admitted_job(
         jobs.append(replace(job, replicas=job.replicas + drained))
     j = original[name]
     competitor = data.draw(job_specs("c", NOW, st.just(j.priority)), label="competitor")
+    # Ranked below j under every ordering: later, with as much attained GPU-time (a job
+    # ranked above j may take what is held for j).
     competitor = replace(
         competitor,
         submit_time=NOW + 1,
+        attained_gpu_seconds=j.attained_gpu_seconds,
         suspended=False,
         constraints=replace(competitor.constraints, node_selector=(), required_terms=()),
     )

@@ -12,6 +12,9 @@ Aspects:
 - placement packs a job on few nodes and prefers partly used nodes;
 - rigid baselines: strict FIFO blocks the line, backfill does not, Tiresias preempts whole
   jobs by attained service;
+- within one priority, ``edl`` serves least attained service first: an arrival shrinks,
+  then suspends, jobs of its own priority that attained more, once they have run their
+  minimum (and says why), and never one of its own attained-service queue;
 - every decision carries a readable reason.
 """
 
@@ -37,6 +40,8 @@ from edl_scheduler.core.policy import with_overrides
 from tests.core.builders import JobBuilder, job, node, nodes, snapshot
 
 EDL = preset("edl")
+#: ``edl`` that only shrinks (never suspends a whole job), for the rules of shrinking alone.
+SHRINKING = with_overrides(EDL, preemption=Preemption.SHRINK)
 
 
 def run(snap: Snapshot, now: float = 1000.0, policy_name: str = "edl") -> Plan:
@@ -75,11 +80,13 @@ def test_victims_never_drop_below_minimum_and_job_waits_when_not_enough() -> Non
             job("big").min(4).max(4).priority(10),
         ],
     )
-    p = run(snap)
+    p = plan(snap, SHRINKING, 1000.0)
     # Only 2 workers of "a" sit above its minimum: not enough for a gang of 4.
     assert sizes(p) == {"a": 8, "big": 0}
     assert p.decision("big").reason is Reason.WAITING_FOR_CAPACITY
     assert p.is_empty
+    # ``edl`` itself then suspends "a", of lower priority, whole.
+    assert sizes(run(snap)) == {"a": 0, "big": 4}
 
 
 def test_non_preemptible_jobs_are_never_shrunk() -> None:
@@ -102,12 +109,33 @@ def test_suspend_whole_jobs_only_when_the_policy_allows() -> None:
             job("urgent").min(4).max(4).priority(9),
         ],
     )
-    assert sizes(run(snap)) == {"urgent": 0, "rigid": 8}
-    suspending = with_overrides(EDL, preemption=Preemption.SHRINK_THEN_SUSPEND)
-    p = plan(snap, suspending, 1000.0)
+    assert sizes(plan(snap, SHRINKING, 1000.0)) == {"urgent": 0, "rigid": 8}
+    p = run(snap)  # ``edl`` shrinks, then suspends
     assert sizes(p) == {"urgent": 4, "rigid": 0}
     assert p.decision("rigid").action is Action.SUSPEND
     assert p.decision("rigid").for_job == "urgent"
+
+
+def test_edl_suspends_equals_that_attained_more_once_they_ran_their_minimum() -> None:
+    long_ = job("long").min(4).max(8).priority(1).submitted(0).attained(50_000.0)
+    snap = snapshot(nodes(1), [long_.running(("n0", 8)).started(0), job("new").min(8).max(8)])
+    snap = replace(snap, jobs=(snap.jobs[0], replace(snap.jobs[1], priority=1, submit_time=900)))
+    p = plan(snap, EDL, 1000.0)
+    assert sizes(p) == {"new": 8, "long": 0}
+    said = p.decision("long")
+    assert said.action is Action.SUSPEND and said.for_job == "new"
+    assert "same priority" in said.message and "queue 0 against 2" in said.message
+    assert "resumes when room frees above its rank" in said.message
+    # Not before its minimum run: only its workers above the minimum go, and the arrival
+    # (needing all 8 GPUs) waits.
+    young = replace(snap, jobs=(replace(snap.jobs[0], start_time=900.0), snap.jobs[1]))
+    assert sizes(plan(young, EDL, 1000.0)) == {"new": 0, "long": 8}
+    # Nor one of its own queue: the running job ranks above a waiting one there.
+    same = replace(snap, jobs=(replace(snap.jobs[0], attained_gpu_seconds=100.0), snap.jobs[1]))
+    assert sizes(plan(same, EDL, 1000.0)) == {"new": 0, "long": 8}
+    # Without the rule, priorities alone decide: nothing of an equal is suspended.
+    plain = with_overrides(EDL, suspend_equal_priority=False)
+    assert sizes(plan(snap, plain, 1000.0)) == {"new": 0, "long": 8}
 
 
 def test_equal_priority_elastic_jobs_do_not_ping_pong() -> None:
@@ -208,10 +236,10 @@ def test_expired_reservations_release_the_gpus() -> None:
         ],
         reservations=held,
     )
-    before = run(later, now=1599)
+    before = plan(later, SHRINKING, 1599.0)
     assert sizes(before) == {"new": 0, "v": 4}
     assert before.reservations == held
-    after = run(later, now=1601)
+    after = plan(later, SHRINKING, 1601.0)
     assert sizes(after) == {"new": 0, "v": 8}
     assert after.reservations == ()
 

@@ -32,6 +32,7 @@ from edl_scheduler.core import (
     PRESETS,
     Ordering,
     Policy,
+    Preemption,
     Reservation,
     Role,
     Snapshot,
@@ -63,8 +64,18 @@ LOW = with_overrides(TIRESIAS, queue_thresholds_gpu_s=(200.0, 1500.0))
 STARVING = with_overrides(LOW, starvation_limit_s=600.0)
 #: Rigid, ranked by attained GPU-time itself: rank keys change as running jobs run.
 LEAST = with_overrides(TIRESIAS, ordering=Ordering.LEAST_ATTAINED, queue_thresholds_gpu_s=())
+#: Elastic with priorities, first come first served, shrinking only: rank keys fixed.
+EDL_FIFO = with_overrides(
+    preset("edl"),
+    ordering=Ordering.FIFO,
+    queue_thresholds_gpu_s=(),
+    las_running_first=False,
+    preemption=Preemption.SHRINK,
+    suspend_equal_priority=False,
+)
 POLICIES: dict[str, Policy] = {
     **PRESETS,
+    "edl-fifo": EDL_FIFO,
     "low-thresholds": LOW,
     "starving": STARVING,
     "least-attained": LEAST,
