@@ -7,6 +7,9 @@ Aspects:
   epochs, and the survivors keep their PIDs;
 - with a fixed global batch, the final parameters equal those of a fixed-size run over the
   same sample sequence, through a join and a SIGKILL;
+- a survivor that hears of a new generation steps after its peer does still leaves with it
+  at the same boundary (the ranks vote): the resize pauses for the group's re-forming, not
+  for a collective's timeout (seen at the timeout, 20 s, without the vote);
 - bad input: an empty dataset, a global batch larger than the dataset, more workers than
   shards (and than samples in a step), an unreachable coordinator: a clear error or a
   normal end, within the timeout.
@@ -100,6 +103,36 @@ def test_model_ledger_is_exact_through_resizes_and_coordinator_restart(
         counts = torch.load(out / f"{name}.pt")["counts"]
         assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
     assert client.progress().finished
+
+
+@pytest.mark.slow
+def test_a_rank_that_hears_late_leaves_with_its_peers(cluster: Cluster) -> None:
+    samples, epochs = 1200, 2
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    out, trace = cluster.root / "out", cluster.root / "trace"
+    args = [*job_args("ledger", samples, out, batch=8, sleep_s=0.12), "--trace", str(trace)]
+    client = cluster.client()
+
+    def members() -> list[str]:
+        return [m.worker_id for m in client.progress().members]
+
+    cluster.starting_worker("w0", args)
+    cluster.starting_worker("w1", [*args, "--deaf-steps", "3"])
+    waiting_for(lambda: len(members()) == 2, 90, "two workers")
+    target = int(client.progress().committed_step) + 5
+    waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+    cluster.starting_worker("w2", args)  # 2 -> 3: w1 hears of it three steps late
+    for name in ("w0", "w1", "w2"):
+        assert cluster.waiting_exit(name, 180) == 0, cluster.log(name)[-3000:]
+    steps = [line.split() for line in trace.read_text().splitlines() if line.startswith("step")]
+    pid0 = json.loads((out / "w0.json").read_text())["pid"]
+    mine = [(float(t), int(world)) for _, t, _, world, pid in steps if int(pid) == pid0]
+    last_of_two = max(t for t, world in mine if world == 2)
+    first_of_three = min(t for t, world in mine if world == 3)
+    assert 0 < first_of_three - last_of_two < 10, (last_of_two, first_of_three)
+    for name in ("w0", "w1", "w2"):
+        counts = torch.load(out / f"{name}.pt")["counts"]
+        assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
 
 
 def reference_parameters(samples: int, epochs: int, batch: int) -> dict[str, torch.Tensor]:

@@ -1,7 +1,8 @@
 """A worker of the runtime's multi-process tests and benchmarks (run as a script).
 
 `--kind ledger` (the per-sample counter) or `--kind mlp` (a small float64 MLP with SGD and
-momentum): see `elastic_job.py`, whose loop it runs.
+momentum): see `elastic_job.py`, whose loop it runs. `--deaf-steps K` makes the worker hear
+of each new generation K reads after it opened (a notice that reaches it late).
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -13,6 +14,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -45,8 +47,30 @@ def mlp_data(samples: int) -> TensorDataset:
     return TensorDataset(inputs, targets)
 
 
+def deafened(agent: Any, steps: int) -> None:
+    """Make ``agent`` hear of each new generation ``steps`` reads late, as a rank whose
+    notice arrives after its peers' does (its Watch stream is its own)."""
+    real = agent.changed
+    late: list[int] = []
+
+    def changed() -> bool:
+        if not real():
+            late.clear()
+            return False
+        if not late:
+            late.append(steps)
+        if late[0] > 0:
+            late[0] -= 1
+            return False
+        return True
+
+    agent.changed = changed
+
+
 def main() -> None:
-    args = arguments().parse_args()
+    parser = arguments()
+    parser.add_argument("--deaf-steps", type=int, default=0, help="hear of changes late")
+    args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
     worker = os.environ["EDL_WORKER_ID"]
@@ -60,6 +84,8 @@ def main() -> None:
         dataset = mlp_data(args.samples)
     trace = args.trace.open("a", buffering=1) if args.trace else None
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
+        if args.deaf_steps:
+            deafened(s.agent, args.deaf_steps)
         summary = training(s, args, nn.functional.cross_entropy, trace)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(

@@ -6,9 +6,11 @@ with session(model, optimizer, dataset, batch_policy=KeepGlobalBatch(64)) as s:
         s.step(loss_fn(s.model(inputs), targets))   # the loss is a mean over the batch
 ```
 `s.model` is the model wrapped in DistributedDataParallel for the current generation; call
-through it each step (it changes object on a resize). At every step boundary the session
-reads, from memory, whether a new generation opened; if so it re-forms the process group,
-reconciles the ledger and broadcasts rank 0's state, then goes on. A rank whose slice of a
+through it each step (it changes object on a resize). Each step every rank reads, from
+memory, whether a new generation opened, and the ranks agree on it in a one-element
+allreduce that runs while the step does, so that all of them leave the generation at the
+same step boundary; then the session re-forms the process group, reconciles the ledger and
+broadcasts rank 0's state, and goes on. A rank whose slice of a
 step is empty (more ranks than samples in the step) gets one stand-in sample whose loss is
 weighted 0, so that every rank takes part in every allreduce.
 
@@ -122,6 +124,12 @@ class ElasticSession(generations.Member):
         self.generations_formed = 0
         self.assignment: Assignment | None = None  # the generation formed or being formed
         self.attempt = 0  # at forming `assignment`
+        # The ranks' vote on leaving the generation: each step every rank adds whether it
+        # has seen a newer generation open (one element, summed over the group while the
+        # step runs); all of them leave at the boundary after a step whose sum is not 0.
+        self.vote = torch.zeros(1, device=self.device)
+        self.voting: dist.Work | None = None
+        self.leaving_generation = False
         directory = self.contract.checkpoint_dir
         self.checkpoints = Path(directory) if directory else None
 
@@ -166,6 +174,15 @@ class ElasticSession(generations.Member):
 
     # ----- generations -----
 
+    def asked_to_leave(self) -> bool:
+        return self.leaving_generation  # this rank or a peer saw a change during the step
+
+    def assigned(self) -> None:
+        self.leaving_generation = False  # left: from here on, failures retry it
+
+    def fenced(self) -> None:
+        self.leaving_generation = True  # a newer generation opened: ask for it
+
     def drained(self) -> None:
         if self.rank == 0 and self.generations_formed > 0:
             # Drained by SIGTERM, its generation is still current: what it applied is
@@ -177,6 +194,7 @@ class ElasticSession(generations.Member):
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.ddp = None
+        self.voting = None  # a vote of the group left behind is moot
         forming(
             assignment, attempt, self.contract.job_id, self.stores, self.device, self.agent.changed
         )
@@ -285,7 +303,8 @@ class ElasticSession(generations.Member):
         while True:
             if not self.stepped:
                 raise RuntimeError("call s.step(loss) once for every batch")
-            if (self.broken or self.agent.changed()) and not self.reforming():
+            leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
+            if (self.broken or leave) and not self.reforming():
                 return
             if self.committer.failure is not None:
                 raise CommitFailed(self.committer.failure)
@@ -302,7 +321,29 @@ class ElasticSession(generations.Member):
             self.local_samples = mine.samples
             self.stepped = False
             self.meter.arming(window.step)  # before the forward: who averages this step
+            if self.world_size > 1:  # every rank votes at the same point of every step
+                self.vote.fill_(1.0 if self.agent.changed() else 0.0)
+                self.voting = dist.all_reduce(self.vote, async_op=True)
             yield self.fetching(mine.ranges)
+
+    def leaving(self) -> bool:
+        """Whether the group leaves its generation at this step boundary. Alone, this rank
+        reads the news itself; in a group all ranks go by the last step's vote, so that they
+        leave at the same boundary (one leaving while a peer starts the next step would
+        leave that peer in an allreduce until the collective's timeout)."""
+        if self.world_size <= 1:
+            self.leaving_generation = self.agent.changed()
+            return self.leaving_generation
+        voting, self.voting = self.voting, None
+        if voting is None:  # no step yet in this generation: vote first
+            return False
+        try:
+            voting.wait()
+            self.leaving_generation = self.vote.item() > 0
+        except RuntimeError as error:  # the group failed: re-form it
+            LOG.info("the vote on leaving failed (%s): re-forming", error)
+            self.broken = True
+        return self.leaving_generation
 
     def step(self, loss: torch.Tensor) -> None:
         """Backpropagate this rank's loss (a mean over its batch) and apply the step."""
