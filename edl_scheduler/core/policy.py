@@ -92,10 +92,11 @@ class Policy:
     of its queue); without it, FIFO inside a queue lets an older waiting job suspend a
     younger running one of the same queue, and in the last queue (no demotion below it)
     long jobs then wait for every older long job to finish.
-    ``suspend_equal_priority``: where the policy suspends and ranks by priority, admission may also
-    suspend a whole running job of the waiting job's own priority ranked below it (by the
-    ordering), once that job has run ``min_run_s`` since its start; off, only jobs of lower
-    priority. (Without priorities every job ranked below may be suspended anyway.)
+    ``suspend_equal_priority``: where the policy suspends and ranks by priority, admission
+    may also suspend a whole running job of the waiting job's own priority ranked below it
+    (by the ordering); off, only jobs of lower priority. Without priorities every job
+    ranked below may be suspended. Either way, one of the waiting job's own level only once
+    it has run ``min_run_s`` since its start (``preempting.may_suspend``).
     """
 
     name: str
