@@ -42,12 +42,13 @@ from edl_scheduler.controller.podstate import (
 log = logging.getLogger("edl.controller.deciding")
 
 
-def clear_away(cycle: JobCycle, succeeded: bool) -> None:
+def clear_away(cycle: JobCycle, succeeded: bool, keep_coordinator: bool = False) -> None:
     """A succeeded job's pods go once they have exited, the others at the job's drain
     deadline after its completion time: a worker told that the job finished may still be
     writing its output, and SIGTERM would cut that off. The coordinator goes last, when no
-    replica runs any more (the workers' goodbyes go to it). A failed job is cleared at once:
-    its workers have nothing to finish."""
+    replica runs any more (the workers' goodbyes go to it), and never with
+    ``keep_coordinator``. A failed job is cleared at once: its workers have nothing to
+    finish."""
     view = cycle.view
     ended = timestamp_of(cycle.status.get("completionTime")) or cycle.now
     overdue = not succeeded or cycle.now >= ended + cycle.tj.spec.timeouts.drain_seconds
@@ -60,13 +61,20 @@ def clear_away(cycle: JobCycle, succeeded: bool) -> None:
         else:
             running = True
     coordinator = view.coordinator
-    if coordinator is not None and not terminating(coordinator) and not running:
+    if coordinator is not None and not (terminating(coordinator) or running or keep_coordinator):
         cycle.delete(coordinator)
 
 
 def finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) -> None:
     """The job ends in ``phase`` (along ``JobPhase``'s diagram): its completion time, its
-    time from submission counted, one Event, and its pods cleared (``clear_away``)."""
+    time from submission counted, one Event, and its replicas cleared (``clear_away``).
+
+    Its coordinator stays until a later cycle reads the final phase back from the API server
+    (``clear_away`` then removes it): removed while the status write is still in flight, a
+    write that is lost (the controller killed) or not yet seen (a cache behind) would leave a
+    job that looks unfinished with no coordinator, and the plan would start it again from
+    the coordinator's last saved snapshot, training a second time what was committed since
+    (``benchmarks/controller_recovery.py`` found it, seed 7)."""
     view = cycle.view
     current = JobPhase(cycle.status.get("phase", JobPhase.PENDING))
     cycle.status["phase"] = step_toward(current, phase).value
@@ -88,7 +96,7 @@ def finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) 
     if view.progress is not None:
         # The last answer, which says finished; the status otherwise keeps the poll before it.
         cycle.status["progress"] = view.progress.as_status()
-    clear_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
+    clear_away(cycle, succeeded=phase is JobPhase.SUCCEEDED, keep_coordinator=True)
 
 
 def replace_finished(cycle: JobCycle) -> None:

@@ -291,7 +291,8 @@ def test_failures_are_charged_refusals_are_not_and_the_budget_ends_the_job() -> 
     )  # fmt: skip
     status = of(PatchStatus, out.intents)[0].status
     assert status["phase"] == "Failed" and status["restarts"] == 2
-    assert {i.name for i in of(DeletePod, out.intents)} == {"b", "c", "j-coordinator"}
+    # Its coordinator goes once the Failed phase is read back (``leaving.finish``).
+    assert {i.name for i in of(DeletePod, out.intents)} == {"b", "c"}
     assert "Failed" in [e.reason.value for e in of(Emit, out.intents)]
 
 
@@ -347,6 +348,22 @@ def test_finished_coordinator_makes_the_job_succeed() -> None:
     # The last answer is the one kept: the status does not stop at the poll before it.
     assert status["progress"]["finished"] is True
     assert status["progress"]["samplesDone"] == 100
+
+
+def test_a_finished_jobs_coordinator_stays_until_its_phase_is_read_back() -> None:
+    """Removed in the cycle that writes Succeeded, a coordinator whose job's write is lost
+    (the controller killed) would be replaced from its last saved snapshot when the job,
+    seen unfinished, starts again: what was committed since would be trained twice."""
+    progress = Progress(3, 1, 1, 10, 100, 100, True, (), (), ())
+    pods = [pod("c", phase="Succeeded"), coordinator()]
+    body = job_body(phase="Running")
+    out = decide({"ns/j": view(body, pods, progress=progress)}, None, CONFIG, NOW, names())
+    assert of(PatchStatus, out.intents)[0].status["phase"] == "Succeeded"
+    assert {i.name for i in of(DeletePod, out.intents)} == {"c"}
+    # Read back (the write landed): the coordinator goes, no worker running.
+    done = job_body(phase="Succeeded", completionTime="2027-01-15T08:00:00Z")
+    later = decide({"ns/j": view(done, [coordinator()])}, None, CONFIG, NOW + 1, names())
+    assert {i.name for i in of(DeletePod, later.intents)} == {"j-coordinator"}
 
 
 def test_a_worker_that_exited_0_stays_until_its_coordinator_answers() -> None:
