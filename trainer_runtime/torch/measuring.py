@@ -75,6 +75,10 @@ class NoiseMeter:
         self.pending.clear()  # tensors of the old group's steps were folded or are moot
         self.unsettled = False
 
+    def detaching(self) -> None:
+        """Let go of the generation's DDP before its group is dissolved."""
+        self.ddp, self.able, self.measuring = None, False, False
+
     def arming(self, step: int) -> None:
         """Before the step's forward: whether DDP averages this step's gradients itself."""
         measuring = self.able and step % MEASURE_EVERY == 0
