@@ -6,8 +6,9 @@ and whole lower jobs where the policy suspends (``may_suspend``). Victims are of
 replica (or one whole job) at a time (``victims``), node by node (first the nodes that could
 hold most of the gang, preferring those whose victims have the lowest priority), and on
 each node lowest priority first, then the most fulfilled; workers that growth added earlier
-in this cycle go back first (they are then simply not added). Admission takes them in that
-order until the gang fits, and gives back those it turns out not to need
+in this cycle go back first (they are then simply not added). Whole jobs come after the
+workers, and after them the workers left on nodes that a suspension made useful. Admission
+takes them in that order until the gang fits, and gives back those it turns out not to need
 (``admitting.Admitter``).
 
 Proofs outside this module rest on these rules: which running jobs no plan can change
@@ -19,6 +20,7 @@ breaks them fails there.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Final
 
@@ -90,24 +92,102 @@ def victims(
 ) -> Iterator[Victim]:
     """Victim units in the order they are taken: single workers above their job's
     minimum, node by node (the nodes that could hold most of the gang first), then
-    whole jobs (lowest priority first). The caller takes each unit before asking for
-    the next, so budgets and fulfillment are read fresh."""
+    whole jobs (lowest priority first), then the workers above the minimum that the
+    first pass left on nodes where suspensions made room (it stops at the room that
+    shrinking alone reaches). The caller takes each unit before asking for the next, so
+    budgets and fulfillment are read fresh."""
     if shrink:
         yield from _shrink_units(session, js, needs)
     if suspend:
-        cluster, classes = session.cluster, js.classes
-        whole = [v for v in session.jobs if may_suspend(session, js, v)]
-        for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
-            gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
-            rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
-            if any(cluster.node_class[cluster.index[r.node]] in classes for r in rest):
-                yield Victim(v, tuple(rest), whole=True)
+        suspended = False
+        for victim in _whole_jobs(session, js):
+            suspended = True
+            yield victim
+        if shrink and suspended:  # (without, the first pass offered all that helps)
+            yield from _shrink_units(session, js, needs, full=True)
 
 
-def _shrink_units(session: Session, js: JobState, needs: dict[Role, int]) -> Iterator[Victim]:
+def _whole_jobs(session: Session, js: JobState) -> Iterator[Victim]:
+    """The jobs ``may_suspend`` allows, lowest priority first, then lowest ranked, each
+    with its remaining replicas (one with none where ``js`` may run frees nothing)."""
+    cluster, classes = session.cluster, js.classes
+    whole = [v for v in _ranked_below(_had_workers(session), js) if may_suspend(session, js, v)]
+    for v in sorted(whole, key=lambda v: (v.priority, -v.rank)):
+        gone = set(map(id, v.removed[Role.WORKER] + v.removed[Role.PSERVER]))
+        rest = [r for r in v.live[Role.WORKER] + v.live[Role.PSERVER] if id(r) not in gone]
+        if any(cluster.node_class[cluster.index[r.node]] in classes for r in rest):
+            yield Victim(v, tuple(rest), whole=True)
+
+
+def _had_workers(session: Session) -> list[JobState]:
+    """The jobs with live workers at the cycle's start, in rank order: every job
+    ``may_suspend`` can name (one without them runs now only if started this cycle)."""
+    index = session.had_workers
+    if index is None:
+        index = session.had_workers = [v for v in session.jobs if v.live_w]
+    return index
+
+
+def _reclaimable(session: Session) -> list[JobState]:
+    """The jobs an equal ranked below may shrink voluntarily (``may_shrink``), in rank
+    order; only jobs with live workers at the cycle's start have run their minimum."""
+    index = session.reclaimable
+    if index is None:
+        index = session.reclaimable = [
+            v
+            for v in _had_workers(session)
+            if v.job.preemptible and may_shrink_voluntarily(session, v)
+        ]
+    return index
+
+
+def _ranked_below(ranked: list[JobState], js: JobState) -> list[JobState]:
+    """The jobs of ``ranked`` (in rank order) ranked below ``js``."""
+    return ranked[bisect_right(ranked, js.rank, key=_rank) :]
+
+
+def _rank(js: JobState) -> int:
+    return js.rank
+
+
+def _spare(session: Session) -> list[JobState]:
+    """The jobs that had workers above their minimum at the cycle's start, in rank order."""
+    index = session.spare
+    if index is None:
+        index = session.spare = [v for v in _had_workers(session) if len(v.live_w) > v.lo]
+    return index
+
+
+def _shrinkable(session: Session, js: JobState) -> Iterator[JobState]:
+    """Each job that ``may_shrink`` allows for ``js`` and has workers above its minimum,
+    once, and a few that do not (checked again). Those ranked below it (a job of higher
+    priority never is) that had such workers at the cycle's start, and with
+    ``reclaim_equal_priority`` those of its priority ranked above that may shrink now;
+    and any such job among those moved this cycle (``touched``). Asked for every waiting
+    job that preempts, so it visits no job that could never be one: under overload most
+    jobs wait, or run at their minimum."""
+    reclaim = session.policy.reclaim_equal_priority
+    if reclaim:
+        for v in _reclaimable(session):
+            if v.rank >= js.rank:
+                break
+            if v.priority == js.priority:
+                yield v
+    yield from _ranked_below(_spare(session), js)
+    for v in session.touched.values():  # (none of them was yielded above)
+        if v.rank > js.rank:
+            if len(v.live_w) <= v.lo:
+                yield v
+        elif reclaim and not v.live_w and v.priority == js.priority:
+            yield v
+
+
+def _shrink_units(
+    session: Session, js: JobState, needs: dict[Role, int], full: bool = False
+) -> Iterator[Victim]:
     cluster, res, need = session.cluster, js.resources(Role.WORKER), needs[Role.WORKER]
     on_node: dict[int, list[tuple[JobState, Replica | None]]] = {}
-    for v in session.jobs:
+    for v in _shrinkable(session, js):
         if v.size() <= v.lo or not may_shrink(session, js, v):
             continue
         for n in v.added[_W]:  # growth of this cycle goes back first
@@ -147,12 +227,18 @@ def _shrink_units(session: Session, js: JobState, needs: dict[Role, int]) -> Ite
         now = min(cluster.room(n, res, js.name, js.rank), need)
         return (-(most[n] - now), -most[n], lowest, -now, n)
 
-    # The room for the gang each node can reach: victims there stop once it is reached.
-    # (Parameter servers need room too, which this count of workers does not see: for
-    # them every node's victims are offered until the whole gang's workers fit there.)
+    # The room for the gang each node can reach: victims there stop once it is reached,
+    # and a node where all of them make no room for one worker is passed over (its
+    # victims would spend their jobs' budgets for nothing). Parameter servers need room
+    # too, which this count of workers does not see: for them every node's victims are
+    # offered until the whole gang's workers fit there; in the pass after suspensions
+    # (``full``) every useful node's are.
     most = {n: min(potential(n), need) for n in on_node}
-    enough = dict.fromkeys(on_node, need) if needs.get(Role.PSERVER) else most
+    servers = bool(needs.get(Role.PSERVER))
+    enough = dict.fromkeys(on_node, need) if full or servers else most
     for n in sorted(on_node, key=order):
+        if not servers and most[n] == 0:
+            continue
         units = sorted(
             on_node[n],
             key=lambda vr: (

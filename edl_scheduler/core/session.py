@@ -426,6 +426,12 @@ class Session:
             jobs[rank].begin(rank)
         self._named = named
         self._by_name: dict[str, JobState] | None = None
+        #: ``preempting``'s indexes of this cycle's possible victims, in rank order, built
+        #: when first asked: the jobs with live workers at the cycle's start, those of them
+        #: above their minimum, and those an equal may shrink voluntarily.
+        self.had_workers: list[JobState] | None = None
+        self.spare: list[JobState] | None = None
+        self.reclaimable: list[JobState] | None = None
         self._load_holds(reservations)
 
     def state_of(self, name: str) -> JobState | None:

@@ -575,6 +575,29 @@ def test_victims_are_sought_where_the_victims_budget_can_make_room() -> None:
     assert low.reason is Reason.SHRUNK_TO_ADMIT and low.workers.remove == ("low-w3",)
 
 
+def test_workers_above_the_minimum_still_go_where_a_suspension_made_room() -> None:
+    # "high" fits only on n0, whole (two 4-GPU workers). "spare" ranks below it (same
+    # priority, more attained service) and has not run its minimum, so it may only shrink,
+    # to 1 worker. Its three workers on n0 make room for one worker of high; suspending
+    # "small" (lower priority) frees one GPU more, and only then does spare's last worker
+    # there complete the gang. Its worker on n1 would make no room at all: taken, it would
+    # have spent spare's budget for nothing.
+    spare = job("spare").min(1).max(4).gpus(2).priority(9).attained(4000.0)
+    snap = snapshot(
+        [node("n0").gpus(8), node("n1").gpus(2)],
+        [
+            spare.running(("n0", 3), ("n1", 1)).started(1000),
+            job("small").min(1).max(1).priority(1).running(("n0", 1)),
+            job("high").min(2).max(2).gpus(4).priority(9).submitted(5),
+        ],
+    )
+    p = run(snap)
+    assert sizes(p) == {"high": 2, "spare": 1, "small": 0}
+    assert p.decision("small").reason is Reason.SUSPENDED_TO_ADMIT
+    assert p.decision("spare").reason is Reason.SHRUNK_TO_ADMIT
+    assert p.decision("high").workers.add_nodes == ("n0", "n0")
+
+
 def test_victims_of_a_gang_across_nodes_are_taken_where_they_add_room() -> None:
     # "high" needs two 3-GPU workers; n0 holds one already. The one worker "low" may give is
     # taken on n1, where it adds room, not on n0, where it adds none.
