@@ -234,8 +234,8 @@ class ElasticSession(generations.Member):
         is destroyed. On gloo a vote may still run after a failed step (a peer died): if
         gloo's worker thread then held its last reference, releasing the vote tensor there
         would take the GIL, while the group's destructor joins that thread holding the GIL
-        (seen: a survivor hung for ever in the re-form after a peer's SIGKILL, about one run
-        in five). So the vote is waited for (bounded by the group's timeout) and released
+        (seen: a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of
+        9). So the vote is waited for (bounded by the group's timeout) and released
         after the group, on this thread. (On NCCL each step's `settling` already waited for
         the device's collectives, the vote's among them.)"""
         voting, self.voting = self.voting, None
