@@ -152,11 +152,7 @@ class ElasticSession(generations.Member):
             self.agent.leaving()
         self.committer.closing()
         self.agent.closing()
-        self.ddp = None
-        self.meter.detaching()
-        last_vote = self.settling_vote()
-        dissolving()
-        del last_vote
+        self.leaving_group()
 
     def warming_up(self) -> None:
         """Pay the one-off costs (the optimizer's first step imports torch._dynamo) on a
@@ -197,13 +193,10 @@ class ElasticSession(generations.Member):
         self.checkpointing()
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
-        self.ddp = None
-        self.meter.detaching()  # the old DDP's reducer holds the old group
-        last_vote = self.settling_vote()
+        self.leaving_group()
         forming(
             assignment, attempt, self.contract.job_id, self.stores, self.device, self.agent.changed
         )
-        del last_vote  # the old group is gone (see `settling_vote`)
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
         extra: dict[str, Any] = {}
@@ -229,22 +222,28 @@ class ElasticSession(generations.Member):
         self.generations_formed += 1
         self.last_step_at = time.monotonic()
 
-    def settling_vote(self) -> dist.Work | None:
-        """The vote of the group left behind, ended; the caller holds it until the old group
-        is destroyed. On gloo a vote may still run after a failed step (a peer died): if
+    def leaving_group(self) -> None:
+        """Leave the generation's group, if any, and let go of everything that holds it.
+
+        The old DDP (and the meter's reference to it) goes first: its reducer holds the
+        group, so the group is destroyed in ``dissolving``, here. The last vote is held
+        until then. On gloo a vote may still run after a failed step (a peer died): if
         gloo's worker thread then held its last reference, releasing the vote tensor there
         would take the GIL, while the group's destructor joins that thread holding the GIL
         (seen: a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of
-        9). So the vote is waited for (bounded by the group's timeout) and released
-        after the group, on this thread. (On NCCL each step's `settling` already waited for
-        the device's collectives, the vote's among them.)"""
-        voting, self.voting = self.voting, None
-        if voting is not None and self.device.type != "cuda":
+        9). So the vote is waited for (bounded by the group's timeout) and released after
+        the group, on this thread. (On NCCL each step's ``settling`` already waited for the
+        device's collectives, the vote's among them.)"""
+        self.ddp = None
+        self.meter.detaching()
+        last_vote, self.voting = self.voting, None
+        if last_vote is not None and self.device.type != "cuda":
             try:
-                voting.wait()
+                last_vote.wait()
             except RuntimeError as error:  # the group failed: the vote is moot
                 LOG.debug("the vote of the group left behind failed (%s)", error)
-        return voting
+        dissolving()
+        del last_vote  # after the group: released on this thread
 
     def noise_state(self) -> dict[str, Any]:
         """Rank 0's gradient statistics for the generation; a job that measured nothing yet
