@@ -4,9 +4,9 @@ The planner's cost grows with the jobs in its snapshot, and in a congested clust
 them are waiting jobs that this plan cannot start. Leaving those out changes no decision,
 because admission tries each waiting job in a statement that is discarded when its gang does
 not fit: a job that fails takes nothing, reserves nothing and blocks nothing, except under
-strict FIFO (head-of-line), where it blocks every job ranked below it. A job that cannot
-even reach its trial (its gang needs more than free plus preemptible GPUs) does not touch
-the planner's node buckets either, so node choices of the others stay the same.
+strict FIFO (head-of-line), where it blocks every job ranked below it. Its trial leaves
+no trace on the cluster either (placement walks the nodes in an order that depends on free
+capacity alone), so node choices of the others stay the same.
 
 A waiting job ``X`` cannot start when its gang needs more GPUs than could possibly be free
 at its turn in any round of the cycle:

@@ -28,8 +28,11 @@ from edl_scheduler.core.preempting import Victim, take, victims
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.sizing import surplus_gpus
 from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.stability import has_run_minimum, may_shrink_voluntarily
 
 _W: Final = Role.WORKER
+#: Sums not read yet in ``Admitter.run`` (a list, so the loop's locals keep one type).
+_NONE: Final[list[int]] = []
 
 
 class _Suffixes:
@@ -123,15 +126,19 @@ class Admitter:
         policy = session.policy
         self.shrink_ok = policy.shrinks
         self.suspend_ok = policy.suspends
+        self.reclaim = self.shrink_ok and policy.reclaim_equal_priority
+        self.by_priority = self.suspend_ok and not policy.suspends_by_rank
+        #: Whether a job of the level it starts for must have run its minimum to be
+        #: suspended (``may_suspend``): then those are counted apart.
+        self.by_minimum = self.suspend_ok and policy.suspends_by_rank and policy.min_run_s > 0
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
         # Ranking puts each priority level in one run of ranks: only its ends are read, and
-        # only by a pool of jobs of other levels (shrinking equals, or suspending by
-        # priority): under other policies no level is read and none is found.
+        # only by pools that tell a job's level from the others (equals that may be
+        # reclaimed, suspension by priority, equals suspended after their minimum run):
+        # under other policies no level is read and none is found.
         level: int | None = None
-        reads = (self.shrink_ok and policy.reclaim_equal_priority) or (
-            self.suspend_ok and not policy.suspends_by_rank
-        )
+        reads = self.reclaim or self.by_priority or self.by_minimum
         for js in session.jobs if reads else ():
             if js.priority != level:
                 level = js.priority
@@ -150,9 +157,19 @@ class Admitter:
         # Zeros first: a waiting job (most of a congested cluster's) frees nothing, and is
         # passed over without a write.
         shrinkable = [0] * len(jobs) if self.shrink_ok else []
+        reclaimable = [0] * len(jobs) if self.reclaim else []
         suspendable = [0] * len(jobs) if self.suspend_ok else []
+        ran_minimum = [0] * len(jobs) if self.by_minimum else []
         if self.shrink_ok or self.suspend_ok:
-            shrink, suspend = self.shrink_ok, self.suspend_ok
+            # ``_pools`` of each job, inlined: this runs over every job at every plan.
+            session, now = self.s, self.s.now
+            shrink, reclaim, suspend, by_minimum = (
+                self.shrink_ok,
+                self.reclaim,
+                self.suspend_ok,
+                self.by_minimum,
+            )
+            min_run = session.policy.min_run_s
             for rank in range(len(jobs)):
                 js = jobs[rank]
                 workers = js.workers
@@ -163,38 +180,67 @@ class Admitter:
                     continue
                 gpu = job.worker.resources.gpu
                 if shrink:
-                    shrinkable[rank] = surplus_gpus(workers, js.lo, gpu)
+                    surplus = shrinkable[rank] = surplus_gpus(workers, js.lo, gpu)
+                    if reclaim and surplus and may_shrink_voluntarily(session, js):
+                        reclaimable[rank] = surplus
                 if suspend and not js.started:
-                    suspendable[rank] = workers * gpu
+                    whole = suspendable[rank] = workers * gpu
+                    if by_minimum and has_run_minimum(job.start_time, now, min_run):
+                        ran_minimum[rank] = whole
         self.shrinkable = _Suffixes(shrinkable)
+        self.reclaimable = _Suffixes(reclaimable)
         self.suspendable = _Suffixes(suspendable)
+        self.ran_minimum = _Suffixes(ran_minimum)
 
-    @staticmethod
-    def _pools(js: JobState) -> tuple[int, int]:
-        """GPUs that shrinking, and suspending, ``js`` could free (``refresh_pools`` counts
-        the same for every job at once)."""
+    def _pools(self, js: JobState) -> tuple[int, int, int, int]:
+        """GPUs that ``js`` could give up: shrinking for a job ranked above it, shrinking
+        for an equal ranked below it (``may_shrink``), suspended whole, and suspended whole
+        for an equal ranked above it (``may_suspend``). 0 where the policy never asks."""
         if not js.job.preemptible:
-            return 0, 0
-        gpu = js.job.worker.resources.gpu
-        return surplus_gpus(js.size(), js.lo, gpu), 0 if js.started else js.size() * gpu
+            return 0, 0, 0, 0
+        session, gpu, size = self.s, js.job.worker.resources.gpu, js.size()
+        shrink = surplus_gpus(size, js.lo, gpu) if self.shrink_ok else 0
+        reclaim = shrink if shrink and self.reclaim and may_shrink_voluntarily(session, js) else 0
+        whole = size * gpu if self.suspend_ok and not js.started else 0
+        ran = (
+            whole
+            if whole
+            and self.by_minimum
+            and has_run_minimum(js.job.start_time, session.now, session.policy.min_run_s)
+            else 0
+        )
+        return shrink, reclaim, whole, ran
 
     def _update_pools(self, js: JobState) -> None:
-        shrink, suspend = self._pools(js)
+        shrink, reclaim, whole, ran = self._pools(js)
         if self.shrink_ok:
             self.shrinkable.set(js.rank, shrink)
+        if self.reclaim:
+            self.reclaimable.set(js.rank, reclaim)
         if self.suspend_ok:
-            self.suspendable.set(js.rank, suspend)
+            self.suspendable.set(js.rank, whole)
+        if self.by_minimum:
+            self.ran_minimum.set(js.rank, ran)
 
     def _pool(self, js: JobState) -> int:
-        """An upper bound of the GPUs that preemption could free for ``js`` (quick reject)."""
-        total = 0
+        """An upper bound of the GPUs that preemption could free for ``js`` (its quick
+        reject): what each job ``may_shrink`` or ``may_suspend`` allows could give up.
+        Exact but for node fit: every trial it rejects would fail."""
+        rank, total = js.rank, 0
         if self.shrink_ok:
-            start = self.level_start[js.priority] if self.s.policy.reclaim_equal_priority else 0
-            total += self.shrinkable.suffix(start if start < js.rank else js.rank + 1)
+            total += self.shrinkable.suffix(rank + 1)
+            if self.reclaim:
+                start = self.level_start[js.priority]
+                total += self.reclaimable.suffix(start) - self.reclaimable.suffix(rank)
         if self.suspend_ok:
-            by_rank = self.s.policy.suspends_by_rank
-            start = js.rank + 1 if by_rank else self.level_end[js.priority]
-            total += self.suspendable.suffix(start)
+            if self.by_priority:
+                total += self.suspendable.suffix(self.level_end[js.priority])
+            elif self.by_minimum:
+                end = self.level_end[js.priority]
+                total += self.ran_minimum.suffix(rank + 1) - self.ran_minimum.suffix(end)
+                total += self.suspendable.suffix(end)
+            else:
+                total += self.suspendable.suffix(rank + 1)
         return total
 
     def run(self, jobs: list[JobState] | None = None) -> int:
@@ -211,11 +257,9 @@ class Admitter:
         # the pools' sums change only when a job starts (``_started``): after any
         # ``_admit`` or ``_move`` they are asked for again.
         shrink_ok, suspend_ok = self.shrink_ok, self.suspend_ok
-        reclaim = self.s.policy.reclaim_equal_priority
-        by_priority = not self.s.policy.suspends_by_rank  # (suspension's pool)
+        reclaim, by_priority, by_minimum = self.reclaim, self.by_priority, self.by_minimum
         level_start, level_end = self.level_start, self.level_end
-        shrink_sums: list[int] | None = None
-        suspend_sums: list[int] | None = None
+        shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
         last_classes: frozenset[int] | None = None
         capacity = 0
         only = -1
@@ -228,7 +272,7 @@ class Admitter:
                 continue
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)
-                shrink_sums = suspend_sums = None
+                shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
                 continue
             needs: dict[Role, int] | None = None
             if job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
@@ -258,18 +302,29 @@ class Admitter:
             if hopeless and preempts:  # ``free + self._pool(js) < gpus``, inlined
                 pool, rank = 0, js.rank
                 if shrink_ok:
-                    if shrink_sums is None:
+                    if shrink_sums is _NONE:
                         shrink_sums = self.shrinkable.sums()
-                    start = level_start[js.priority] if reclaim else 0
-                    pool += shrink_sums[start if start < rank else rank + 1]
+                    pool += shrink_sums[rank + 1]
+                    if reclaim:
+                        if reclaim_sums is _NONE:
+                            reclaim_sums = self.reclaimable.sums()
+                        pool += reclaim_sums[level_start[js.priority]] - reclaim_sums[rank]
                 if suspend_ok:
-                    if suspend_sums is None:
+                    if suspend_sums is _NONE:
                         suspend_sums = self.suspendable.sums()
-                    pool += suspend_sums[level_end[js.priority] if by_priority else rank + 1]
+                    if by_priority:
+                        pool += suspend_sums[level_end[js.priority]]
+                    elif by_minimum:
+                        if ran_sums is _NONE:
+                            ran_sums = self.ran_minimum.sums()
+                        end = level_end[js.priority]
+                        pool += ran_sums[rank + 1] - ran_sums[end] + suspend_sums[end]
+                    else:
+                        pool += suspend_sums[rank + 1]
                 hopeless = free + pool < gpus
             if not hopeless:
                 admitted = self._admit(js, needs_of(js) if needs is None else needs, gpus)
-                shrink_sums = suspend_sums = None
+                shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
                 if admitted:
                     started += 1
                     continue

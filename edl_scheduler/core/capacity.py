@@ -10,6 +10,8 @@ once its node has the room in fact. Nothing here reads a clock or does I/O.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
+
 from edl_scheduler.core.layout import Layout, layout_of
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import Node, Role
@@ -64,18 +66,22 @@ class Cluster:
         self.node_class = layout.node_class
         self.class_nodes = layout.class_nodes
         self.class_example = layout.class_example
-        # Free GPUs -> nodes, per class; dicts keep insertion order, so search is deterministic.
-        self.buckets: list[dict[int, dict[int, None]]] = [{} for _ in self.class_nodes]
+        # Free GPUs -> nodes of that class in index order, which is the order best-fit
+        # placement walks them. The order depends on nothing but the free counts, so a
+        # statement that is discarded (a failed admission, ``gang_fits``) leaves no trace on
+        # where later replicas go: a node given capacity and taken it back stands where it
+        # stood.
+        self.buckets: list[dict[int, list[int]]] = [{} for _ in self.class_nodes]
         self.class_free_gpu = [0] * len(self.class_nodes)
         self.class_capacity_gpu = list(layout.class_capacity_gpu)
         of_node, free, buckets = self.node_class, self.class_free_gpu, self.buckets
-        for i, g in enumerate(self.gpu):
+        for i, g in enumerate(self.gpu):  # (ascending ``i``: each list is built sorted)
             c = of_node[i]
             found = buckets[c].get(g)
             if found is None:
-                buckets[c][g] = {i: None}
+                buckets[c][g] = [i]
             else:
-                found[i] = None
+                found.append(i)
             if g > 0:
                 free[c] += g
         #: Free GPUs, counting only nodes that have some (an over-committed node, which
@@ -88,8 +94,14 @@ class Cluster:
         c = self.node_class[node]
         old = self.gpu[node]
         if old != new_gpu:
-            del self.buckets[c][old][node]
-            self.buckets[c].setdefault(new_gpu, {})[node] = None
+            bucket = self.buckets[c]
+            was = bucket[old]
+            del was[bisect_left(was, node)]
+            now = bucket.get(new_gpu)
+            if now is None:
+                bucket[new_gpu] = [node]
+            else:
+                insort(now, node)
             self.gpu[node] = new_gpu
             delta = max(0, new_gpu) - max(0, old)
             self.class_free_gpu[c] += delta
@@ -136,13 +148,7 @@ class Cluster:
     ) -> int:
         """``room`` as it would be were ``gpu``, ``cpu`` and ``mem`` more free on ``node``,
         without giving and taking them back (admission asks it of every node a victim
-        stands on). Search walks a bucket in insertion order, and a give and take back
-        leaves ``node`` last in its bucket; so does this, where ``gpu`` is not 0, so that
-        every later placement searches the nodes in the order it always did."""
-        if gpu:
-            bucket = self.buckets[self.node_class[node]][self.gpu[node]]
-            del bucket[node]
-            bucket[node] = None
+        stands on)."""
         gpu, cpu, mem = self.gpu[node] + gpu, self.cpu[node] + cpu, self.mem[node] + mem
         if node in self.holds:
             held = self.held_for_others(node, job, rank)

@@ -1,7 +1,7 @@
 """``Cluster.room_freed`` answers as giving capacity to a node, asking ``room`` and taking it
 back did (admission's reach per node, ``Admitter._shrink_units``), and leaves the cluster as
-that did: the same free counts and the same order of nodes in every bucket, which best-fit
-placement walks in insertion order."""
+that did: the same free counts and the same nodes, in the same order, in every bucket of
+free GPUs (the order best-fit placement walks them)."""
 
 from __future__ import annotations
 
