@@ -10,6 +10,9 @@ Definitions (the docs repeat them, and a comparison is fair only if every run us
   GPU-seconds across the makespan. Useful: the same with each job's GPUs weighted by its
   scaling efficiency (``SimJob.useful_gpus``) and nothing counted while paused.
 - Resizes and preemptions per job: means over all jobs.
+- Utilization when saturated: GPU-seconds allocated over cluster GPU-seconds, counted only
+  while the jobs submitted and not finished want at least the cluster's GPUs at their
+  minimum (every GPU could be in use). Jobs that never finish count as present to the end.
 
 ``summary.json`` maps each policy argument, as given, to its ``Summary``; ``jobs.csv`` has
 one row per job and policy; ``table.md`` is the Markdown comparison; the PNG plots are drawn
@@ -48,6 +51,40 @@ def _integral(timeline: Sequence[tuple[float, int, float]], end: float) -> tuple
     return allocated, useful
 
 
+def saturated_utilization(result: SimResult) -> tuple[float | None, float]:
+    """GPUs allocated, as a share of the cluster, over the time when the jobs present want
+    at least the cluster's GPUs at their minimum sizes; and that time in seconds. (None, 0)
+    when the cluster is never saturated. The timeline ends at the last completion."""
+    capacity = result.cluster.gpus
+    ends = [j.end for j in result.jobs if j.end is not None]
+    if not result.timeline or not capacity:
+        return None, 0.0
+    last = max(ends, default=result.timeline[-1][0])
+    # (time, change of the GPUs wanted): a job wants its minimum from submission to its end.
+    changes = [(j.submit_time, j.min_workers) for j in result.jobs]
+    changes += [(j.end, -j.min_workers) for j in result.jobs if j.end is not None]
+    changes.sort()
+    allocated_s = saturated_s = 0.0
+    wanted, at = 0, 0
+    timeline = result.timeline
+    for i, (t, held, _) in enumerate(timeline):
+        t_next = min(timeline[i + 1][0] if i + 1 < len(timeline) else last, last)
+        # Split the allocation's step at every change of demand inside it.
+        start = t
+        while start < t_next:
+            while at < len(changes) and changes[at][0] <= start:
+                wanted += changes[at][1]
+                at += 1
+            stop = min(t_next, changes[at][0]) if at < len(changes) else t_next
+            if wanted >= capacity:
+                allocated_s += held * (stop - start)
+                saturated_s += stop - start
+            start = stop
+    if saturated_s <= 0:
+        return None, 0.0
+    return allocated_s / (capacity * saturated_s), saturated_s
+
+
 def summarize(result: SimResult) -> dict[str, Any]:
     """The run's numbers as a JSON-ready dict (keys as in the issue's ``summary.json``)."""
     jobs = result.jobs
@@ -67,6 +104,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         if mine:
             by_priority[str(prio)] = float(np.mean(mine))
     n = len(jobs)
+    saturated, saturated_s = saturated_utilization(result)
     return {
         "avg_jct_s": avg,
         "median_jct_s": median,
@@ -75,6 +113,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "makespan_s": makespan,
         "utilization_allocated": allocated / capacity if capacity else 0.0,
         "utilization_useful": useful / capacity if capacity else 0.0,
+        "utilization_saturated": saturated,
+        "saturated_s": saturated_s,
         "jobs": n,
         "finished": len(jcts),
         "avg_queueing_s": d_avg,

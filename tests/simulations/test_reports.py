@@ -46,6 +46,24 @@ def test_summary_of_a_hand_computed_run() -> None:
     assert table.splitlines()[2].startswith("| fifo-gang | 125.0 | 125 |")
 
 
+def test_utilization_counts_only_while_the_jobs_want_every_gpu() -> None:
+    """Two 4-GPU jobs on 4 GPUs, a 2-GPU job after them: saturated while a big job is
+    present (0-150 s: a runs, b waits, then b runs), all four GPUs held then; the small job
+    alone (200-300 s) leaves half of them idle and does not count."""
+    jobs = [
+        SimJob("a", 0, 4, 100, 4, 4),
+        SimJob("b", 0, 4, 50, 4, 4),
+        SimJob("c", 200, 2, 100, 2, 2),
+    ]
+    result = simulate(jobs, ClusterSpec(1, 4), preset("fifo-gang"), NO_COSTS)
+    s = summarize(result)
+    assert s["saturated_s"] == pytest.approx(150)
+    assert s["utilization_saturated"] == pytest.approx(1.0)
+    assert s["utilization_allocated"] == pytest.approx((150 * 4 + 100 * 2) / (300 * 4))
+    alone = summarize(simulate(jobs[2:], ClusterSpec(1, 4), preset("fifo-gang"), NO_COSTS))
+    assert (alone["utilization_saturated"], alone["saturated_s"]) == (None, 0.0)
+
+
 def test_run_command_writes_every_output(tmp_path: Path) -> None:
     out = tmp_path / "out"
     args = ["run", "--trace", str(DATA / "60_job.csv"), "--format", "tiresias"]
