@@ -223,7 +223,9 @@ class CoordinatorClient:
         return stream
 
     def awaiting_generation(self, worker_id: str, after: int, timeout_s: float) -> Any:
-        request = pb.AwaitGenerationRequest(worker_id=worker_id, after=after, timeout_s=timeout_s)
+        request = pb.AwaitGenerationRequest(
+            worker_id=worker_id, after=after, timeout_s=timeout_s, incarnation=self.incarnation
+        )
         return self.calling("AwaitGeneration", request, timeout_s=timeout_s + self.timeout_s)
 
     def reconcile(

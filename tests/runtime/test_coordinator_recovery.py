@@ -14,7 +14,8 @@ Aspects of the pure state (``recovering.py``, ``CoordinatorState``):
   changes nothing; a lease this incarnation granted is never taken back by a late report;
 - leases and commits naming another incarnation are refused (``Reincarnated``); malformed
   reports are refused whole, with a message, the ledger unchanged; over the API, a
-  replaced incarnation is told apart from a fence (``client.Reincarnated``), and a report
+  replaced incarnation is told apart from a fence (``client.Reincarnated``), a worker's
+  wait for a generation is answered at once by another incarnation, and a report
   beyond ``MAX_TRAINED`` ranges is refused before it reaches the state;
 - every rank of a generation adopts the windows its rank 0 applied (``generations``).
 
@@ -23,7 +24,8 @@ workers' own ledger files, not by the coordinator's count):
 - a snapshot taken mid-epoch, more shards committed after it, the coordinator SIGKILLed and
   a new one started from that snapshot: every sample is trained exactly once;
 - the same with the snapshot an epoch behind (the old coordinator advanced the epoch after
-  it): the new one learns from the reports that the epoch ended;
+  it): the new one learns from the reports that the epoch ended; and with a worker that
+  joined after the snapshot (the new coordinator does not know it: it registers anew);
 - no worker fails on the new coordinator (the test replaces one that does, as the
   controller would, so that a failure shows as repeated samples rather than a stalled job).
 """
@@ -208,6 +210,10 @@ def test_a_replaced_incarnation_is_told_apart_from_a_fence_over_the_api() -> Non
         client.incarnation = old.incarnation  # what w0's client knew
         with pytest.raises(Reincarnated):
             client.lease_shard("w0", 1)
+        started = time.monotonic()
+        reply = client.awaiting_generation("w0", 0, 5.0)  # answered at once, not polled out
+        assert reply.status == pb.PENDING and reply.incarnation == state.incarnation
+        assert time.monotonic() - started < 2.0
         client.register("w0", "n", "", rejoin=Rejoining(1, ((0, SampleRange(0, 4)),), 3))
         assert client.incarnation == state.incarnation
         waiting_for(lambda: not state.is_recovering(), 5.0, "the recovery to open")
@@ -236,13 +242,14 @@ def replacing_failed_workers(cluster: Cluster, root: Path, failed: list[str]) ->
 
 
 def replacing_from_an_old_snapshot(
-    cluster: Cluster, snapshot_at: int, kill_at: int, root: Path
+    cluster: Cluster, snapshot_at: int, kill_at: int, root: Path, joiner: bool = False
 ) -> tuple[int, int, list[str]]:
-    """Run a job, keep a snapshot once `snapshot_at` samples are done, SIGKILL the
-    coordinator once `kill_at` are, and start a new one from that snapshot (as the
-    controller's replacement pod does: the document seeded into its `--state-file`), then
-    let the job finish, replacing the workers that fail. Returns the samples done in the
-    snapshot and at the kill, and the workers that failed."""
+    """Run a job, keep a snapshot once `snapshot_at` samples are done (then, with `joiner`,
+    start a fourth worker, which the snapshot does not know), SIGKILL the coordinator once
+    `kill_at` are, and start a new one from that snapshot (as the controller's replacement
+    pod does: the document seeded into its `--state-file`), then let the job finish,
+    replacing the workers that fail. Returns the samples done in the snapshot and at the
+    kill, and the workers that failed."""
     coordinator_args = [
         "--samples", str(SAMPLES), "--shard-size", str(SHARD), "--epochs", str(EPOCHS),
         "--mode", "independent", "--join-window-s", "0.1", "--lease-timeout-s", "5",
@@ -259,6 +266,11 @@ def replacing_from_an_old_snapshot(
     waiting_for(lambda: client.progress().samples_done >= snapshot_at, 60, "the snapshot's samples")
     snapshot = client.snapshot()  # what the controller keeps in the job's ConfigMap
     kept = Ledger.from_dict(json.loads(snapshot)["ledger"]).samples_done
+    if joiner:
+        cluster.starting_worker("w3", [*WORKER, "--ledger-file", str(root / "w3.ledger")])
+        waiting_for(
+            lambda: "w3" in {m.worker_id for m in client.progress().members}, 60, "a joiner"
+        )
     waiting_for(lambda: client.progress().samples_done >= kill_at, 60, "commits after it")
     done_at_kill = int(client.progress().samples_done)
     cluster.killing("coordinator")
@@ -274,16 +286,20 @@ def replacing_from_an_old_snapshot(
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("snapshot_at", "kill_at"),
-    [(300, 700), (SAMPLES - 300, SAMPLES + 300)],
-    ids=["mid-epoch", "an-epoch-behind"],
+    ("snapshot_at", "kill_at", "joiner"),
+    [(300, 700, False), (SAMPLES - 300, SAMPLES + 300, False), (300, 900, True)],
+    ids=["mid-epoch", "an-epoch-behind", "a-joiner-it-lacks"],
 )
 def test_a_coordinator_replaced_from_an_old_snapshot_repeats_no_sample(
-    cluster: Cluster, snapshot_at: int, kill_at: int
+    cluster: Cluster, snapshot_at: int, kill_at: int, joiner: bool
 ) -> None:
     root = cluster.root / "ledgers"
     root.mkdir()
-    kept, done_at_kill, failed = replacing_from_an_old_snapshot(cluster, snapshot_at, kill_at, root)
+    kept, done_at_kill, failed = replacing_from_an_old_snapshot(
+        cluster, snapshot_at, kill_at, root, joiner
+    )
+    if joiner:
+        assert (root / "w3.ledger").read_text(), "the joiner trained nothing"
     counts, unknown = counting_trained(root, EPOCHS)
     result = exactness(counts, SAMPLES, unknown)
     print(

@@ -37,10 +37,17 @@ What must stay true:
 - a report that names an epoch outside the plan or samples outside the dataset is refused
   whole (``ReportError``), the ledger unchanged.
 
+Trust: a report is believed as a commit is, from the worker whose credential sent it (a
+worker acts only for itself: ``protocol/checks``); it can mark done only samples of the
+dataset not yet done.
+
 Limit: what a worker trained is known only to it. A worker that committed after the saved
 state and then died or left before the replacement heard from it takes that knowledge
 along: those samples are trained again. That needs a second failure within one snapshot
 period; ``state.kind: volume`` (every change saved before it is answered) has no such window.
+A coordinator that starts afresh (replaced before the controller kept any snapshot) merges
+reports too, but does not wait for them: a shard it leased before the report came is
+trained twice.
 """
 
 from __future__ import annotations

@@ -289,6 +289,12 @@ class CoordinatorService:
             while True:
                 view = self.state.viewing_generation(request.worker_id)
                 incarnation = self.state.incarnation
+                if request.incarnation and request.incarnation != incarnation:
+                    # Registered with a replaced incarnation: it must register again first,
+                    # and no generation is given while the recovery waits for just that.
+                    return pb.Generation(
+                        status=pb.PENDING, number=view.number, incarnation=incarnation
+                    )
                 if view.finished:
                     return pb.Generation(
                         status=pb.FINISHED, number=view.number, incarnation=incarnation

@@ -104,14 +104,16 @@ class Member(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
 
 class AwaitGenerationRequest(_message.Message):
-    __slots__ = ("worker_id", "after", "timeout_s")
+    __slots__ = ("worker_id", "after", "timeout_s", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     after: int
     timeout_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., after: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., after: _Optional[int] = ..., timeout_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Generation(_message.Message):
     __slots__ = ("status", "number", "rank", "members", "servers", "retiring", "incarnation")
