@@ -10,6 +10,11 @@ What must stay true:
 - Every wait is bounded by the contract's timeout; a coordinator that stays unreachable
   longer raises `CoordinatorUnreachable`.
 - A worker the coordinator no longer knows stops (`Fenced`), it never trains on alone.
+- A worker whose coordinator was replaced (another incarnation answers: ``changed()``, the
+  reply to ``awaiting_assignment``, or a refused lease or commit) registers again, reporting
+  the newest generation it was a member of and what it trained in its latest epoch
+  (``journal.py``), before it asks for work: the replacement may have started from a state
+  older than that (``coordinator/recovering.py``).
 - A watch the coordinator refuses for good (a wrong token: `TokenRefused`) is said in an
   error line and stops the worker at its next step boundary; only a dropped stream (the
   coordinator restarting) is retried quietly.
@@ -28,6 +33,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -39,11 +45,15 @@ from trainer_runtime.client import (
     CoordinatorError,
     CoordinatorUnreachable,
     Fenced,
+    Reincarnated,
+    Rejoining,
     TokenRefused,
     translating,
 )
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.journal import TrainedJournal
 from trainer_runtime.protocol import pb
+from trainer_runtime.sharding import SampleRange
 
 LOG = logging.getLogger(__name__)
 RECONNECT_PAUSE_S = 0.1
@@ -110,6 +120,9 @@ class WorkerAgent:
         #: Set by SIGTERM: this worker drains itself (see the module docstring).
         self.terminating = False
         self.sigterm_handled = False
+        #: What this worker trained in its latest epoch (independent mode), reported to a
+        #: coordinator that replaced the one it registered with.
+        self.journal = TrainedJournal()
 
     @property
     def worker_id(self) -> str:
@@ -193,7 +206,13 @@ class WorkerAgent:
             or notice.generation < 0
             or notice.draining
             or notice.finished
+            or self.is_replaced(notice.incarnation)
         )
+
+    def is_replaced(self, incarnation: str) -> bool:
+        """Whether `incarnation`, named by a coordinator's answer, is not the one this
+        worker registered with."""
+        return bool(incarnation) and incarnation != self.client.incarnation
 
     def awaiting_assignment(self) -> Assignment:
         """The next generation this worker belongs to, or why it must stop; bounded wait."""
@@ -212,6 +231,9 @@ class WorkerAgent:
             reply = self.client.awaiting_generation(
                 self.worker_id, self.generation, timeout_s=min(remaining, 5.0)
             )
+            if self.is_replaced(reply.incarnation):
+                self.rejoining()
+                continue
             if reply.status == pb.PENDING:
                 continue
             if reply.status == pb.FENCED:
@@ -224,6 +246,32 @@ class WorkerAgent:
             self.generation = int(reply.number)
             peers = tuple(Peer(m.worker_id, m.rank, m.store_address) for m in reply.members)
             return Assignment(Outcome.MEMBER, self.generation, int(reply.rank), peers)
+
+    def rejoining(self) -> None:
+        """Register again with the coordinator that replaced the one this worker knew,
+        reporting what it may lack; its next generation is newer than this worker's."""
+        LOG.info("%s: the coordinator was replaced: registering again", self.worker_id)
+        report = Rejoining(self.generation, self.journal.report(), self.journal.last_lease_id)
+        self.client.register(self.worker_id, self.contract.node, self.store_address, rejoin=report)
+        # The notice of the old incarnation's stream must not look like a replacement.
+        self.notice = pb.Notice(generation=self.generation, incarnation=self.client.incarnation)
+
+    def committing_leases(self, leases: Sequence[Any], step_time_s: float) -> None:
+        """Commit trained leases (independent mode) and keep them in the journal. A
+        coordinator that replaced the one that granted them refuses the commit: they are
+        then reported to it with the rest of the journal, which commits them there."""
+        try:
+            self.client.commit_leases(
+                self.worker_id, [lease.lease_id for lease in leases], step_time_s
+            )
+            replaced = False
+        except Reincarnated:
+            replaced = True
+        for lease in leases:
+            samples = SampleRange(lease.range.start, lease.range.stop)
+            self.journal.recording(int(lease.epoch), samples, int(lease.lease_id))
+        if replaced:
+            self.rejoining()
 
     def re_registering(self) -> None:
         """The coordinator does not know this worker. A worker that was never a member (its

@@ -3,7 +3,12 @@
 Every call has a deadline. Calls that are safe to repeat are retried with tenacity while
 the coordinator is unreachable (it may be restarting), up to the retry budget; after that
 the caller gets `CoordinatorUnreachable`, never a hang. gRPC status codes become the
-runtime's own errors: a fenced worker, a refused token, a ledger conflict.
+runtime's own errors: a fenced worker, a refused token, a ledger conflict, a coordinator
+replaced since the worker registered (`Reincarnated`).
+
+A client remembers the incarnation of the coordinator its last `register` reached, and
+names it in every lease and commit: a replacement refuses those (its lease ids and
+generations are its own), so that the worker registers again and reports what it trained.
 
 What must stay true: no call waits longer than its timeout plus the retry budget.
 """
@@ -11,6 +16,7 @@ What must stay true: no call waits longer than its timeout plus the retry budget
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -22,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
+from trainer_runtime.protocol import METHODS, REFUSAL_HEADER, TOKEN_HEADER, Refusal, pb
 from trainer_runtime.protocol.tls import JobTls, opening_channel
 from trainer_runtime.sharding import SampleRange, StepWindow
 
@@ -53,6 +59,11 @@ class Fenced(CoordinatorError):
     """The coordinator refused a call from a stale or unknown worker: stop, no split brain."""
 
 
+class Reincarnated(Fenced):
+    """The coordinator that answered is not the one the worker registered with (it was
+    replaced, maybe from an older state): register again, reporting what was trained."""
+
+
 class LedgerConflict(CoordinatorError):
     """A commit would have lost or repeated samples."""
 
@@ -69,12 +80,26 @@ def translating(error: grpc.RpcError) -> CoordinatorError:
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return TokenRefused(details)
     if code is grpc.StatusCode.FAILED_PRECONDITION:
+        trailing = dict(error.trailing_metadata() or ())
+        if trailing.get(REFUSAL_HEADER) == Refusal.INCARNATION.value:
+            return Reincarnated(details)
         return Fenced(details)
     if code is grpc.StatusCode.ABORTED:
         return LedgerConflict(details)
     if code in TRANSIENT:
         return CoordinatorUnreachable(f"{code.name}: {details}")
     return CoordinatorError(f"{code.name}: {details}")
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoining:
+    """What a worker tells the coordinator that replaced the one it knew: the newest
+    generation it was a member of, what it trained in its latest epoch, and the newest
+    lease id it held."""
+
+    last_generation: int
+    trained: tuple[tuple[int, SampleRange], ...] = ()
+    last_lease_id: int = 0
 
 
 def window_message(window: StepWindow) -> Any:
@@ -116,6 +141,8 @@ class CoordinatorClient:
             ],
             tls,
         )
+        #: The incarnation of the coordinator the last `register` reached ("" before one).
+        self.incarnation = ""
         self.calls: dict[str, Any] = {}
         for name, shape in METHODS.items():
             build = self.channel.unary_stream if shape.streams_replies else self.channel.unary_unary
@@ -157,16 +184,35 @@ class CoordinatorClient:
 
     # ----- worker side -----
 
-    def register(self, worker_id: str, node: str, store_address: str, server: bool = False) -> int:
+    def register(
+        self,
+        worker_id: str,
+        node: str,
+        store_address: str,
+        server: bool = False,
+        rejoin: Rejoining | None = None,
+    ) -> int:
         """Join the job as a worker, or (`server`) as a parameter server serving at
-        `store_address`."""
+        `store_address`. With `rejoin`, the worker registers again because the incarnation
+        this client last reached was replaced, and reports what it knows."""
         request = pb.RegisterRequest(
             worker_id=worker_id,
             node=node,
             store_address=store_address,
             role=pb.SERVER if server else pb.WORKER,
         )
+        if rejoin is not None:
+            if not self.incarnation:
+                raise ValueError("a worker that never registered has nothing to report")
+            request.previous_incarnation = self.incarnation
+            request.last_generation = rejoin.last_generation
+            request.last_lease_id = rejoin.last_lease_id
+            request.trained.extend(
+                pb.TrainedRange(epoch=epoch, range=pb.SampleRange(start=r.start, stop=r.stop))
+                for epoch, r in rejoin.trained
+            )
         reply = self.calling("Register", request)
+        self.incarnation = str(reply.incarnation)
         return int(reply.generation)
 
     def watch(self, worker_id: str) -> Iterator[Any]:
@@ -177,7 +223,9 @@ class CoordinatorClient:
         return stream
 
     def awaiting_generation(self, worker_id: str, after: int, timeout_s: float) -> Any:
-        request = pb.AwaitGenerationRequest(worker_id=worker_id, after=after, timeout_s=timeout_s)
+        request = pb.AwaitGenerationRequest(
+            worker_id=worker_id, after=after, timeout_s=timeout_s, incarnation=self.incarnation
+        )
         return self.calling("AwaitGeneration", request, timeout_s=timeout_s + self.timeout_s)
 
     def reconcile(
@@ -207,16 +255,22 @@ class CoordinatorClient:
             windows=[window_message(w) for w in windows],
             step_time_s=step_time_s,
             noise=noise,
+            incarnation=self.incarnation,
         )
         return self.calling("Commit", request, retry=retry)
 
     def lease_shard(self, worker_id: str, generation: int) -> Any:
-        request = pb.LeaseRequest(worker_id=worker_id, generation=generation)
+        request = pb.LeaseRequest(
+            worker_id=worker_id, generation=generation, incarnation=self.incarnation
+        )
         return self.calling("LeaseShard", request)
 
     def commit_leases(self, worker_id: str, lease_ids: Sequence[int], step_time_s: float) -> Any:
         request = pb.CommitLeasesRequest(
-            worker_id=worker_id, lease_ids=list(lease_ids), step_time_s=step_time_s
+            worker_id=worker_id,
+            lease_ids=list(lease_ids),
+            step_time_s=step_time_s,
+            incarnation=self.incarnation,
         )
         return self.calling("CommitLeases", request)
 

@@ -9,10 +9,12 @@ among the ranks, must not differ, or one framework would train a sample twice wh
 other would not. So it is written here once, with no framework imported.
 
 What must stay true: every rank of a generation adopts the same state (the one rank 0
-sent), so all of them walk the same windows from the same step; a rank's slice is the one
-`sharding.slice_of` cuts, and a rank whose slice is empty still takes part in the step
-through one stand-in sample that weighs nothing; a wait for news is bounded, and so are the
-attempts at forming a generation.
+sent), so all of them walk the same windows from the same step, and keep the same record of
+the windows that led to that state (what a later rank 0 reconciles a coordinator with,
+should one be replaced from a state older than them: ``coordinator/recovering.py``); a
+rank's slice is the one `sharding.slice_of` cuts, and a rank whose slice is empty still
+takes part in the step through one stand-in sample that weighs nothing; a wait for news is
+bounded, and so are the attempts at forming a generation.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import abc
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -137,11 +140,23 @@ class Member(abc.ABC):
 
 
 def handover(
-    step: int, view: Any, policy_state: dict[str, Any], noise_state: dict[str, Any]
+    step: int,
+    view: Any,
+    policy_state: dict[str, Any],
+    noise_state: dict[str, Any],
+    windows: Iterable[StepWindow] = (),
 ) -> dict[str, Any]:
     """What rank 0 sends with its model when a generation forms: the step its state has
     reached, the coordinator's reconciled `view` of the ledger (epoch, the samples still to
-    do, the dataset plan), its batch policy's and its gradient statistics' state."""
+    do, the dataset plan), its batch policy's and its gradient statistics' state, and the
+    last `windows` its state applied.
+
+    Why the windows: the coordinator committed them, but a coordinator replaced from a
+    saved state older than those commits lacks them, and the rank 0 of the generation
+    after that reconciles with the windows it holds. Kept only by the rank 0 that applied
+    them, they were lost whenever another worker became rank 0 or a generation formed
+    between that saved state and the replacement (measured: the reconcile was refused and
+    the job could not form a generation again)."""
     return {
         "step": step,
         "epoch": view.epoch,
@@ -149,7 +164,16 @@ def handover(
         "plan": (view.samples, view.shard_size, view.epochs, view.seed),
         "policy": policy_state,
         "noise": noise_state,
+        "windows": [(w.step, w.epoch, [(r.start, r.stop) for r in w.ranges]) for w in windows],
     }
+
+
+def adopted_windows(sent: dict[str, Any]) -> list[StepWindow]:
+    """The windows rank 0's `handover` says its state applied, oldest first."""
+    return [
+        StepWindow(int(step), int(epoch), tuple(SampleRange(a, b) for a, b in ranges))
+        for step, epoch, ranges in sent.get("windows", ())
+    ]
 
 
 def adopting(sent: dict[str, Any], policy: BatchPolicy[Any], noise: NoiseEstimator) -> Walk:

@@ -13,7 +13,9 @@ coordinator's own count: `intent LEASE EPOCH START STOP` before each commit and
 
 What must stay true: a drained worker commits the shard it holds, leaves, and exits 0, and
 so does one sent SIGTERM (a pod deleted or evicted: see `agent.py`); a fenced worker exits
-non-zero; a finished job exits 0.
+non-zero; a finished job exits 0. A worker whose coordinator was replaced is not fenced: it
+registers again and reports what it trained (``agent.committing_leases``), and a shard
+whose commit the replacement refused counts as committed once reported (its `done` line).
 """
 
 from __future__ import annotations
@@ -83,9 +85,8 @@ class PlainWorker:
                 self.recording(
                     f"intent {lease.lease_id} {lease.epoch} {lease.range.start} {lease.range.stop}"
                 )
-            self.agent.client.commit_leases(
-                self.agent.worker_id, ids, step_time_s=time.monotonic() - started
-            )
+            # answered by this coordinator, or by the one that replaced it (``agent``)
+            self.agent.committing_leases(reply.leases, step_time_s=time.monotonic() - started)
             for lease_id in ids:
                 self.recording(f"done {lease_id}")
             self.committed += 1

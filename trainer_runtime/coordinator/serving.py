@@ -11,6 +11,12 @@ workers and opens generations when the join window closes. A worker's `Watch` st
 liveness: when the stream drops (the process died), the worker departs at once and its
 leases go back to todo.
 
+Every reply a worker acts on names this process's incarnation; a lease or commit that names
+another is refused (FAILED_PRECONDITION with the trailing metadata ``x-edl-refusal:
+incarnation``), and the worker registers again with its report (``recovering.py``). While a
+state loaded from a document recovers, no generation is given (``AwaitGeneration`` waits)
+and no shard is leased.
+
 What must stay true: every wait is bounded; no state change is answered before it is saved,
 and none is visible to another call unless it was saved; a call refused by the checks
 changes nothing. The server also answers the standard gRPC health service
@@ -32,14 +38,23 @@ from google.protobuf.message import Message
 
 from trainer_runtime.coordinator.ledger import LedgerError
 from trainer_runtime.coordinator.membership import WorkerPhase
-from trainer_runtime.coordinator.state import CoordinatorState, FencedError, NoiseRecord
+from trainer_runtime.coordinator.messages import (
+    PHASE_STATUS,
+    ledger_message,
+    member_messages,
+    noise_from,
+    progress_message,
+    rejoin_from,
+    windows_from,
+)
+from trainer_runtime.coordinator.recovering import ReportError
+from trainer_runtime.coordinator.state import CoordinatorState, FencedError, Reincarnated
 from trainer_runtime.coordinator.storing import StateStore
-from trainer_runtime.protocol import METHODS, SERVICE, pb
-from trainer_runtime.protocol.checks import caller, name_problem, refusal
+from trainer_runtime.protocol import METHODS, REFUSAL_HEADER, SERVICE, Refusal, pb
+from trainer_runtime.protocol.checks import caller, name_problem, refusal, size_problem
 from trainer_runtime.protocol.credentials import Verifier
 from trainer_runtime.protocol.health import HealthService
 from trainer_runtime.protocol.tls import JobTls, listening
-from trainer_runtime.sharding import SampleRange, StepWindow
 
 LOG = logging.getLogger(__name__)
 TICK_S = 0.02
@@ -79,33 +94,6 @@ def liveness_options(lease_timeout_s: float) -> tuple[tuple[str, int], ...]:
 # another one listens on would share it, and each would answer some of the other job's calls
 # (with the wrong token). Refused, the second one fails at start and says which port.
 SERVER_OPTIONS = (*KEEPALIVE_ACCEPTED, ("grpc.so_reuseport", 0))
-
-PHASE_STATUS = {
-    WorkerPhase.MEMBER: pb.MEMBER,
-    WorkerPhase.DRAINED: pb.DRAINED,
-    WorkerPhase.FENCED: pb.FENCED,
-    WorkerPhase.PENDING: pb.PENDING,
-}
-
-
-def member_messages(rows: tuple[tuple[str, int, str, str], ...]) -> list[Any]:
-    return [pb.Member(worker_id=w, rank=r, node=n, store_address=a) for w, r, n, a in rows]
-
-
-def windows_from(messages: Any) -> list[StepWindow]:
-    return [
-        StepWindow(m.step, m.epoch, tuple(SampleRange(r.start, r.stop) for r in m.ranges))
-        for m in messages
-    ]
-
-
-def noise_from(request: Any) -> NoiseRecord | None:
-    """The gradient statistics a commit carries, if it carries any."""
-    if not request.HasField("noise"):
-        return None
-    m = request.noise
-    return NoiseRecord(int(m.init_batch), float(m.grad_sqr), float(m.grad_var), int(m.steps))
-
 
 #: Tries of one save before the coordinator gives up and stops (a disk full for longer
 #: than a few tenths of a second is not going to clear by itself).
@@ -161,7 +149,9 @@ class CoordinatorService:
                     LOG.warning("saving the state failed (%s); trying again", error)
                     time.sleep(SAVE_PAUSE_S * (attempt + 1))
                     continue
-                self.state = CoordinatorState.from_json(self.saved, now=self.clock())
+                self.state = CoordinatorState.from_json(
+                    self.saved, now=self.clock(), incarnation=self.state.incarnation
+                )
                 self.failure = error
                 self.stopping.set()
                 self.changed.notify_all()
@@ -191,7 +181,7 @@ class CoordinatorService:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing credential")
             if self.failure is not None:
                 context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
-            problem = name_problem(request)
+            problem = name_problem(request) or size_problem(request)
             if problem is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             refused = refusal(claims, name, request) if claims is not None else None
@@ -204,8 +194,13 @@ class CoordinatorService:
                     # for good): the process restarts, and nothing more is answered.
                     context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
                 return reply
+            except Reincarnated as error:
+                context.set_trailing_metadata(((REFUSAL_HEADER, Refusal.INCARNATION.value),))
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
             except FencedError as error:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
+            except ReportError as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
             except LedgerError as error:
                 context.abort(grpc.StatusCode.ABORTED, str(error))
             except StateNotSaved:
@@ -238,9 +233,12 @@ class CoordinatorService:
                 request.store_address,
                 self.clock(),
                 server=request.role == pb.SERVER,
+                rejoin=rejoin_from(request),
             )
             self.saving()
-            return pb.RegisterReply(generation=self.state.membership.generation)
+            return pb.RegisterReply(
+                generation=self.state.membership.generation, incarnation=self.state.incarnation
+            )
 
     def notice_for(self, worker_id: str) -> Any:
         phase = self.state.membership.phase_of(worker_id)
@@ -249,6 +247,7 @@ class CoordinatorService:
             generation=generation,
             draining=phase is WorkerPhase.DRAINED,
             finished=self.state.ledger.finished,
+            incarnation=self.state.incarnation,
         )
 
     def Watch(self, request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
@@ -289,11 +288,26 @@ class CoordinatorService:
         with self.changed:
             while True:
                 view = self.state.viewing_generation(request.worker_id)
+                incarnation = self.state.incarnation
+                if request.incarnation and request.incarnation != incarnation:
+                    # Registered with a replaced incarnation: it must register again first,
+                    # and no generation is given while the recovery waits for just that.
+                    return pb.Generation(
+                        status=pb.PENDING, number=view.number, incarnation=incarnation
+                    )
                 if view.finished:
-                    return pb.Generation(status=pb.FINISHED, number=view.number)
+                    return pb.Generation(
+                        status=pb.FINISHED, number=view.number, incarnation=incarnation
+                    )
                 if view.phase in (WorkerPhase.DRAINED, WorkerPhase.FENCED):
-                    return pb.Generation(status=PHASE_STATUS[view.phase], number=view.number)
-                if view.phase is WorkerPhase.MEMBER and view.number > request.after:
+                    return pb.Generation(
+                        status=PHASE_STATUS[view.phase], number=view.number, incarnation=incarnation
+                    )
+                if (
+                    view.phase is WorkerPhase.MEMBER
+                    and view.number > request.after
+                    and not self.state.is_recovering()
+                ):
                     return pb.Generation(
                         status=pb.MEMBER,
                         number=view.number,
@@ -301,10 +315,13 @@ class CoordinatorService:
                         members=member_messages(view.members),
                         servers=member_messages(view.servers),
                         retiring=member_messages(view.retiring),
+                        incarnation=incarnation,
                     )
                 remaining = deadline - self.clock()
                 if remaining <= 0 or not context.is_active():
-                    return pb.Generation(status=pb.PENDING, number=view.number)
+                    return pb.Generation(
+                        status=pb.PENDING, number=view.number, incarnation=incarnation
+                    )
                 self.changed.wait(remaining)
 
     def Reconcile(self, request: Any, context: grpc.ServicerContext) -> Any:
@@ -316,17 +333,7 @@ class CoordinatorService:
             return self.ledger_view()
 
     def ledger_view(self) -> Any:
-        ledger = self.state.ledger
-        return pb.LedgerView(
-            epoch=ledger.epoch,
-            committed_step=ledger.committed_step,
-            todo=[pb.SampleRange(start=r.start, stop=r.stop) for r in ledger.todo],
-            finished=ledger.finished,
-            samples=ledger.plan.samples,
-            shard_size=ledger.plan.shard_size,
-            epochs=ledger.plan.epochs,
-            seed=ledger.plan.seed,
-        )
+        return ledger_message(self.state.ledger)
 
     def ViewLedger(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
@@ -340,6 +347,7 @@ class CoordinatorService:
                 windows_from(request.windows),
                 request.step_time_s,
                 noise_from(request),
+                incarnation=request.incarnation,
             )
             self.saving()
             return pb.CommitReply(
@@ -349,7 +357,9 @@ class CoordinatorService:
 
     def LeaseShard(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
-            lease = self.state.leasing_shard(request.worker_id, request.generation)
+            lease = self.state.leasing_shard(
+                request.worker_id, request.generation, request.incarnation
+            )
             if lease is None:
                 return pb.LeaseReply(finished=self.state.ledger.finished)
             self.saving()
@@ -366,7 +376,10 @@ class CoordinatorService:
     def CommitLeases(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
             self.state.committing_leases(
-                request.worker_id, list(request.lease_ids), request.step_time_s
+                request.worker_id,
+                list(request.lease_ids),
+                request.step_time_s,
+                request.incarnation,
             )
             self.saving()
             return pb.CommitReply(
@@ -398,38 +411,7 @@ class CoordinatorService:
 
     def GetProgress(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
-            state = self.state
-            view = state.viewing_generation("")
-            return pb.Progress(
-                generation=state.membership.generation,
-                epoch=state.ledger.epoch,
-                epochs=state.ledger.plan.epochs,
-                committed_step=state.ledger.committed_step,
-                samples_done=state.ledger.samples_done,
-                samples_per_epoch=state.ledger.plan.samples,
-                finished=state.ledger.finished,
-                members=member_messages(view.members),
-                servers=member_messages(view.servers),
-                draining=sorted(state.membership.drained),
-                throughput=[
-                    pb.Throughput(
-                        nodes=t.nodes,
-                        workers=t.workers,
-                        samples_per_s=t.samples_per_s,
-                        step_time_s=t.step_time_s,
-                        steps=t.steps,
-                    )
-                    for t in state.throughput.values()
-                ],
-                noise=None
-                if state.noise is None
-                else pb.GradientNoise(
-                    init_batch=state.noise.init_batch,
-                    grad_sqr=state.noise.grad_sqr,
-                    grad_var=state.noise.grad_var,
-                    steps=state.noise.steps,
-                ),
-            )
+            return progress_message(self.state)
 
     def GetSnapshot(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:

@@ -9,20 +9,31 @@ with a fake clock.
 What must stay true:
 - A commit from a worker that is not rank 0 of the current generation (group mode), or
   that does not hold its leases (independent mode), is refused, with the state unchanged.
+- A lease or a commit that names another incarnation than this state's is refused
+  (`Reincarnated`): its lease ids and generation numbers are another process's.
 - A worker that departs gives back its leases at once.
-- `from_json(to_json())` is the same state, so a restarted coordinator goes on from it.
+- `from_json(to_json())` is the same state, so a restarted coordinator goes on from it;
+  a state loaded so recovers first (`recovering.py`): it may be older than what its
+  predecessor answered, and its workers report what it lacks.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
 from edl_gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
+from trainer_runtime.coordinator.recovering import (
+    Recovery,
+    ReportError,
+    TrainedRange,
+    merging_trained,
+)
 from trainer_runtime.protocol.options import ConsumptionMode
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
 
@@ -33,6 +44,27 @@ SMOOTHING = 0.2
 
 class FencedError(PermissionError):
     """The caller may not do this in the current generation (a stale or foreign worker)."""
+
+
+class Reincarnated(FencedError):
+    """The call names another incarnation of the coordinator (the one the worker registered
+    with was replaced): the worker registers again and reports what it trained."""
+
+
+def new_incarnation() -> str:
+    """A name for one coordinator process, unique across its replacements."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True, slots=True)
+class Rejoin:
+    """A worker registering again because the incarnation it knew was replaced: which one,
+    the newest generation it was a member of, and what it trained in its latest epoch."""
+
+    previous_incarnation: str
+    last_generation: int
+    trained: tuple[TrainedRange, ...] = ()
+    last_lease_id: int = 0
 
 
 @dataclass(slots=True)
@@ -98,6 +130,10 @@ class CoordinatorState:
     throughput: dict[tuple[int, int], ThroughputRecord] = field(default_factory=dict)
     worker_rates: dict[str, float] = field(default_factory=dict)
     noise: NoiseRecord | None = None
+    #: This process's name, given in every reply; not saved (a replacement has its own).
+    incarnation: str = field(default_factory=new_incarnation)
+    #: Open, unless this state was loaded from a document (``from_json``).
+    recovery: Recovery = field(default_factory=Recovery)
 
     @classmethod
     def starting(
@@ -116,21 +152,31 @@ class CoordinatorState:
     # ----- membership -----
 
     def registering(
-        self, worker_id: str, node: str, store_address: str, now: float, server: bool = False
+        self,
+        worker_id: str,
+        node: str,
+        store_address: str,
+        now: float,
+        server: bool = False,
+        rejoin: Rejoin | None = None,
     ) -> None:
-        """Add a worker (or, `server`, a parameter server) to the next generation.
+        """Add a worker (or, `server`, a parameter server) to the next generation; with
+        `rejoin`, merge what it trained under the incarnation it knew (``rejoining``).
 
         One that arrives after the last commit is not added and not refused: its next
         question (`AwaitGeneration`, `Watch`) tells it the job finished, so it exits 0 like
         its peers. (A controller may start a replacement or a grown worker just as the job
         ends; refusing it made it fail, and its failure was charged to the job's restarts.)
         """
+        if not server and worker_id in self.membership.servers:
+            raise FencedError(f"{worker_id} is registered as a parameter server")
+        if rejoin is not None:
+            self.rejoining(worker_id, rejoin)  # checks the whole report before it changes
         if self.ledger.finished:
             return
         if not server:
-            if worker_id in self.membership.servers:
-                raise FencedError(f"{worker_id} is registered as a parameter server")
             self.membership.registering(worker_id, node, store_address, now)
+            self.recovery.hearing(worker_id, rejoin.last_generation if rejoin else 0)
             return
         if self.mode is not ConsumptionMode.GROUP:
             raise FencedError("parameter servers need a coordinator in group mode")
@@ -139,8 +185,71 @@ class CoordinatorState:
         except ValueError as error:
             raise FencedError(str(error)) from error
 
+    def rejoining(self, worker_id: str, rejoin: Rejoin) -> None:
+        """Merge what a worker trained under the incarnation it knew into the ledger.
+
+        Its report is all it trained and it holds no shard now (a plain worker rejoins
+        between shards, or once its commit was refused, that shard in the report): the
+        leases the saved state gives it and the report does not cover go back to todo."""
+        if rejoin.previous_incarnation == self.incarnation:
+            raise ReportError(
+                "previous_incarnation is this coordinator's own: a worker reports only to "
+                "the incarnation that replaced the one it registered with"
+            )
+        if rejoin.last_generation < 0 or rejoin.last_lease_id < 0:
+            raise ReportError(
+                f"last_generation {rejoin.last_generation} or last_lease_id "
+                f"{rejoin.last_lease_id} is negative: neither ever is"
+            )
+        if rejoin.trained and self.mode is not ConsumptionMode.INDEPENDENT:
+            raise ReportError(
+                "trained ranges are reported in independent mode only: a group's rank 0 "
+                "reports its steps by Reconcile"
+            )
+        merged = merging_trained(self.ledger, rejoin.trained, self.recovery.first_lease_id)
+        released = self.ledger.releasing_leases(worker_id)
+        # Lease ids, like generations, go on past the old incarnation's, as far as its
+        # live workers know them: a log or a worker's record never names two leases alike.
+        self.ledger.next_lease_id = max(self.ledger.next_lease_id, rejoin.last_lease_id + 1)
+        LOG.info(
+            "%s registers again (it knew incarnation %s): %d samples it trained merged, "
+            "%d epochs ended, %d leases of the saved state back to todo",
+            worker_id,
+            rejoin.previous_incarnation[:16],
+            merged.samples,
+            merged.epochs_ended,
+            released,
+        )
+        if merged.conflicting:
+            LOG.warning(
+                "%s reported %d samples this coordinator had leased again: trained twice",
+                worker_id,
+                merged.conflicting,
+            )
+        if self.recovery.is_open() and rejoin.last_generation >= self.membership.generation:
+            # A worker this state did not know reported late, from a generation this
+            # incarnation has not reached: open a newer one, so that it is not waited for.
+            self.membership.generation = rejoin.last_generation
+            self.membership.departed = True
+
+    def is_recovering(self) -> bool:
+        """Whether the workers' reports are still awaited: no shard, no generation yet."""
+        return not self.recovery.is_open()
+
+    def checking_incarnation(self, incarnation: str) -> None:
+        if not incarnation:
+            raise ReportError(
+                "incarnation is empty: register first, and name the incarnation its reply gave"
+            )
+        if incarnation != self.incarnation:
+            raise Reincarnated(
+                f"incarnation {incarnation[:16]} was replaced by {self.incarnation}: "
+                "register again, reporting what was trained"
+            )
+
     def departing(self, worker_id: str) -> None:
         """A worker left, failed or expired: forget it and take back its leases."""
+        self.recovery.forgetting(worker_id)
         self.membership.removing(worker_id)
         self.ledger.releasing_leases(worker_id)
         self.worker_rates.pop(worker_id, None)
@@ -154,7 +263,20 @@ class CoordinatorState:
         for worker_id in self.membership.expiring(now):
             self.ledger.releasing_leases(worker_id)
             self.worker_rates.pop(worker_id, None)
+            self.recovery.forgetting(worker_id)
             changed = True
+        if self.is_recovering():
+            if not self.recovery.opening_due(now):
+                return changed
+            # Newer than any generation a worker reported: no number is used twice.
+            self.recovery.opening()
+            self.membership.generation = max(
+                self.membership.generation, self.recovery.newest_generation
+            )
+            self.membership.opening()
+            self.worker_rates.clear()
+            LOG.info("recovered: generation %d opens", self.membership.generation)
+            return True
         if self.membership.opening_due(now):
             self.membership.opening()
             # A rate belongs to the membership it was measured in: a new size's record
@@ -233,7 +355,11 @@ class CoordinatorState:
         windows: list[StepWindow],
         step_time_s: float,
         noise: NoiseRecord | None = None,
+        incarnation: str | None = None,
     ) -> None:
+        """Commit rank 0's windows; `incarnation`, when given, must be this one."""
+        if incarnation is not None:
+            self.checking_incarnation(incarnation)
         self.checking_rank0(worker_id, generation)
         fresh = [w for w in windows if w.step > self.ledger.committed_step]
         self.ledger.committing_windows(fresh)
@@ -259,9 +385,16 @@ class CoordinatorState:
         if self.membership.phase_of(worker_id) not in (WorkerPhase.MEMBER, WorkerPhase.DRAINED):
             raise FencedError(f"{worker_id} is not a member of the job")
 
-    def leasing_shard(self, worker_id: str, generation: int) -> ShardLease | None:
+    def leasing_shard(
+        self, worker_id: str, generation: int, incarnation: str | None = None
+    ) -> ShardLease | None:
+        """The worker's next shard; None when there is none to give now (drained, todo
+        empty, or the workers' reports still awaited). `incarnation`, when given (always,
+        over the API), must be this one."""
+        if incarnation is not None:
+            self.checking_incarnation(incarnation)
         self.checking_holder(worker_id)
-        if self.membership.phase_of(worker_id) is WorkerPhase.DRAINED:
+        if self.membership.phase_of(worker_id) is WorkerPhase.DRAINED or self.is_recovering():
             return None
         if generation != self.membership.generation:
             raise FencedError(f"generation {generation} is stale")
@@ -270,7 +403,17 @@ class CoordinatorState:
             return held[0]
         return self.ledger.leasing_shard(worker_id)
 
-    def committing_leases(self, worker_id: str, lease_ids: list[int], step_time_s: float) -> None:
+    def committing_leases(
+        self,
+        worker_id: str,
+        lease_ids: list[int],
+        step_time_s: float,
+        incarnation: str | None = None,
+    ) -> None:
+        """Commit leases the worker holds; `incarnation`, when given (always, over the
+        API), must be this one: lease ids are numbered by each incarnation."""
+        if incarnation is not None:
+            self.checking_incarnation(incarnation)
         self.checking_holder(worker_id)
         samples = self.ledger.committing_leases(worker_id, lease_ids)
         if step_time_s > 0:
@@ -318,7 +461,9 @@ class CoordinatorState:
         )
 
     @classmethod
-    def from_json(cls, text: str, now: float) -> CoordinatorState:
+    def from_json(cls, text: str, now: float, incarnation: str | None = None) -> CoordinatorState:
+        """The state a document holds, recovering (``recovering.py``); a new incarnation
+        unless `incarnation` names this process's own (a state read back in place)."""
         data: dict[str, Any] = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"the document is a JSON {type(data).__name__}, not an object")
@@ -331,12 +476,19 @@ class CoordinatorState:
         membership = Membership.from_dict(data["membership"], now)
         membership.restoring_after_restart(now)
         noise = data.get("noise")  # absent in states saved before it was measured
+        ledger = Ledger.from_dict(data["ledger"])
         return cls(
             mode=ConsumptionMode(data["mode"]),
-            ledger=Ledger.from_dict(data["ledger"]),
+            ledger=ledger,
             membership=membership,
             throughput=throughput,
             noise=None
             if noise is None
             else NoiseRecord(int(noise[0]), float(noise[1]), float(noise[2]), int(noise[3])),
+            incarnation=new_incarnation() if incarnation is None else incarnation,
+            # The document may be older than what the last incarnation answered: hear
+            # from the workers it knew (each has a full lease timeout to reconnect).
+            recovery=Recovery.awaiting(
+                membership.workers, now, membership.lease_timeout_s, ledger.next_lease_id
+            ),
         )

@@ -178,6 +178,7 @@ class ElasticSession(generations.Member):
         self.walk = generations.adopting(sent, self.policy, self.noise)
         self.step_count = self.walk.step
         self.applied.clear()
+        self.applied.extend(generations.adopted_windows(sent))
         self.leaving_generation = False
         self.group = group
         self.generations_formed += 1
@@ -194,6 +195,7 @@ class ElasticSession(generations.Member):
             view,
             self.policy.shared_state(),
             generations.noise_state(self.noise, self.policy, group.world_size),
+            self.applied,
         )
 
     # ----- steps -----

@@ -6,11 +6,13 @@ handlers and the client builds its calls from one table. grpcio's generic handle
 wire protocol; nothing here encodes bytes by hand.
 
 What must stay true: every method of `coordinator.proto`'s service appears in `METHODS`
-with the same types, and `TOKEN_HEADER` is the metadata key both sides use.
+with the same types, and `TOKEN_HEADER` and `REFUSAL_HEADER` are the metadata keys both
+sides use.
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 from google.protobuf.message import Message
@@ -19,6 +21,17 @@ from trainer_runtime.protocol import coordinator_pb2 as pb
 
 SERVICE = "edl.coordinator.v1.Coordinator"
 TOKEN_HEADER = "x-edl-token"
+#: The trailing metadata key that tells one kind of refusal from another of the same status.
+REFUSAL_HEADER = "x-edl-refusal"
+
+
+class Refusal(enum.Enum):
+    """Why a call was refused, where the status code alone does not say
+    (``REFUSAL_HEADER``)."""
+
+    #: FAILED_PRECONDITION: the call named another incarnation of the coordinator than the
+    #: one answering (the one the worker registered with was replaced): register again.
+    INCARNATION = "incarnation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,4 +60,12 @@ METHODS: dict[str, MethodShape] = {
     "GetSnapshot": MethodShape(pb.Empty, pb.Snapshot),
 }
 
-__all__ = ["METHODS", "SERVICE", "TOKEN_HEADER", "MethodShape", "pb"]
+__all__ = [
+    "METHODS",
+    "REFUSAL_HEADER",
+    "SERVICE",
+    "TOKEN_HEADER",
+    "MethodShape",
+    "Refusal",
+    "pb",
+]

@@ -8,8 +8,9 @@ would be kept in the state every save writes (past what a ConfigMap snapshot can
 checks are shared by the coordinator and the parameter servers so they cannot drift apart.
 
 What must stay true: a call without a valid credential of the job, a worker's call that acts
-for another worker id or calls a controller's method, and a call that names a worker, node
-or address longer than ``MAX_NAME``, reach no handler.
+for another worker id or calls a controller's method, a call that names a worker, node,
+address or incarnation longer than ``MAX_NAME``, and a report of more than ``MAX_TRAINED``
+trained ranges, reach no handler.
 """
 
 from __future__ import annotations
@@ -22,8 +23,18 @@ from trainer_runtime.protocol.credentials import CallerRole, Claims, Verifier
 #: The longest worker id, node name or address a call may give: a Kubernetes object name
 #: (253) and a port.
 MAX_NAME = 261
-#: The request fields that name something kept in the state.
-NAMED_FIELDS = ("worker_id", "node", "store_address", "address")
+#: The request fields that name something kept in the state, or compared with it.
+NAMED_FIELDS = (
+    "worker_id",
+    "node",
+    "store_address",
+    "address",
+    "incarnation",
+    "previous_incarnation",
+)
+#: The most trained ranges one registration may report: a worker reports one epoch, its
+#: ranges merged where they touch, so a million-sample epoch in shards of ten fits.
+MAX_TRAINED = 100_000
 
 
 #: The coordinator's methods only the job's controller may call (a worker may read the
@@ -61,4 +72,15 @@ def name_problem(request: object) -> str | None:
         value = getattr(request, field, None)
         if isinstance(value, str) and len(value) > MAX_NAME:
             return f"{field} is {len(value)} characters, more than {MAX_NAME}: use a shorter one"
+    return None
+
+
+def size_problem(request: object) -> str | None:
+    """Why a request's report is refused (more than ``MAX_TRAINED`` ranges), or None."""
+    trained = getattr(request, "trained", None)
+    if trained is not None and len(trained) > MAX_TRAINED:
+        return (
+            f"trained has {len(trained)} ranges, more than {MAX_TRAINED}: merge the ranges "
+            "that touch, and report the latest epoch only"
+        )
     return None

@@ -38,22 +38,40 @@ class SampleRange(_message.Message):
     def __init__(self, start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "node", "store_address", "role")
+    __slots__ = ("worker_id", "node", "store_address", "role", "previous_incarnation", "last_generation", "trained", "last_lease_id")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_FIELD_NUMBER: _ClassVar[int]
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    LAST_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
+    LAST_LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     node: str
     store_address: str
     role: Role
-    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ...) -> None: ...
+    previous_incarnation: str
+    last_generation: int
+    trained: _containers.RepeatedCompositeFieldContainer[TrainedRange]
+    last_lease_id: int
+    def __init__(self, worker_id: _Optional[str] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ..., role: _Optional[_Union[Role, str]] = ..., previous_incarnation: _Optional[str] = ..., last_generation: _Optional[int] = ..., trained: _Optional[_Iterable[_Union[TrainedRange, _Mapping[str, object]]]] = ..., last_lease_id: _Optional[int] = ...) -> None: ...
+
+class TrainedRange(_message.Message):
+    __slots__ = ("epoch", "range")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RANGE_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    range: SampleRange
+    def __init__(self, epoch: _Optional[int] = ..., range: _Optional[_Union[SampleRange, _Mapping[str, object]]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("generation",)
+    __slots__ = ("generation", "incarnation")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     generation: int
-    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, generation: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -62,14 +80,16 @@ class WatchRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
 class Notice(_message.Message):
-    __slots__ = ("generation", "draining", "finished")
+    __slots__ = ("generation", "draining", "finished", "incarnation")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     generation: int
     draining: bool
     finished: bool
-    def __init__(self, generation: _Optional[int] = ..., draining: _Optional[bool] = ..., finished: _Optional[bool] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, generation: _Optional[int] = ..., draining: _Optional[bool] = ..., finished: _Optional[bool] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Member(_message.Message):
     __slots__ = ("worker_id", "rank", "node", "store_address")
@@ -84,30 +104,34 @@ class Member(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., rank: _Optional[int] = ..., node: _Optional[str] = ..., store_address: _Optional[str] = ...) -> None: ...
 
 class AwaitGenerationRequest(_message.Message):
-    __slots__ = ("worker_id", "after", "timeout_s")
+    __slots__ = ("worker_id", "after", "timeout_s", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     AFTER_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     after: int
     timeout_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., after: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., after: _Optional[int] = ..., timeout_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Generation(_message.Message):
-    __slots__ = ("status", "number", "rank", "members", "servers", "retiring")
+    __slots__ = ("status", "number", "rank", "members", "servers", "retiring", "incarnation")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     NUMBER_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     RETIRING_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     status: GenerationStatus
     number: int
     rank: int
     members: _containers.RepeatedCompositeFieldContainer[Member]
     servers: _containers.RepeatedCompositeFieldContainer[Member]
     retiring: _containers.RepeatedCompositeFieldContainer[Member]
-    def __init__(self, status: _Optional[_Union[GenerationStatus, str]] = ..., number: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., retiring: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, status: _Optional[_Union[GenerationStatus, str]] = ..., number: _Optional[int] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., retiring: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class LedgerView(_message.Message):
     __slots__ = ("epoch", "committed_step", "todo", "finished", "samples", "shard_size", "epochs", "seed")
@@ -152,18 +176,20 @@ class StepWindow(_message.Message):
     def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[SampleRange, _Mapping[str, object]]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("worker_id", "generation", "windows", "step_time_s", "noise")
+    __slots__ = ("worker_id", "generation", "windows", "step_time_s", "noise", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     NOISE_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     generation: int
     windows: _containers.RepeatedCompositeFieldContainer[StepWindow]
     step_time_s: float
     noise: GradientNoise
-    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class GradientNoise(_message.Message):
     __slots__ = ("init_batch", "grad_sqr", "grad_var", "steps")
@@ -186,12 +212,14 @@ class CommitReply(_message.Message):
     def __init__(self, committed_step: _Optional[int] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class LeaseRequest(_message.Message):
-    __slots__ = ("worker_id", "generation")
+    __slots__ = ("worker_id", "generation", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     generation: int
-    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("lease_id", "epoch", "range")
@@ -212,16 +240,18 @@ class LeaseReply(_message.Message):
     def __init__(self, finished: _Optional[bool] = ..., leases: _Optional[_Iterable[_Union[Lease, _Mapping[str, object]]]] = ...) -> None: ...
 
 class CommitLeasesRequest(_message.Message):
-    __slots__ = ("worker_id", "generation", "lease_ids", "step_time_s")
+    __slots__ = ("worker_id", "generation", "lease_ids", "step_time_s", "incarnation")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     generation: int
     lease_ids: _containers.RepeatedScalarFieldContainer[int]
     step_time_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., lease_ids: _Optional[_Iterable[int]] = ..., step_time_s: _Optional[float] = ...) -> None: ...
+    incarnation: str
+    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., lease_ids: _Optional[_Iterable[int]] = ..., step_time_s: _Optional[float] = ..., incarnation: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id",)

@@ -265,6 +265,9 @@ class PsSession:
             reply = client.awaiting_generation(
                 self.agent.worker_id, self.agent.generation, timeout_s=min(remaining, 5.0)
             )
+            if self.agent.is_replaced(reply.incarnation):  # see ``agent.rejoining``
+                self.agent.rejoining()
+                continue
             if reply.status == pb.PENDING:
                 continue
             if reply.status == pb.FENCED:

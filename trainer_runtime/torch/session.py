@@ -67,9 +67,11 @@ from trainer_runtime.torch.measuring import NoiseMeter
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
-# Applied windows each worker keeps for the reconcile of the next generation: the steps its
-# state holds that the coordinator may not have committed yet (rank 0 commits within about
-# `COMMIT_INTERVAL_S`; more are kept to ride out a slow or restarting coordinator).
+# Applied windows each worker keeps for the reconcile of a later generation (the same on
+# every rank: rank 0 hands them over when a generation forms): the steps its state holds
+# that the coordinator may lack, not committed yet (rank 0 commits within about
+# `COMMIT_INTERVAL_S`) or lost with a coordinator replaced from an older snapshot (one
+# snapshot period, about 5 s); more are kept to ride out a slow or restarting coordinator.
 APPLIED_KEPT = 4096
 
 
@@ -208,13 +210,18 @@ class ElasticSession(generations.Member):
                 self.agent.worker_id, self.generation, self.step_count, list(self.applied)
             )
             extra = generations.handover(
-                self.step_count, view, self.policy.shared_state(), self.noise_state()
+                self.step_count,
+                view,
+                self.policy.shared_state(),
+                self.noise_state(),
+                self.applied,
             )
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.walk = generations.adopting(sent, self.policy, self.noise)
         self.step_count = self.walk.step
         self.applied.clear()
+        self.applied.extend(generations.adopted_windows(sent))
         with warnings.catch_warnings():  # buffers were just broadcast: no sync in forward
             warnings.simplefilter("ignore", FutureWarning)
             self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
