@@ -175,6 +175,26 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
             torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
 
 
+def test_a_peer_lost_before_ddp_rebuilds_its_buckets_is_a_resize(cluster: Cluster) -> None:
+    """DDP rebuilds its gradient buckets, with a broadcast from rank 0, at the first forward
+    after a generation's first step. Rank 0 lost right then made that broadcast fail in the
+    user's `s.model(...)` call, and its peer stopped with the error (seen in CI). The
+    session rebuilds them in the step: the peer re-forms alone, and its parameters end as a
+    fixed-size run's."""
+    samples, epochs, batch = 240, 1, 12
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    out = cluster.root / "out"
+    args = [*job_args("mlp", samples, out, batch=batch, sleep_s=0.05), "--lost-after-first-step"]
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    exits = {name: cluster.waiting_exit(name, 120) for name in ("w0", "w1")}
+    assert sorted(exits.values()) == [0, 9], {n: cluster.log(n)[-3000:] for n in exits}
+    survivor = next(name for name, code in exits.items() if code == 0)
+    final = torch.load(out / f"{survivor}.pt")
+    for key, value in reference_parameters(samples, epochs, batch).items():
+        torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
+
+
 def test_empty_dataset_is_refused_by_the_coordinator() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", "0"],

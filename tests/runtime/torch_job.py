@@ -2,7 +2,8 @@
 
 `--kind ledger` (the per-sample counter) or `--kind mlp` (a small float64 MLP with SGD and
 momentum): see `elastic_job.py`, whose loop it runs. `--deaf-steps K` makes the worker hear
-of each new generation K reads after it opened (a notice that reaches it late).
+of each new generation K reads after it opened (a notice that reaches it late);
+`--lost-after-first-step` makes it exit right after its first step as rank 0 of a group.
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -67,9 +68,25 @@ def deafened(agent: Any, steps: int) -> None:
     agent.changed = changed
 
 
+def lost_after_first_step(s: Any) -> None:
+    """Exit at once after this worker's first step as rank 0 of a generation of two or
+    more: its peers lose it just before DDP's next forward would rebuild the buckets."""
+    real = s.step
+
+    def step(loss: Any) -> None:
+        real(loss)
+        if s.world_size > 1 and s.rank == 0:
+            os._exit(9)
+
+    s.step = step
+
+
 def main() -> None:
     parser = arguments()
     parser.add_argument("--deaf-steps", type=int, default=0, help="hear of changes late")
+    parser.add_argument(
+        "--lost-after-first-step", action="store_true", help="as rank 0 of a group, exit then"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
@@ -86,6 +103,8 @@ def main() -> None:
     with session(model, optimizer, dataset, KeepGlobalBatch(args.global_batch)) as s:
         if args.deaf_steps:
             deafened(s.agent, args.deaf_steps)
+        if args.lost_after_first_step:
+            lost_after_first_step(s)
         summary = training(s, args, nn.functional.cross_entropy, trace)
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(

@@ -408,6 +408,27 @@ class ElasticSession(generations.Member):
         if self.rank == 0:
             self.committer.enqueue(self.generation, self.window, now - self.last_step_at)
         self.last_step_at = now
+        self.rebuilding_buckets()
+
+    def rebuilding_buckets(self) -> None:
+        """Let DDP rebuild its gradient buckets now, if this step made that due.
+
+        DDP orders its buckets once per DDP object, by the order gradients became ready in
+        its first synchronized backward, and agrees on that order with a broadcast from
+        rank 0 at the next forward: in the user's `s.model(...)` call, where a peer lost
+        just then raises an error the session cannot turn into re-forming, and the worker
+        stops. Asked here, at the end of the step, the broadcast runs where a failure
+        breaks the group like any other (the step itself was applied and recorded), and
+        the user's forward finds nothing left to rebuild. Every rank asks at the same step:
+        the step's backward is synchronized on all of them or on none."""
+        if self.ddp is None:
+            return
+        try:
+            self.ddp.reducer._rebuild_buckets()
+        except RuntimeError as error:
+            assert self.window is not None
+            LOG.info("DDP's buckets after step %d failed (%s): re-forming", self.window.step, error)
+            self.broken = True
 
     def finishing(self) -> bool:
         """The walk is over: rank 0 makes sure its commits landed; all meet once more."""
