@@ -131,9 +131,11 @@ def _by_priority(result: SimResult) -> dict[str, Any]:
     return {"by_priority": out}
 
 
-def _philly(
+def _amdahl_run(
     jobs: Iterable[SimJob], cluster: ClusterSpec, label: str, runs: dict[str, Any]
 ) -> SimResult:
+    """Philly-like jobs, elastic or rigid as ``runs[label]`` says, scaling by
+    ``amdahl:0.1``, under the engine's defaults."""
     name, elastic = runs[label]
     shaped = shape(
         list(jobs),
@@ -151,14 +153,14 @@ def run_task(task: Task, traces: str) -> dict[str, Any]:
     if task.group in ("philly_3d", "philly_1d"):
         cluster = load_cluster(str(root / "tiresias" / "n32g4.csv"))
         workload = load_tiresias(root / "philly-derived" / f"{task.group}.csv", cluster)
-        return _line(task, _philly(workload.jobs, cluster, task.label, PHILLY_RUNS), {})
+        return _line(task, _amdahl_run(workload.jobs, cluster, task.label, PHILLY_RUNS), {})
     if task.group == "philly_full":
         cluster = load_cluster("64x8")
         workload = load_philly(root / "pollux" / "traces" / "philly.csv", cluster)
-        return _line(task, _philly(workload.jobs, cluster, task.label, FULL_RUNS), {})
+        return _line(task, _amdahl_run(workload.jobs, cluster, task.label, FULL_RUNS), {})
     if task.group == "priority_mix":
         cluster = load_cluster("16x4")
-        result = _philly(generate(MIX, MIX_SEED).jobs, cluster, task.label, MIX_RUNS)
+        result = _amdahl_run(generate(MIX, MIX_SEED).jobs, cluster, task.label, MIX_RUNS)
         return _line(task, result, _by_priority(result))
     load = task.group.removeprefix("pollux-")
     cluster = load_cluster("16x4")

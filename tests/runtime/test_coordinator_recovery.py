@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainer_runtime import generations
 from trainer_runtime.client import CoordinatorClient, Reincarnated, Rejoining
@@ -317,7 +318,6 @@ def test_a_group_replaced_from_an_old_snapshot_trains_each_sample_once(
 ) -> None:
     """Group mode (PyTorch, gloo): the per-sample counter of `torch_job.py --kind ledger`
     ends at exactly the number of epochs."""
-    torch = pytest.importorskip("torch")
     samples, epochs = 600, 2
     args = [
         "--samples", str(samples), "--shard-size", "10", "--epochs", str(epochs),
