@@ -141,6 +141,12 @@ class Expectations:
                 return body
         return dict(body) | {"status": status}
 
+    def status_unseen(self, key: str) -> bool:
+        """Whether a status of job ``key`` that this controller queued or wrote is not yet
+        seen through the watch (call after ``overlay_job``, which forgets a seen one)."""
+        with self.lock:
+            return key in self.statuses
+
     def _expire(self, now: float) -> None:
         for table in (self.created, self.annotated):
             for key in [k for k, (_, t) in table.items() if now - t > EXPECTATION_TTL_S]:

@@ -240,6 +240,7 @@ class QuietJobs:
             view.priority,
             view.coordinator_ready,
             view.target_due,
+            view.status_unseen,
             view.rejected,
             decision,
             placed,
@@ -318,7 +319,11 @@ def _decide_job(
     cycle = JobCycle(view, tj, now, out, status, int(old_status.get("restarts", 0)))
     phase = JobPhase(old_status.get("phase", JobPhase.PENDING.value))
     if phase.final:  # 2
-        clear_away(cycle, succeeded=phase is JobPhase.SUCCEEDED)
+        # A final phase only queued (laid over the job by ``Expectations``) is lost if the
+        # controller dies before writing it: the coordinator waits until the watch shows it.
+        clear_away(
+            cycle, succeeded=phase is JobPhase.SUCCEEDED, keep_coordinator=view.status_unseen
+        )
         return
     status.setdefault(
         "submitTime", iso_time(timestamp_of(meta_of(view.body).get("creationTimestamp")) or now)

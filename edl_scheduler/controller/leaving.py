@@ -69,12 +69,13 @@ def finish(cycle: JobCycle, phase: JobPhase, reason: EventReason, message: str) 
     """The job ends in ``phase`` (along ``JobPhase``'s diagram): its completion time, its
     time from submission counted, one Event, and its replicas cleared (``clear_away``).
 
-    Its coordinator stays until a later cycle reads the final phase back from the API server
-    (``clear_away`` then removes it): removed while the status write is still in flight, a
-    write that is lost (the controller killed) or not yet seen (a cache behind) would leave a
-    job that looks unfinished with no coordinator, and the plan would start it again from
-    the coordinator's last saved snapshot, training a second time what was committed since
-    (``benchmarks/controller_recovery.py`` found it, seed 7)."""
+    Its coordinator stays until a later cycle sees the final phase through the watch
+    (``JobView.status_unseen`` false; ``clear_away`` then removes it). The next cycle
+    already plans on the status queued here; removed while that write is still in flight,
+    a write that is lost (the controller killed) or not yet seen (a cache behind) would
+    leave a job that looks unfinished with no coordinator, and the plan would start it
+    again from the coordinator's last saved snapshot, training a second time what was
+    committed since (``benchmarks/controller_recovery.py`` found it twice, seed 7)."""
     view = cycle.view
     current = JobPhase(cycle.status.get("phase", JobPhase.PENDING))
     cycle.status["phase"] = step_toward(current, phase).value

@@ -393,6 +393,7 @@ class PlanningLoop:
                 priorities.get(key),
                 coordinator_ready=(ready := self._ready(key, coordinator)),
                 target_due=ready and self._told.get(key) != self._answered.get(key),
+                status_unseen=self.actuator.expectations.status_unseen(key),
             )
         return views
 

@@ -105,6 +105,7 @@ def test_a_cycle_does_not_wait_for_its_status_writes() -> None:
         )
         # The next cycle plans on the queued status, whatever version the watch shows.
         assert actuator.expectations.overlay_job(job(version="999"))["status"] == status
+        assert actuator.expectations.status_unseen("ns/j")
         kube.gate.set()
         assert eventually(actuator.writer.idle)
         patches = [b for m, p, b in kube.calls if p.endswith("/status")]
@@ -114,6 +115,7 @@ def test_a_cycle_does_not_wait_for_its_status_writes() -> None:
         # Shown by the watch (its version or a later one): the expectation ends.
         assert actuator.expectations.overlay_job(job(version=written[1]))["status"] == {}
         assert "ns/j" not in actuator.expectations.statuses
+        assert not actuator.expectations.status_unseen("ns/j")
     finally:
         kube.gate.set()
         actuator.close()

@@ -366,6 +366,20 @@ def test_a_finished_jobs_coordinator_stays_until_its_phase_is_read_back() -> Non
     assert {i.name for i in of(DeletePod, later.intents)} == {"j-coordinator"}
 
 
+def test_a_final_phase_not_yet_seen_through_the_watch_keeps_the_coordinator() -> None:
+    """The next cycle plans on the status it queued (``Expectations.overlay_job``): a job
+    that looks Succeeded there may still be Running on the API server if the controller dies
+    before the write. Its coordinator, removed then, would be replaced from an older snapshot
+    by the next controller, which sees an unfinished job without replicas and starts it."""
+    done = job_body(phase="Succeeded", completionTime="2027-01-15T08:00:00Z")
+    queued = decide(
+        {"ns/j": view(done, [coordinator()], status_unseen=True)}, None, CONFIG, NOW, names()
+    )
+    assert of(DeletePod, queued.intents) == []
+    seen = decide({"ns/j": view(done, [coordinator()])}, None, CONFIG, NOW, names())
+    assert {i.name for i in of(DeletePod, seen.intents)} == {"j-coordinator"}
+
+
 def test_a_worker_that_exited_0_stays_until_its_coordinator_answers() -> None:
     """A restarted controller does not know yet whether the job finished: the worker that
     exited 0 unasked is neither removed nor replaced until the coordinator has answered
