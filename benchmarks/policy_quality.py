@@ -12,8 +12,9 @@ the tables and the headline between their markers in those files.
   Pollux artifact (``results-jobload/<policy>-<load>/summary.json``: Pollux, Tiresias,
   Optimus+Oracle).
 - ``philly_3d`` (5,851 jobs) and ``philly_1d`` on 32 x 4 GPUs, default engine settings (60 s
-  ticks, plans on events, 10 s per resize, 30 s per restart), ``amdahl:0.1`` scaling: every
-  policy on rigid jobs, and the elastic ones also on elastic jobs (min ceil(n/2), max 2n).
+  ticks, plans on events, 10 s per resize, 52 s per resume after suspension, measured by
+  ``benchmarks/suspend_cost.py``), ``amdahl:0.1`` scaling: every policy on rigid jobs, and
+  the elastic ones also on elastic jobs (min ceil(n/2), max 2n).
 - The full Philly trace (``pollux/traces/philly.csv``, 82,247 jobs) on 64 x 8 GPUs, the
   same settings: ``edl`` on elastic jobs and ``tiresias``.
 - A priority mix: 1,500 synthetic Philly-like jobs (``SyntheticSpec``, seed 1, 40 arrivals

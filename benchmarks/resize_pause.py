@@ -204,27 +204,39 @@ def free_port() -> int:
 # ----- ours -----
 
 
+def environment() -> dict[str, str]:
+    """The environment of our coordinator and workers: the run's trust, one thread each."""
+    return {**os.environ, **trust_environ(CREDENTIALS), "PYTHONPATH": str(REPO),
+            "OMP_NUM_THREADS": "1"}  # fmt: skip
+
+
+def starting_coordinator(
+    root: Path, env: dict[str, str], samples: int, processes: dict[str, subprocess.Popen[bytes]]
+) -> str:
+    """Start a coordinator of `samples` samples (kept in `processes`); its address once it
+    listens."""
+    port_file = root / "port"
+    processes["coordinator"] = subprocess.Popen(
+        [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", str(samples),
+         "--shard-size", "1000", "--join-window-s", "0.05", "--port-file", str(port_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not (port_file.exists() and port_file.read_text()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the coordinator did not start")
+        time.sleep(0.05)
+    return f"127.0.0.1:{port_file.read_text()}"
+
+
 def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) -> Results:
     results = Results(extra={"join_from_ready_s": []})
     trace = Trace(root / "trace")
     trace.path.touch()
-    env = {**os.environ, **trust_environ(CREDENTIALS), "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": "1"}  # fmt: skip
-    port_file = root / "port"
+    env = environment()
     processes: dict[str, subprocess.Popen[bytes]] = {}
-    processes["coordinator"] = subprocess.Popen(
-        [sys.executable, "-m", "trainer_runtime.coordinator", "--samples", str(SAMPLES),
-         "--shard-size", "1000", "--join-window-s", "0.05", "--port-file", str(port_file)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text()):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the coordinator did not start")
-            time.sleep(0.05)
-        address = f"127.0.0.1:{port_file.read_text()}"
-        sys.path.insert(0, str(REPO))
+        address = starting_coordinator(root, env, SAMPLES, processes)
         from trainer_runtime.client import CoordinatorClient
 
         client = CoordinatorClient(address, CREDENTIALS.controller())

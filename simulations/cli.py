@@ -64,7 +64,7 @@ def main() -> None:
     "--restart-pause",
     type=float,
     default=None,
-    help="Seconds per restart [default: 30; pollux: 0].",
+    help="Seconds per resume after suspension [default: 52, measured; pollux: 0].",
 )
 @click.option(
     "--start-delay",

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from edl_scheduler.core.policy import MEASURED_SUSPEND_COST_S
+
 
 @dataclass(frozen=True, slots=True)
 class SimConfig:
@@ -16,7 +18,9 @@ class SimConfig:
     tick_s: float = 60.0
     plan_on_events: bool = True
     resize_pause_s: float = 10.0
-    restart_pause_s: float = 30.0
+    #: What a job resumed after suspension pays on top of ``start_delay_s``: its checkpoint
+    #: saved and restored and its processes restarted, as measured on the runtime.
+    restart_pause_s: float = MEASURED_SUSPEND_COST_S
     start_delay_s: float = 0.0
     #: Give the planner the throughput each job measured at the sizes it has run.
     report_throughput: bool = True
@@ -39,7 +43,7 @@ class SimConfig:
 
     def describe(self) -> tuple[str, str]:
         """How plans are timed and what a change costs, as a report states them:
-        (``"every 60 s and on events"``, ``"resize 10 s, restart 30 s, start 0 s"``)."""
+        (``"every 60 s and on events"``, ``"resize 10 s, restart 52 s, start 0 s"``)."""
         every = f"every {self.tick_s:g} s" if self.tick_s > 0 else ""
         events = "on events" if self.plan_on_events else ""
         timing = " and ".join(part for part in (every, events) if part) or "never"
@@ -52,7 +56,8 @@ class SimConfig:
 
 #: The engine's own settings, what a Philly, Tiresias or synthetic run gets unless told
 #: otherwise: a plan every 60 s and at every arrival and completion, 10 s per resize (the
-#: runtime's measured pause, rounded up), 30 s per restart.
+#: runtime's measured pause, rounded up), 52 s per resume after suspension (the runtime's
+#: measured suspension and resume of a 1 GiB checkpoint).
 ENGINE_DEFAULTS = SimConfig()
 #: The Tiresias simulator's runs: no ticks, no pauses.
 EVENT_DRIVEN = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)

@@ -53,6 +53,9 @@ class PolicyConfig(ApiModel):
     """Least time between two resizes of a job."""
     min_run_seconds: float | None = Field(default=None, ge=0)
     """Least run time before a voluntary shrink."""
+    suspend_cost_seconds: float | None = Field(default=None, ge=0)
+    """What one suspension and resume costs a job (checkpoint save, restart, restore): a job
+    of the waiting job's own level is suspended only after ten times that of run."""
     reservation_timeout_seconds: float | None = Field(default=None, gt=0)
     """How long GPUs freed for a job stay held for it."""
     resize_pause_seconds: float | None = Field(default=None, ge=0)
@@ -73,6 +76,7 @@ class PolicyConfig(ApiModel):
         names = {
             "cooldown_seconds": "cooldown_s",
             "min_run_seconds": "min_run_s",
+            "suspend_cost_seconds": "suspend_cost_s",
             "reservation_timeout_seconds": "reservation_timeout_s",
             "resize_pause_seconds": "resize_pause_s",
             "gain_horizon_seconds": "gain_horizon_s",

@@ -130,7 +130,9 @@ class Admitter:
         self.by_priority = self.suspend_ok and not policy.suspends_by_rank
         #: Whether a job of the level it starts for must have run its minimum to be
         #: suspended (``may_suspend``): then those are counted apart.
-        self.by_minimum = self.suspend_ok and policy.suspends_by_rank and policy.min_run_s > 0
+        self.by_minimum = (
+            self.suspend_ok and policy.suspends_by_rank and policy.suspension_min_run_s > 0
+        )
         self.level_start: dict[int, int] = {}
         self.level_end: dict[int, int] = {}
         # Ranking puts each priority level in one run of ranks: only its ends are read, and
@@ -169,7 +171,7 @@ class Admitter:
                 self.suspend_ok,
                 self.by_minimum,
             )
-            min_run = session.policy.min_run_s
+            min_run = session.policy.suspension_min_run_s
             for rank in range(len(jobs)):
                 js = jobs[rank]
                 workers = js.workers
@@ -206,7 +208,7 @@ class Admitter:
             whole
             if whole
             and self.by_minimum
-            and has_run_minimum(js.job.start_time, session.now, session.policy.min_run_s)
+            and has_run_minimum(js.job.start_time, session.now, session.policy.suspension_min_run_s)
             else 0
         )
         return shrink, reclaim, whole, ran

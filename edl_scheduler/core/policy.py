@@ -73,6 +73,15 @@ class Growth(Enum):
 
 
 ALL_INVARIANTS = frozenset(Invariant)
+#: A job of the waiting job's own level is suspended only after a run of at least this many
+#: times what its suspension costs (``Policy.suspension_min_run_s``).
+SUSPEND_PAYBACK = 10.0
+#: What suspending a job and resuming it costs, as measured on our PyTorch runtime for a
+#: 1 GiB checkpoint (``python benchmarks/suspend_cost.py``, two workers, 2-core CPU, gloo:
+#: 7.9 s fixed + 44.6 s per GiB; ``docs/runtime.md``, "Numbers"): the checkpoint written by
+#: the drained rank 0, fresh processes started, the group formed, the checkpoint loaded and
+#: broadcast. The ``edl`` preset's estimate, and the simulator's default charge.
+MEASURED_SUSPEND_COST_S = 52.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +105,10 @@ class Policy:
     may also suspend a whole running job of the waiting job's own priority ranked below it
     (by the ordering); off, only jobs of lower priority. Without priorities every job
     ranked below may be suspended. Either way, one of the waiting job's own level only once
-    it has run ``min_run_s`` since its start (``preempting.may_suspend``).
+    it has run ``suspension_min_run_s`` since its start (``preempting.may_suspend``).
+    ``suspend_cost_s``: what the planner takes one suspension and its resume to cost a job
+    (the checkpoint saved, the job restarted, the checkpoint restored: measured by
+    ``benchmarks/suspend_cost.py``); 0 where the policy counts no cost.
     """
 
     name: str
@@ -117,6 +129,7 @@ class Policy:
     starvation_limit_s: float | None = None
     las_running_first: bool = False
     suspend_equal_priority: bool = False
+    suspend_cost_s: float = 0.0
     promises: frozenset[Invariant] = field(default=ALL_INVARIANTS)
 
     def promised(self, invariant: Invariant) -> bool:
@@ -140,6 +153,14 @@ class Policy:
     def suspends(self) -> bool:
         """Whether admission may suspend whole running jobs."""
         return self.preemption in (Preemption.SUSPEND, Preemption.SHRINK_THEN_SUSPEND)
+
+    @property
+    def suspension_min_run_s(self) -> float:
+        """Least time a job runs before a waiting job of its own level may suspend it: its
+        minimum run, and at least ``SUSPEND_PAYBACK`` times what the suspension costs, so
+        that suspending and resuming a job never costs more than a tenth of the run it
+        ends (the ski-rental rule: pay the switch only once the run has paid for it)."""
+        return max(self.min_run_s, SUSPEND_PAYBACK * self.suspend_cost_s)
 
     @property
     def suspends_by_rank(self) -> bool:
@@ -176,6 +197,7 @@ PRESETS: dict[str, Policy] = {
         las_running_first=True,
         preemption=Preemption.SHRINK_THEN_SUSPEND,
         suspend_equal_priority=True,
+        suspend_cost_s=MEASURED_SUSPEND_COST_S,
     ),
     "edl-fulfillment": Policy(
         name="edl-fulfillment",

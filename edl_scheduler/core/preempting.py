@@ -72,8 +72,9 @@ def may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` be suspended whole so that ``js`` starts? Where the policy suspends:
     a preemptible running job not started this cycle, of lower priority (invariant 4), or
     of ``js``'s own (every job, without priorities; with them, under ``suspend_equal_priority``)
-    ranked below it and past its minimum run (no rule demands that one: it is the
-    policy's choice, and the minimum run keeps it from thrashing)."""
+    ranked below it and past ``Policy.suspension_min_run_s`` (no rule demands that one: it
+    is the policy's choice, and the minimum run, which pays for the suspension's cost,
+    keeps it from thrashing)."""
     if victim is js or not victim.job.preemptible or victim.started or not victim.running:
         return False
     if victim.priority < js.priority:
@@ -83,7 +84,7 @@ def may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
         return False
     if victim.rank < js.rank:
         return False
-    min_run = policy.min_run_s
+    min_run = policy.suspension_min_run_s
     return min_run <= 0 or has_run_minimum(victim.job.start_time, session.now, min_run)
 
 

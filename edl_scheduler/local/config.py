@@ -24,6 +24,9 @@ LOCAL_POLICY = PolicyConfig.model_validate(
         "base": "edl",
         "cooldownSeconds": 5,
         "minRunSeconds": 5,
+        # Local jobs are short and restart from local disk: a job of the waiting job's own
+        # priority may be suspended after the same 5 s (ten times this).
+        "suspendCostSeconds": 0.5,
         "reservationTimeoutSeconds": 120,
         "resizePauseSeconds": 1,
         "gainHorizonSeconds": 120,

@@ -31,6 +31,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.matching import allowed_on
 from edl_scheduler.core.ordering import ranked
+from edl_scheduler.core.policy import SUSPEND_PAYBACK
 from edl_scheduler.core.throughput import fit
 
 NONE = Resources()
@@ -233,13 +234,15 @@ def _gang_could_start(
 
 def _suspendable(v: Job, job: Job, rank: dict[str, int], policy: Policy, now: float) -> bool:
     """Whether admission may suspend ``v`` whole for ``job``: of lower priority, or (with
-    ``suspend_equal_priority``) of its own, ranked below it and past its minimum run."""
+    ``suspend_equal_priority``) of its own, ranked below it and past its minimum run, which
+    is at least ``SUSPEND_PAYBACK`` times the suspension's cost."""
     if priority(v, policy) < priority(job, policy):
         return True
     if not policy.suspend_equal_priority or priority(v, policy) != priority(job, policy):
         return False
     start = v.start_time
-    ran = start is not None and start < now and now - start >= policy.min_run_s
+    least = max(policy.min_run_s, SUSPEND_PAYBACK * policy.suspend_cost_s)
+    ran = start is not None and start < now and now - start >= least
     return ran and rank[v.name] > rank[job.name]
 
 

@@ -42,6 +42,7 @@ def test_policy_file_overrides_a_preset() -> None:
     cfg = load_policy_config(
         "base: edl\ncooldownSeconds: 30\npreemption: shrink\ngrowth: fulfillment\n"
         "suspendEqualPriority: false\nlasRunningFirst: false\nordering: fifo\n"
+        "suspendCostSeconds: 90\n"
     )
     policy = policy_from_config(cfg)
     assert policy.cooldown_s == 30
@@ -50,6 +51,7 @@ def test_policy_file_overrides_a_preset() -> None:
     assert policy.ordering is Ordering.FIFO
     assert not policy.suspend_equal_priority and not policy.las_running_first
     assert policy.min_run_s == preset("edl").min_run_s
+    assert policy.suspend_cost_s == 90 and policy.suspension_min_run_s == 900
 
 
 def test_policy_file_errors_name_the_field() -> None:
@@ -57,6 +59,8 @@ def test_policy_file_errors_name_the_field() -> None:
         load_policy_config("maxLoad: 1.5\n")
     with pytest.raises(TrainingJobError, match="base"):
         load_policy_config("base: fastest\n")
+    with pytest.raises(TrainingJobError, match="suspendCostSeconds"):
+        load_policy_config("suspendCostSeconds: -1\n")
 
 
 def test_training_job_becomes_a_planner_job_with_its_constraints() -> None:

@@ -36,7 +36,7 @@ from edl_scheduler.core import (
     plan,
     preset,
 )
-from edl_scheduler.core.policy import with_overrides
+from edl_scheduler.core.policy import SUSPEND_PAYBACK, with_overrides
 from tests.core.builders import JobBuilder, job, node, nodes, snapshot
 
 EDL = preset("edl")
@@ -136,6 +136,24 @@ def test_edl_suspends_equals_that_attained_more_once_they_ran_their_minimum() ->
     # Without the rule, priorities alone decide: nothing of an equal is suspended.
     plain = with_overrides(EDL, suspend_equal_priority=False)
     assert sizes(plan(snap, plain, 1000.0)) == {"new": 0, "long": 8}
+
+
+def test_an_equal_is_suspended_only_once_its_run_paid_for_the_suspension() -> None:
+    """A suspension and its resume cost the job a checkpoint, a restart and a restore:
+    the planner suspends one of the waiting job's level only after a run of
+    ``SUSPEND_PAYBACK`` times that cost, even where the minimum run alone would allow it."""
+    long_ = job("long").min(8).max(8).priority(1).submitted(0).attained(50_000.0)
+    snap = snapshot(nodes(1), [long_.running(("n0", 8)).started(0), job("new").min(8).max(8)])
+    snap = replace(snap, jobs=(snap.jobs[0], replace(snap.jobs[1], priority=1, submit_time=900)))
+    costly = with_overrides(EDL, min_run_s=300.0, suspend_cost_s=120.0)  # 1,200 s to pay
+    assert costly.suspension_min_run_s == 120.0 * SUSPEND_PAYBACK
+    assert sizes(plan(snap, costly, 1000.0)) == {"new": 0, "long": 8}
+    p = plan(snap, costly, 1200.0)
+    assert sizes(p) == {"new": 8, "long": 0}
+    assert p.decision("long").action is Action.SUSPEND
+    # A cheap suspension leaves the minimum run in charge.
+    cheap = with_overrides(EDL, min_run_s=300.0, suspend_cost_s=1.0)
+    assert sizes(plan(snap, cheap, 1000.0)) == {"new": 8, "long": 0}
 
 
 def test_equal_priority_elastic_jobs_do_not_ping_pong() -> None:

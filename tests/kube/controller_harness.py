@@ -195,7 +195,9 @@ class ControllerProcess:
             key.write_bytes(os.urandom(32).hex().encode())
         policy = workdir / "policy.yaml"
         if not policy.exists():
-            policy.write_text("base: edl\ncooldown_seconds: 0\nmin_run_seconds: 0\n")
+            policy.write_text(
+                "base: edl\ncooldown_seconds: 0\nmin_run_seconds: 0\nsuspend_cost_seconds: 0\n"
+            )
         self.argv = [
             sys.executable, "-m", "edl_scheduler.controller",
             "--kubeconfig", str(api.kubeconfig),

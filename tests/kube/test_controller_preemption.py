@@ -35,7 +35,10 @@ from .nodes import create_node
 from .testenv import KubeAPI
 
 NS = "ctrl-preempt"
-POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
+POLICY = (
+    "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
+    "suspend_cost_seconds: 0\n"
+)
 cluster, controller = controller_fixtures(NS, "preempt", "26000-26099", policy=POLICY)
 
 

@@ -59,7 +59,10 @@ NS = "ctrl-ps"
 JOB = str(REPO / "tests" / "runtime" / "ps_job.py")
 SAMPLES, EPOCHS = 480, 2
 # Whole-job preemption for the preemption test; nothing else here competes for GPUs.
-POLICY = "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
+POLICY = (
+    "base: edl\npreemption: shrink-then-suspend\ncooldown_seconds: 0\nmin_run_seconds: 0\n"
+    "suspend_cost_seconds: 0\n"
+)
 
 
 cluster, controller = controller_fixtures(NS, "ps", "26200-26299", policy=POLICY)

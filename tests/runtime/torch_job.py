@@ -3,7 +3,8 @@
 `--kind ledger` (the per-sample counter) or `--kind mlp` (a small float64 MLP with SGD and
 momentum): see `elastic_job.py`, whose loop it runs. `--deaf-steps K` makes the worker hear
 of each new generation K reads after it opened (a notice that reaches it late);
-`--lost-after-first-step` makes it exit right after its first step as rank 0 of a group.
+`--lost-after-first-step` makes it exit right after its first step as rank 0 of a group;
+`--width` sets the MLP's hidden width (its parameters are about 11 times that).
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -87,6 +88,7 @@ def main() -> None:
     parser.add_argument(
         "--lost-after-first-step", action="store_true", help="as rank 0 of a group, exit then"
     )
+    parser.add_argument("--width", type=int, default=16, help="the MLP's hidden width")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
@@ -96,7 +98,7 @@ def main() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         dataset = TensorDataset(torch.arange(args.samples))
     else:
-        model = mlp()
+        model = mlp(args.width)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         dataset = mlp_data(args.samples)
     trace = args.trace.open("a", buffering=1) if args.trace else None
