@@ -48,6 +48,7 @@ from edl_scheduler.controller.coordinating import (
 from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
+    DeleteOrphan,
     DeletePod,
     Drain,
     Emit,
@@ -433,6 +434,8 @@ class Actuator:
             return lambda: self._create_pod(intent.manifest, intent.credential)
         if isinstance(intent, DeletePod):
             return lambda: self._delete_pod(intent)
+        if isinstance(intent, DeleteOrphan):
+            return lambda: self._delete_orphan(intent)
         if isinstance(intent, SetTarget):
             return lambda: self._coordinator(intent.job, functools.partial(self._target, intent))
         raise TypeError(f"not an intent acted on here: {intent!r}")
@@ -512,6 +515,18 @@ class Actuator:
         except KubeError as error:
             if error.status != 404:
                 raise
+
+    def _delete_orphan(self, intent: DeleteOrphan) -> None:
+        """The pod goes only if its job is really gone (404 on a live read)."""
+        job = namespaced(intent.namespace, PLURAL, intent.job, group=f"{GROUP}/{VERSION}")
+        try:
+            self.kube.request("GET", job)
+            return  # the job exists: our cache is behind, not the job gone
+        except KubeError as error:
+            if error.status != 404:
+                raise
+        log.info("%s/%s: its job %s is gone; deleted", intent.namespace, intent.name, intent.job)
+        self._delete_pod(DeletePod(intent.namespace, intent.name))
 
     def _mark_draining(self, intent: MarkDraining) -> None:
         annotations = {ANNOTATION_DRAINING: "true", ANNOTATION_DRAIN_SINCE: f"{intent.since:.3f}"}

@@ -73,6 +73,16 @@ class DeletePod:
 
 
 @dataclass(frozen=True, slots=True)
+class DeleteOrphan:
+    """A pod of ``job``, a TrainingJob the watch no longer lists: deleted once a live read
+    confirms that the job is gone (the garbage collector would, later)."""
+
+    namespace: str
+    name: str
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
 class MarkDraining:
     namespace: str
     name: str
@@ -121,6 +131,7 @@ Intent = (
     CreatePod
     | CreateCoordinator
     | DeletePod
+    | DeleteOrphan
     | MarkDraining
     | Drain
     | SetTarget

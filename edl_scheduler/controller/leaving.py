@@ -5,7 +5,7 @@ other reasons: a job that finished (its pods cleared, the coordinator last), rep
 that exited (removed, and charged against ``failurePolicy.maxRestarts`` when the job is to
 blame), replicas on deleted or cordoned nodes, drains past their deadline, and a job that
 its spec suspends. They are rules 2 to 5 of ``deciding``'s docstring, and the suspension of
-rule 6.
+rule 6; and the pods of a job its user deleted (``orphans``).
 
 Pure, like ``deciding``: each function reads one job's ``JobCycle`` and adds intents, status
 fields and counts to it. What must stay true: a pod is deleted at most once per cycle
@@ -17,15 +17,18 @@ coordinator's) costs it a restart.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection, Iterable
 
 from edl_scheduler.api import JobPhase
 from edl_scheduler.controller.intents import (
+    DeleteOrphan,
     Drain,
     EventReason,
     EventType,
     JobCycle,
     MarkDraining,
 )
+from edl_scheduler.controller.naming import LABEL_JOB
 from edl_scheduler.controller.podstate import (
     Obj,
     draining_since,
@@ -228,6 +231,27 @@ def suspend(cycle: JobCycle) -> None:
             "reason": "UserSuspended",
         }
         cycle.status["resizes"] = int(cycle.status.get("resizes", 0)) + 1
+
+
+def orphans(
+    pods: Iterable[Obj], jobs: Collection[str], serves: Callable[[str], bool]
+) -> list[DeleteOrphan]:
+    """The live pods, in a namespace the controller ``serves``, of jobs not in ``jobs`` (the
+    keys of every TrainingJob the watch lists): a job its user deleted. Their owner
+    reference lets the garbage collector remove them, but it may take seconds to tens of
+    seconds, while they hold their node's room and the plan counts them; so the controller
+    deletes them itself, each once a live read says that its job is gone (``DeleteOrphan``):
+    a cache that lags behind a new job's pods never costs that job a pod."""
+    out: list[DeleteOrphan] = []
+    for pod in pods:
+        meta = meta_of(pod)
+        job = (meta.get("labels") or {}).get(LABEL_JOB)
+        if job is None or terminating(pod):
+            continue
+        namespace = str(meta.get("namespace", "default"))
+        if f"{namespace}/{job}" not in jobs and serves(namespace):
+            out.append(DeleteOrphan(namespace, str(meta["name"]), str(job)))
+    return out
 
 
 def delete_overdue_drains(cycle: JobCycle) -> None:

@@ -51,9 +51,10 @@ from edl_scheduler.controller.deciding import NodeStates, QuietJobs, decide
 from edl_scheduler.controller.intents import Emit, JobView, PatchStatus
 from edl_scheduler.controller.kubeapi import Kube, KubeError
 from edl_scheduler.controller.leading import LeaderElector
+from edl_scheduler.controller.leaving import orphans
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.observing import Memo, observe, pod_requests, replica_of
-from edl_scheduler.controller.podstate import coordinator_port_of, group_pods
+from edl_scheduler.controller.podstate import coordinator_port_of, group_pods, key_of
 from edl_scheduler.controller.reserving import ReservationStore
 from edl_scheduler.controller.shaping import coordinator_address, state_config_map
 from edl_scheduler.core import ClusterError, Node, Plan, Reason, Reservation, Resources, plan
@@ -306,6 +307,8 @@ class PlanningLoop:
             held,
         )
         phases.done("decide")
+        listed = {key_of(b) for b in world.jobs}
+        decisions.intents.extend(orphans(pods, listed, self.config.namespaces.serves))
         if not self.elector.is_leader():
             return None  # the Lease lapsed while planning: act on nothing
         self.store.save(result.reservations)  # before the drains that free their room
@@ -374,8 +377,7 @@ class PlanningLoop:
     ) -> dict[str, JobView]:
         views: dict[str, JobView] = {}
         for body in bodies:
-            meta = body.get("metadata", {})
-            key = f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+            key = key_of(body)
             replicas, coordinator = grouped.get(key, ([], None))
             tj = parsed.get(key)
             if tj is None and key not in rejected:

@@ -56,6 +56,12 @@ def meta_of(obj: Obj) -> Obj:
     return meta
 
 
+def key_of(obj: Obj) -> str:
+    """``namespace/name``: how a job is named everywhere in the controller."""
+    meta = meta_of(obj)
+    return f"{meta.get('namespace', 'default')}/{meta.get('name')}"
+
+
 def phase_of(pod: Obj) -> str:
     return str(pod.get("status", {}).get("phase", "Pending"))
 

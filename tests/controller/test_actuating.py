@@ -414,3 +414,45 @@ def test_flush_writes_what_is_queued_then_says_whether_anything_is_left() -> Non
     finally:
         gate.set()
         writer.close()
+
+
+class JobsKube(StateKube):
+    """Answers a TrainingJob's GET from ``jobs`` (404 for any other), records the rest."""
+
+    def __init__(self, jobs: set[str]) -> None:
+        super().__init__(None)
+        self.jobs = jobs
+
+    def request(
+        self, method: str, path: str, body: Any = None, content_type: str | None = None
+    ) -> Any:
+        if method == "GET" and "/trainingjobs/" in path:
+            with self.lock:
+                self.calls.append((method, path, body))
+            if path.rsplit("/", 1)[-1] not in self.jobs:
+                raise KubeError(404, "not found")
+            return {"metadata": {"name": path.rsplit("/", 1)[-1]}}
+        return super().request(method, path, body, content_type)
+
+
+def test_a_deleted_jobs_pods_go_once_a_live_read_says_it_is_gone() -> None:
+    """The garbage collector removes them too, later, while they hold their node's room; a
+    cache that lags behind a job just created must not cost it its pods."""
+    from edl_scheduler.controller.leaving import orphans
+    from tests.controller.test_deciding import pod
+
+    pods = [pod("a", job="gone"), pod("b", job="late"), pod("c", job="listed"), pod("x")]
+    pods.append(pod("d", job="gone", meta={"namespace": "elsewhere"}))  # not served
+    pods.append(pod("e", job="gone", meta={"deletionTimestamp": "2027-01-01T00:00:02Z"}))
+    pods.append({"metadata": {"name": "other", "namespace": "ns"}})  # not one of ours
+    gone = orphans(pods, {"ns/listed", "ns/j"}, lambda ns: ns == "ns")
+    assert [(o.name, o.job) for o in gone] == [("a", "gone"), ("b", "late")]
+    kube = JobsKube({"late"})  # listed by the API server, not yet by our watch
+    actuator = Actuator(cast(Kube, kube), ControllerConfig(token_key=b"k" * 32), lambda _j: None)
+    try:
+        actuator.run(gone)
+    finally:
+        actuator.close()
+    deleted = [p.rsplit("/", 1)[-1] for m, p, _ in kube.calls if m == "DELETE"]
+    assert deleted == ["a"]
+    assert ("ns", "a") in actuator.expectations.deleted

@@ -16,7 +16,8 @@ Aspects tested:
   and a Warning Event; a job asking more GPUs per worker than any node has waits with a reason;
   the controller keeps running;
 - deleting a job removes everything it owns (garbage collection through owner references),
-  its NetworkPolicy included;
+  its NetworkPolicy included, and the controller deletes its pods itself once a live read
+  says the job is gone (one that no owner reference ties to it too);
 - /metrics and /healthz answer; two controllers: exactly one acts (holds the Lease).
 """
 
@@ -219,10 +220,22 @@ def test_nonsense_jobs_get_a_reason_and_the_controller_keeps_running(
 def test_deleting_a_job_removes_what_it_owns(
     cluster: Cluster, controller: ControllerProcess
 ) -> None:
+    """What it owns goes with it (the garbage collector), and its pods go sooner: the
+    controller deletes them once a live read says the job is gone, even one that no owner
+    reference ties to it."""
     cluster.create_job(pooled("gone"))
-    eventually(lambda: workers_of(cluster, "gone", 1), 30, "a worker")
+    (worker,) = eventually(lambda: workers_of(cluster, "gone", 1), 30, "a worker")
     assert network_policy(cluster, "gone") is not None
     cluster.delete_job(NS, "gone")
+    # A pod of the job that no owner reference ties to it: the garbage collector never
+    # removes it; the controller does, once it reads that the job is gone.
+    stray = {
+        "metadata": {"name": "gone-stray", "labels": {"edl.dev/job": "gone",
+                                                      "edl.dev/role": "worker"}},
+        "spec": {"nodeName": worker.spec.node_name,
+                 "containers": [{"name": "w", "image": "example/none:1"}]},
+    }  # fmt: skip
+    cluster.core.create_namespaced_pod(NS, stray)
 
     def collected() -> bool:
         pods = cluster.pods(NS, "gone")

@@ -98,6 +98,7 @@ WRITES = {"create", "update", "patch", "delete", "deletecollection", "*"}
 #: What the controller does, each of which the ServiceAccount must be allowed.
 NEEDED: list[Access] = [
     *[(v, "edl.dev", "trainingjobs", "", "") for v in ("list", "watch")],
+    ("get", "edl.dev", "trainingjobs", "research", ""),
     ("patch", "edl.dev", "trainingjobs/status", "research", ""),
     ("update", "edl.dev", "trainingjobs/finalizers", "research", ""),
     *[(v, "", "pods", "", "") for v in ("list", "watch")],
