@@ -1,132 +1,36 @@
-"""Checkpoints that carry an allreduce job's model across a suspension to zero workers.
-
-The model lives only in the workers, and every generation starts from its rank 0's state.
-When the planner preempts a job whole (or the user suspends it), every worker is drained
-and the coordinator keeps only the ledger; the next workers are fresh processes. So the
-rank 0 of the last generation, when it is drained, writes its state here (model,
-optimizer, batch-policy state, the step it reached and the step windows it applied since
-its generation formed), and a later rank 0 that has no state of its own (a fresh process)
-loads it before the state broadcast. The windows let that rank 0's reconcile commit the
-steps the coordinator had not yet committed when the drain fenced them, so the ledger ends
-exactly at the checkpoint's step: nothing lost, nothing trained twice.
-
-Where: the contract's `EDL_CHECKPOINT_DIR` (a directory every worker of the job reaches: a
-shared volume on Kubernetes, a directory under the job's state directory locally).
-
-What must stay true: a checkpoint file is complete or absent (written to a temporary file,
-fsynced, renamed, the directory fsynced); the newest step wins (one file per step, older
-ones removed after a newer one is in place), so two drained ranks 0 writing at once (a
-job drained one worker at a time) never leave an older state in place of a newer one; a
-checkpoint of another job is never loaded.
+"""PyTorch's side of the checkpoints that carry a job across a suspension to zero workers
+(``trainer_runtime/checkpoints.py`` says what is written, where, and which file wins): the
+model's and optimizer's state dicts, saved with ``torch.save`` and read back on the CPU with
+``weights_only`` (a checkpoint holds tensors and plain values, never code to run).
 """
 
 from __future__ import annotations
 
-import logging
-import os
-import re
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 
-from trainer_runtime.sharding import SampleRange, StepWindow
+from trainer_runtime import checkpoints
+from trainer_runtime.checkpoints import Checkpoint, file_name, stored_steps
 
-LOG = logging.getLogger(__name__)
-NAME = re.compile(r"^step-(\d{12})\.pt$")
-KEPT = 2  # the newest files kept: the newest, and one before it in case it is unreadable
-
-
-@dataclass(frozen=True, slots=True)
-class Checkpoint:
-    """Rank 0's state at a step boundary, and the windows it applied in its generation."""
-
-    job_id: str
-    step: int
-    model: dict[str, Any]
-    optimizer: dict[str, Any]
-    policy: dict[str, Any]
-    windows: tuple[StepWindow, ...]
+__all__ = ["Checkpoint", "file_name", "loading", "saving", "stored_steps"]
 
 
-def file_name(step: int) -> str:
-    return f"step-{step:012d}.pt"
+def _dump(payload: dict[str, Any], stream: IO[bytes]) -> None:
+    torch.save(payload, stream)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+    return payload
 
 
 def saving(directory: Path, checkpoint: Checkpoint) -> Path:
-    """Write `checkpoint` atomically into `directory`; returns its path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    payload = {
-        "job_id": checkpoint.job_id,
-        "step": checkpoint.step,
-        "model": checkpoint.model,
-        "optimizer": checkpoint.optimizer,
-        "policy": checkpoint.policy,
-        "windows": [
-            [w.step, w.epoch, [[r.start, r.stop] for r in w.ranges]] for w in checkpoint.windows
-        ],
-    }
-    target = directory / file_name(checkpoint.step)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".writing-", suffix=".pt")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(payload, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    syncing_directory(directory)
-    pruning(directory)
-    return target
-
-
-def syncing_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def stored_steps(directory: Path) -> list[int]:
-    """The steps of the checkpoint files in `directory`, newest first."""
-    if not directory.is_dir():
-        return []
-    found = (NAME.match(entry.name) for entry in directory.iterdir())
-    return sorted((int(m.group(1)) for m in found if m), reverse=True)
-
-
-def pruning(directory: Path) -> None:
-    for step in stored_steps(directory)[KEPT:]:
-        (directory / file_name(step)).unlink(missing_ok=True)
+    """Write ``checkpoint`` (state dicts of tensors) atomically into ``directory``."""
+    return checkpoints.saving(directory, checkpoint, _dump)
 
 
 def loading(directory: Path, job_id: str) -> Checkpoint | None:
-    """The newest readable checkpoint of `job_id` in `directory`, or None."""
-    for step in stored_steps(directory):
-        path = directory / file_name(step)
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except (OSError, RuntimeError, EOFError) as error:  # removed meanwhile, or damaged
-            LOG.warning("skipping checkpoint %s: %s", path, error)
-            continue
-        if payload.get("job_id") != job_id:
-            LOG.warning("skipping checkpoint %s: it belongs to job %r", path, payload.get("job_id"))
-            continue
-        windows = tuple(
-            StepWindow(int(s), int(e), tuple(SampleRange(a, b) for a, b in ranges))
-            for s, e, ranges in payload["windows"]
-        )
-        return Checkpoint(
-            job_id,
-            int(payload["step"]),
-            payload["model"],
-            payload["optimizer"],
-            payload["policy"],
-            windows,
-        )
-    return None
+    """The newest readable checkpoint of ``job_id`` in ``directory``, or None."""
+    return checkpoints.loading(directory, job_id, _load)
