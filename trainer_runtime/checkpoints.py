@@ -30,7 +30,7 @@ import os
 import pickle
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -140,3 +140,62 @@ def loading(directory: Path, job_id: str, load: Load) -> Checkpoint | None:
             windows,
         )
     return None
+
+
+class Keeper:
+    """A data-parallel worker's side of a suspension, the same for every adapter: rank 0,
+    drained, keeps the job's state (``keeping``); a fresh rank 0 takes the newest one
+    (``found``). The adapter saves and loads with ``save`` and ``load`` (its framework's
+    calls) and moves its model and optimizer in and out."""
+
+    def __init__(
+        self,
+        job_id: str,
+        directory: str | None,
+        save: Callable[[Path, Checkpoint], Path],
+        load: Callable[[Path, str], Checkpoint | None],
+    ) -> None:
+        self.job_id = job_id
+        self.directory = Path(directory) if directory else None
+        self.save = save
+        self.load = load
+
+    def keeping(self, step: int, state: Callable[[], tuple[Any, Any, dict[str, Any]]],
+                windows: Iterable[StepWindow]) -> None:  # fmt: skip
+        """Drained as rank 0 of a generation: keep the job's state (``state()``: model,
+        optimizer and batch-policy states) for a later generation that may have no member
+        left of this one (the job suspended or preempted whole). A drained rank 0 whose
+        peers stay writes it too (harmless: their next rank 0 has state of its own and never
+        reads it)."""
+        if self.directory is None:
+            LOG.warning(
+                "rank 0 drained at step %d with no EDL_CHECKPOINT_DIR: if no member of the job "
+                "is left, the next generation starts from the initial model and the ledger "
+                "rolls back to step 0",
+                step,
+            )
+            return
+        model, optimizer, policy = state()
+        checkpoint = Checkpoint(self.job_id, step, model, optimizer, policy, tuple(windows))
+        path = self.save(self.directory, checkpoint)
+        LOG.info("saved the job's state at step %d to %s", step, path)
+
+    def found(self, committed: Callable[[], int]) -> Checkpoint | None:
+        """A fresh rank 0 (no state of its own): the newest checkpoint of the job, so that it
+        continues from the step it belongs to; None, said loudly where the job had
+        ``committed()`` steps, when it starts over."""
+        checkpoint = self.load(self.directory, self.job_id) if self.directory else None
+        if checkpoint is None:
+            done = committed()
+            if done > 0:
+                LOG.warning(
+                    "the job committed %d steps but this rank 0 has no state and %s: the "
+                    "model starts from its initial state and the ledger rolls back to step 0",
+                    done,
+                    "no checkpoint was found in " + str(self.directory)
+                    if self.directory is not None
+                    else "EDL_CHECKPOINT_DIR is not set",
+                )
+            return None
+        LOG.info("restoring the job's state at step %d", checkpoint.step)
+        return checkpoint

@@ -40,10 +40,12 @@ from paddle.io.dataloader.collate import default_collate_fn
 from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.checkpoints import Keeper
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.paddle.batching import BatchPolicy
+from trainer_runtime.paddle.checkpointing import as_tensors, loading, saving
 from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
@@ -101,6 +103,7 @@ class ElasticSession(generations.Member):
         self.done = False
         self.last_step_at = time.monotonic()
         self.generations_formed = 0
+        self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
     # ----- lifecycle -----
 
@@ -152,6 +155,35 @@ class ElasticSession(generations.Member):
     def fenced(self) -> None:
         self.leaving_generation = True  # a newer generation opened: ask for it
 
+    def drained(self) -> None:
+        if self.rank == 0 and self.generations_formed > 0:
+            # Drained by SIGTERM, its generation is still current: what it applied is
+            # committed before it leaves. Drained by the controller, the generation has
+            # closed and these commits are fenced, harmlessly: the next reconcile carries
+            # them (from the checkpoint's windows, when no member is left).
+            self.committer.flushing(self.contract.timeout_s)
+            self.keeper.keeping(
+                self.step_count,
+                lambda: (
+                    self.module.state_dict(),
+                    self.optimizer.state_dict(),
+                    self.policy.shared_state(),
+                ),
+                self.applied,
+            )
+
+    def restoring(self) -> None:
+        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any."""
+        checkpoint = self.keeper.found(lambda: int(self.agent.client.view_ledger().committed_step))
+        if checkpoint is None:
+            return
+        self.module.set_state_dict(as_tensors(checkpoint.model))
+        self.optimizer.set_state_dict(as_tensors(checkpoint.optimizer))
+        self.policy.adopting(checkpoint.policy)
+        self.step_count = checkpoint.step
+        self.applied.clear()
+        self.applied.extend(checkpoint.windows)
+
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:
             # Never destroyed: freeing a Paddle group while newer ones form breaks their
@@ -187,6 +219,8 @@ class ElasticSession(generations.Member):
     def reconciling(self, group: Group) -> dict[str, Any]:
         """Rank 0: make the ledger agree with this worker's state; what it sends along."""
         self.committer.flushing(self.contract.timeout_s)
+        if self.generations_formed == 0 and self.step_count == 0:
+            self.restoring()
         view = self.agent.client.reconcile(
             self.agent.worker_id, group.generation, self.step_count, list(self.applied)
         )

@@ -37,7 +37,6 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -49,12 +48,13 @@ from torch.utils.data import TensorDataset, default_collate
 from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.checkpoints import Keeper
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import SampleRange, StepWindow, Walk
 from trainer_runtime.torch.batching import BatchPolicy
-from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
+from trainer_runtime.torch.checkpointing import loading, saving
 from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import (
     StoreHost,
@@ -132,8 +132,7 @@ class ElasticSession(generations.Member):
         self.vote = torch.zeros(1, device=self.device)
         self.voting: dist.Work | None = None
         self.leaving_generation = False
-        directory = self.contract.checkpoint_dir
-        self.checkpoints = Path(directory) if directory else None
+        self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
     # ----- lifecycle -----
 
@@ -261,50 +260,24 @@ class ElasticSession(generations.Member):
     # ----- suspension to zero workers (see `checkpointing`) -----
 
     def checkpointing(self) -> None:
-        """Drained as rank 0 of a generation: keep the job's state for a later generation
-        that may have no member left of this one (the job suspended or preempted whole).
-        A drained rank 0 whose peers stay writes it too (harmless: their next rank 0 has
-        state of its own and never reads it)."""
+        """Drained as rank 0 of a generation: keep the job's state (``Keeper.keeping``)."""
         if self.rank != 0 or self.generations_formed == 0:
             return
-        if self.checkpoints is None:
-            LOG.warning(
-                "rank 0 drained at step %d with no EDL_CHECKPOINT_DIR: if no member of the job "
-                "is left, the next generation starts from the initial model and the ledger "
-                "rolls back to step 0",
-                self.step_count,
-            )
-            return
-        path = saving(
-            self.checkpoints,
-            Checkpoint(
-                self.contract.job_id,
-                self.step_count,
+        self.keeper.keeping(
+            self.step_count,
+            lambda: (
                 self.module.state_dict(),
                 self.optimizer.state_dict(),
                 self.policy.shared_state(),
-                tuple(self.applied),
             ),
+            self.applied,
         )
-        LOG.info("saved the job's state at step %d to %s", self.step_count, path)
 
     def restoring(self) -> None:
-        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any, so the
-        job continues from the step it belongs to; else say loudly that it starts over."""
-        checkpoint = None
-        if self.checkpoints is not None:
-            checkpoint = loading(self.checkpoints, self.contract.job_id)
+        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any
+        (``Keeper.found``)."""
+        checkpoint = self.keeper.found(lambda: int(self.agent.client.view_ledger().committed_step))
         if checkpoint is None:
-            committed = int(self.agent.client.view_ledger().committed_step)
-            if committed > 0:
-                LOG.warning(
-                    "the job committed %d steps but this rank 0 has no state and %s: the "
-                    "model starts from its initial state and the ledger rolls back to step 0",
-                    committed,
-                    "no checkpoint was found in " + str(self.checkpoints)
-                    if self.checkpoints is not None
-                    else "EDL_CHECKPOINT_DIR is not set",
-                )
             return
         self.module.load_state_dict(checkpoint.model)
         self.optimizer.load_state_dict(checkpoint.optimizer)
@@ -312,7 +285,6 @@ class ElasticSession(generations.Member):
         self.step_count = checkpoint.step
         self.applied.clear()
         self.applied.extend(checkpoint.windows)
-        LOG.info("restored the job's state at step %d", checkpoint.step)
 
     # ----- steps -----
 
