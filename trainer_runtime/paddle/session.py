@@ -41,10 +41,10 @@ from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import CoordinatorError, Fenced
+from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.paddle.batching import BatchPolicy
-from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
     NoiseProbe,
@@ -90,7 +90,7 @@ class ElasticSession(generations.Member):
         self.assignment: Assignment | None = None  # the generation formed or being formed
         self.attempt = 0  # at forming `assignment`
         self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=256)
+        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
         self.walk: Walk | None = None
         self.window: StepWindow | None = None
         self.local_samples = 0
@@ -99,7 +99,6 @@ class ElasticSession(generations.Member):
         self.broken = True
         self.leaving_generation = False
         self.done = False
-        self.last_step_at = time.monotonic()
         self.generations_formed = 0
 
     # ----- lifecycle -----
@@ -118,6 +117,7 @@ class ElasticSession(generations.Member):
             LOG.warning("the session ended before the job did")
         if kind is None:
             self.agent.leaving()
+        self.committer.closing()
         self.agent.closing()
         self.group = None
 
@@ -182,7 +182,6 @@ class ElasticSession(generations.Member):
         self.leaving_generation = False
         self.group = group
         self.generations_formed += 1
-        self.last_step_at = time.monotonic()
 
     def reconciling(self, group: Group) -> dict[str, Any]:
         """Rank 0: make the ledger agree with this worker's state; what it sends along."""
@@ -258,12 +257,10 @@ class ElasticSession(generations.Member):
         self.step_count = self.window.step
         self.applied.append(self.window)
         self.leaving_generation = asked
-        now = time.monotonic()
         if probe is not None and probe.sample is not None and self.noise.observing(probe.sample):
             self.committer.noise = self.noise.estimate() if self.group.rank == 0 else None
         if self.group.rank == 0:
-            self.committer.enqueue(self.group.generation, self.window, now - self.last_step_at)
-        self.last_step_at = now
+            self.committer.enqueue(self.group.generation, self.window, time.monotonic())
 
     def finishing(self) -> bool:
         """The walk is over: rank 0 makes sure its commits landed; all vote once more, so

@@ -50,12 +50,12 @@ from trainer_runtime import generations
 from trainer_runtime.agent import Assignment, WorkerAgent
 from trainer_runtime.batching import KeepGlobalBatch, initial_batch
 from trainer_runtime.client import Fenced
+from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import SampleRange, StepWindow, Walk
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
-from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import (
     StoreHost,
     broadcasting_state,
@@ -67,12 +67,6 @@ from trainer_runtime.torch.measuring import NoiseMeter
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
-# Applied windows each worker keeps for the reconcile of a later generation (the same on
-# every rank: rank 0 hands them over when a generation forms): the steps its state holds
-# that the coordinator may lack, not committed yet (rank 0 commits within about
-# `COMMIT_INTERVAL_S`) or lost with a coordinator replaced from an older snapshot (one
-# snapshot period, about 5 s); more are kept to ride out a slow or restarting coordinator.
-APPLIED_KEPT = 4096
 
 
 class CommitFailed(Exception):
@@ -110,7 +104,7 @@ class ElasticSession(generations.Member):
         self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.meter = NoiseMeter(self.noise)
         self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=APPLIED_KEPT)
+        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
         self.walk: Walk | None = None
         self.ddp: DistributedDataParallel | None = None
         self.rank = -1
@@ -122,7 +116,6 @@ class ElasticSession(generations.Member):
         self.stepped = True
         self.broken = True
         self.done = False
-        self.last_step_at = time.monotonic()
         self.generations_formed = 0
         self.assignment: Assignment | None = None  # the generation formed or being formed
         self.attempt = 0  # at forming `assignment`
@@ -227,7 +220,6 @@ class ElasticSession(generations.Member):
             self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
         self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
-        self.last_step_at = time.monotonic()
 
     def leaving_group(self) -> None:
         """Leave the generation's group, if any, and let go of everything that holds it.
@@ -404,10 +396,8 @@ class ElasticSession(generations.Member):
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count = self.window.step
         self.applied.append(self.window)
-        now = time.monotonic()
         if self.rank == 0:
-            self.committer.enqueue(self.generation, self.window, now - self.last_step_at)
-        self.last_step_at = now
+            self.committer.enqueue(self.generation, self.window, time.monotonic())
         self.rebuilding_buckets()
 
     def rebuilding_buckets(self) -> None:
