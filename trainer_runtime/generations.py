@@ -1,6 +1,7 @@
-"""What every data-parallel session does the same way, whatever its framework: join the
-next generation (and retry a failed formation), wait for news of a generation, hand rank 0's
-ledger position to a new generation, and cut a rank's slice of a step.
+"""What every data-parallel session does the same way, whatever its framework: keep the
+same state (its entry and exit are `lifecycle.WorkerSession`'s), join the next generation
+(and retry a failed formation), wait for news of a generation, hand rank 0's ledger
+position to a new generation, and cut a rank's slice of a step.
 
 The PyTorch and Paddle sessions (`trainer_runtime.torch.session`,
 `trainer_runtime.paddle.session`) differ in how they form a group, average gradients and
@@ -22,14 +23,17 @@ from __future__ import annotations
 import abc
 import logging
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
 from trainer_runtime.client import Fenced
+from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 
@@ -54,43 +58,81 @@ def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
     return True
 
 
-class Member(abc.ABC):
+class StoreHosting(Protocol):
+    """A framework's store server that this worker hosts for its groups' rendezvous."""
+
+    @property
+    def address(self) -> str: ...
+
+
+class Member(WorkerSession):
     """A worker's membership of an elastic job's generations, as a session holds it: the
-    rule by which it joins the next generation and retries a failed formation. A framework's
-    session says how it forms a generation (`forming_generation`), which failures of a
-    formation it retries (`formation_failures`), how many times in a row
-    (`max_failed_formations`), and what it does when drained or fenced (the hooks)."""
+    rule by which it joins the next generation and retries a failed formation, and the
+    state every data-parallel session keeps the same way. A framework's session says how it
+    forms a generation (`forming_generation`), which failures of a formation it retries
+    (`formation_failures`), how many times in a row (`max_failed_formations`), and what it
+    does when drained (the hook).
+
+    Its ranks agree on leaving a generation inside a step (`leaving_generation`, set at
+    the step boundary where any rank saw a newer generation open): it is reset once a new
+    generation is assigned, so that a failure from then on retries that generation, and set
+    when the generation closed while it was forming, so that the worker asks for the newer."""
 
     max_failed_formations: ClassVar[int]
     formation_failures: ClassVar[tuple[type[Exception], ...]] = (RuntimeError,)
-    agent: WorkerAgent
-    contract: WorkerContract
-    assignment: Assignment | None  # the generation formed or being formed
-    attempt: int  # at forming `assignment`
-    step_count: int
-    broken: bool
-    done: bool
+    stores: StoreHosting
+    committer: Committer
+
+    def __init__(self, policy: BatchPolicy[Any], contract: WorkerContract | None) -> None:
+        self.contract = contract or WorkerContract.from_environ()
+        self.policy = policy
+        self.agent = WorkerAgent(self.contract)
+        self.committer = Committer(self.agent)
+        self.noise = NoiseEstimator(initial_batch(policy, 1))
+        self.assignment: Assignment | None = None  # the generation formed or being formed
+        self.attempt = 0  # at forming `assignment`
+        self.step_count = 0
+        # the windows that led to this worker's state, for a later reconcile (`handover`)
+        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
+        self.walk: Walk | None = None
+        self.window: StepWindow | None = None  # the step's window
+        self.local_samples = 0  # of the step's window, this rank's own
+        self.window_size = 0  # samples of the step's window
+        self.stepped = True
+        self.broken = True  # no group, or a failed one: re-form at the next boundary
+        self.leaving_generation = False
+        self.done = False
+        self.generations_formed = 0
+
+    @property
+    def store_address(self) -> str:
+        return self.stores.address
+
+    def ended_cleanly(self, kind: type[BaseException] | None) -> bool:
+        if kind is None and not self.done:
+            LOG.warning("the session ended before the job did")
+        return kind is None
 
     @abc.abstractmethod
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         """Form `assignment`'s group (its `attempt`-th try) and take rank 0's state."""
 
     def asked_to_leave(self) -> bool:
-        """Whether this worker knows its generation is over without asking (a framework
-        whose ranks agree on leaving inside a step)."""
-        return False
+        """Whether this worker knows its generation is over without asking: this rank or
+        a peer saw a change during the last step."""
+        return self.leaving_generation
 
     def assigned(self) -> None:
-        """A new generation was assigned (nothing by default)."""
-        return None
+        """A new generation was assigned: from here on, failures retry it."""
+        self.leaving_generation = False
 
     def drained(self) -> None:
         """The worker is drained: it stops after this (nothing by default)."""
         return None
 
     def fenced(self) -> None:
-        """The generation closed while it was forming (nothing by default)."""
-        return None
+        """The generation closed while it was forming: ask for the newer one."""
+        self.leaving_generation = True
 
     def reforming(self) -> bool:
         """Join the next generation and take rank 0's state; False when the worker must

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import paddle
@@ -38,12 +36,10 @@ from paddle.io import TensorDataset
 from paddle.io.dataloader.collate import default_collate_fn
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, WorkerAgent
-from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.agent import Assignment
+from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.client import CoordinatorError, Fenced
-from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.paddle.batching import BatchPolicy
 from trainer_runtime.paddle.grouping import (
     Group,
@@ -54,7 +50,7 @@ from trainer_runtime.paddle.grouping import (
     forming,
     trainable,
 )
-from trainer_runtime.sharding import SampleRange, StepWindow, Walk
+from trainer_runtime.sharding import SampleRange
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
@@ -66,6 +62,8 @@ class ElasticSession(generations.Member):
 
     max_failed_formations = MAX_FAILED_FORMATIONS
     formation_failures = (RuntimeError, OSError, ValueError)
+    stores: StoreHost
+    policy: BatchPolicy
 
     def __init__(
         self,
@@ -75,50 +73,18 @@ class ElasticSession(generations.Member):
         batch_policy: BatchPolicy,
         contract: WorkerContract | None = None,
     ) -> None:
-        self.contract = contract or WorkerContract.from_environ()
+        super().__init__(batch_policy, contract)
         self.module = model
         self.optimizer = optimizer
         self.dataset = dataset
-        self.policy = batch_policy
         self.parameters = trainable(model)
-        self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
-        self.committer = Committer(self.agent)
-        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.group: Group | None = None
         self.retired: list[Group] = []
-        self.assignment: Assignment | None = None  # the generation formed or being formed
-        self.attempt = 0  # at forming `assignment`
-        self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
-        self.walk: Walk | None = None
-        self.window: StepWindow | None = None
-        self.local_samples = 0
-        self.window_size = 0
-        self.stepped = True
-        self.broken = True
-        self.leaving_generation = False
-        self.done = False
-        self.generations_formed = 0
 
     # ----- lifecycle -----
 
-    def __enter__(self) -> ElasticSession:
-        self.agent.starting(self.stores.address)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if kind is None and not self.done:
-            LOG.warning("the session ended before the job did")
-        if kind is None:
-            self.agent.leaving()
-        self.committer.closing()
-        self.agent.closing()
+    def releasing(self) -> None:
         self.group = None
 
     @property
@@ -142,15 +108,6 @@ class ElasticSession(generations.Member):
 
     # A failed attempt fails in every member of a generation, by error, by gloo's timeout
     # or by the roll call's single verdict, so every member counts its failures alike.
-
-    def asked_to_leave(self) -> bool:
-        return self.leaving_generation  # rank 0 or a peer saw a change inside the last step
-
-    def assigned(self) -> None:
-        self.leaving_generation = False  # left: from here on, failures retry it
-
-    def fenced(self) -> None:
-        self.leaving_generation = True  # a newer generation opened: ask for it
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:

@@ -33,7 +33,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -43,6 +42,7 @@ from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorUnreachable, Fenced
 from trainer_runtime.committing import Committer
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.protocol import pb
 from trainer_runtime.ps.forming import Model, Optimizer, forming, reconciling_ledger
 from trainer_runtime.ps.layout import Piece, laying_out, total_steps, window_of, windows_between
@@ -123,7 +123,11 @@ def flattening(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return flat, gradient
 
 
-class PsSession:
+class PsSession(WorkerSession):
+    """One worker of a parameter-server job (see the module docstring)."""
+
+    closing_flush_s = CLOSING_FLUSH_S
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -152,10 +156,13 @@ class PsSession:
         self.window_size = 0  # samples of the current step's whole window (all workers)
         self.pulled = -1  # the step of the parameters this worker holds (-1: its own)
 
-    # ----- context -----
+    # ----- lifecycle -----
 
-    def __enter__(self) -> PsSession:
-        self.agent.starting(store_address="")
+    @property
+    def store_address(self) -> str:
+        return ""  # a PS worker forms no group of its own: its servers meet it
+
+    def started(self) -> None:
         view = self.agent.client.view_ledger()
         self.plan = DatasetPlan(
             int(view.samples), int(view.shard_size), int(view.epochs), int(view.seed)
@@ -165,20 +172,11 @@ class PsSession:
                 f"the coordinator plans {self.plan.samples} samples, the dataset has "
                 f"{len(self.dataset)}: start the coordinator with --samples {len(self.dataset)}"
             )
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if self.committer is not None:
-            self.committer.flushing(CLOSING_FLUSH_S)
-            self.committer.closing()
-        if kind is None or issubclass(kind, (Ended, GeneratorExit)):
-            self.agent.leaving()
-        self.agent.closing()
+    def ended_cleanly(self, kind: type[BaseException] | None) -> bool:
+        return kind is None or issubclass(kind, (Ended, GeneratorExit))
+
+    def releasing(self) -> None:
         self.links.closing()
 
     # ----- membership -----

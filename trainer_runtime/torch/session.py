@@ -35,10 +35,8 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections import deque
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -47,13 +45,11 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, WorkerAgent
-from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.agent import Assignment
+from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.client import Fenced
-from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.noise import NoiseEstimator
-from trainer_runtime.sharding import SampleRange, StepWindow, Walk
+from trainer_runtime.sharding import SampleRange
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import Checkpoint, loading, saving
 from trainer_runtime.torch.grouping import (
@@ -82,6 +78,8 @@ class ElasticSession(generations.Member):
     """One worker's membership of an elastic data-parallel job (see the module docstring)."""
 
     max_failed_formations = MAX_FAILED_FORMATIONS
+    stores: StoreHost
+    policy: BatchPolicy
 
     def __init__(
         self,
@@ -92,64 +90,28 @@ class ElasticSession(generations.Member):
         contract: WorkerContract | None = None,
         device: torch.device | None = None,
     ) -> None:
-        self.contract = contract or WorkerContract.from_environ()
+        super().__init__(batch_policy, contract)
         self.module = model
         self.optimizer = optimizer
         self.dataset = dataset
-        self.policy = batch_policy
         self.device = device or next(model.parameters()).device
-        self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
-        self.committer = Committer(self.agent)
-        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.meter = NoiseMeter(self.noise)
-        self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
-        self.walk: Walk | None = None
         self.ddp: DistributedDataParallel | None = None
         self.rank = -1
         self.world_size = 0
         self.generation = 0
-        self.window: StepWindow | None = None
-        self.local_samples = 0
-        self.window_size = 0
-        self.stepped = True
-        self.broken = True
-        self.done = False
-        self.generations_formed = 0
-        self.assignment: Assignment | None = None  # the generation formed or being formed
-        self.attempt = 0  # at forming `assignment`
         # The ranks' vote on leaving the generation: each step every rank adds whether it
         # has seen a newer generation open (one element, summed over the group while the
         # step runs); all of them leave at the boundary after a step whose sum is not 0.
         self.vote = torch.zeros(1, device=self.device)
         self.voting: dist.Work | None = None
-        self.leaving_generation = False
         directory = self.contract.checkpoint_dir
         self.checkpoints = Path(directory) if directory else None
 
     # ----- lifecycle -----
 
-    def __enter__(self) -> ElasticSession:
-        self.warming_up()
-        self.agent.starting(self.stores.address)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if kind is None and not self.done:
-            LOG.warning("the session ended before the job did")
-        if kind is None:
-            self.agent.leaving()
-        self.committer.closing()
-        self.agent.closing()
-        self.leaving_group()
-
-    def warming_up(self) -> None:
+    def preparing(self) -> None:
         """Pay the one-off costs (the optimizer's first step imports torch._dynamo) on a
         throw-away copy, before asking to join, so the group never waits for this worker."""
         import copy
@@ -160,6 +122,9 @@ class ElasticSession(generations.Member):
             parameter.grad = torch.zeros_like(parameter)
         shadow.step()
 
+    def releasing(self) -> None:
+        self.leaving_group()
+
     @property
     def model(self) -> torch.nn.Module:
         """The model to call this step (DistributedDataParallel of this generation)."""
@@ -168,15 +133,6 @@ class ElasticSession(generations.Member):
         return self.ddp
 
     # ----- generations -----
-
-    def asked_to_leave(self) -> bool:
-        return self.leaving_generation  # this rank or a peer saw a change during the step
-
-    def assigned(self) -> None:
-        self.leaving_generation = False  # left: from here on, failures retry it
-
-    def fenced(self) -> None:
-        self.leaving_generation = True  # a newer generation opened: ask for it
 
     def drained(self) -> None:
         if self.rank == 0 and self.generations_formed > 0:
