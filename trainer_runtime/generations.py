@@ -24,7 +24,7 @@ import abc
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -116,6 +116,47 @@ class Member(WorkerSession):
     @abc.abstractmethod
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         """Form `assignment`'s group (its `attempt`-th try) and take rank 0's state."""
+
+    @abc.abstractmethod
+    def placing(self) -> tuple[int, int]:
+        """This worker's rank in its generation, and the generation's size."""
+
+    @abc.abstractmethod
+    def finishing(self) -> bool:
+        """The walk is over: whether the job is done (False: re-form and go on)."""
+
+    def leaving_at_boundary(self) -> bool:
+        """Whether the group leaves its generation (or re-forms it) at this step boundary."""
+        return self.broken or self.leaving_generation
+
+    def checking_commits(self) -> None:
+        """At each step boundary, before the step: raise what the committer kept, if the
+        framework's session stops on it (nothing by default)."""
+        return None
+
+    def walking(self) -> Iterator[RankSlice]:
+        """This rank's slice of every step's window, until the job ends or the worker is
+        drained; the session fetches each slice's samples and steps on them."""
+        while True:
+            if not self.stepped:
+                raise RuntimeError("call s.step(loss) once for every batch")
+            if self.leaving_at_boundary() and not self.reforming():
+                return
+            self.checking_commits()
+            assert self.walk is not None
+            rank, world_size = self.placing()
+            window = self.walk.next_window(self.policy.global_batch(world_size))
+            if window is None:
+                if self.finishing():
+                    return
+                continue
+            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
+            # rank still takes part in the step's allreduce
+            mine = slicing(window, world_size, rank)
+            self.window, self.window_size = window, mine.window_size
+            self.local_samples = mine.samples
+            self.stepped = False
+            yield mine
 
     def asked_to_leave(self) -> bool:
         """Whether this worker knows its generation is over without asking: this rank or

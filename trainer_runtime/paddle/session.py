@@ -165,25 +165,12 @@ class ElasticSession(generations.Member):
         collating: Any = default_collate_fn
         return collating([self.dataset[i] for r in ranges for i in r.indices()])
 
+    def placing(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
     def batches(self) -> Iterator[Any]:
         """This rank's slice of every step's window, until the job ends or it is drained."""
-        while True:
-            if not self.stepped:
-                raise RuntimeError("call s.step(loss) once for every batch")
-            if (self.broken or self.leaving_generation) and not self.reforming():
-                return
-            assert self.walk is not None
-            window = self.walk.next_window(self.policy.global_batch(self.world_size))
-            if window is None:
-                if self.finishing():
-                    return
-                continue
-            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
-            # rank still takes part in the step's allreduce
-            mine = generations.slicing(window, self.world_size, self.rank)
-            self.window, self.window_size = window, mine.window_size
-            self.local_samples = mine.samples
-            self.stepped = False
+        for mine in self.walking():
             yield self.fetching(mine.ranges)
 
     def step(self, loss: paddle.Tensor) -> None:

@@ -275,29 +275,23 @@ class ElasticSession(generations.Member):
             )
         return default_collate([self.dataset[i] for r in ranges for i in r.indices()])
 
+    def placing(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def leaving_at_boundary(self) -> bool:
+        leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
+        return self.broken or leave
+
+    def checking_commits(self) -> None:
+        if self.committer.failure is not None:
+            raise CommitFailed(self.committer.failure)
+
     def batches(self) -> Iterator[Any]:
-        """This rank's slice of every step's window, until the job ends or it is drained."""
-        while True:
-            if not self.stepped:
-                raise RuntimeError("call s.step(loss) once for every batch")
-            leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
-            if (self.broken or leave) and not self.reforming():
-                return
-            if self.committer.failure is not None:
-                raise CommitFailed(self.committer.failure)
-            assert self.walk is not None
-            window = self.walk.next_window(self.policy.global_batch(self.world_size))
-            if window is None:
-                if self.finishing():
-                    return
-                continue
-            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
-            # rank still runs DDP's forward and its allreduce
-            mine = generations.slicing(window, self.world_size, self.rank)
-            self.window, self.window_size = window, mine.window_size
-            self.local_samples = mine.samples
-            self.stepped = False
-            self.meter.arming(window.step)  # before the forward: who averages this step
+        """This rank's slice of every step's window, until the job ends or it is drained (a
+        rank whose slice is empty still runs DDP's forward and its allreduce)."""
+        for mine in self.walking():
+            assert self.window is not None
+            self.meter.arming(self.window.step)  # before the forward: who averages this step
             if self.world_size > 1:  # every rank votes at the same point of every step
                 self.vote.fill_(1.0 if self.agent.changed() else 0.0)
                 self.voting = dist.all_reduce(self.vote, async_op=True)
