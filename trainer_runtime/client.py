@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from trainer_runtime.protocol import METHODS, REFUSAL_HEADER, TOKEN_HEADER, Refusal, pb
+from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb, statuses
 from trainer_runtime.protocol.tls import JobTls, opening_channel
 from trainer_runtime.sharding import SampleRange, StepWindow
 
@@ -76,15 +76,17 @@ def is_transient(error: BaseException) -> bool:
 
 
 def translating(error: grpc.RpcError) -> CoordinatorError:
+    """The runtime's error for a call the coordinator refused (`protocol/statuses.py` says
+    which status each refusal has)."""
     code, details = error.code(), error.details()
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
         return TokenRefused(details)
-    if code is grpc.StatusCode.FAILED_PRECONDITION:
-        trailing = dict(error.trailing_metadata() or ())
-        if trailing.get(REFUSAL_HEADER) == Refusal.INCARNATION.value:
-            return Reincarnated(details)
+    kind = statuses.received(error)
+    if kind is statuses.Replaced:
+        return Reincarnated(details)
+    if kind is statuses.Stale:
         return Fenced(details)
-    if code is grpc.StatusCode.ABORTED:
+    if kind is statuses.Conflict:
         return LedgerConflict(details)
     if code in TRANSIENT:
         return CoordinatorUnreachable(f"{code.name}: {details}")

@@ -1,6 +1,7 @@
-"""What every data-parallel session does the same way, whatever its framework: join the
-next generation (and retry a failed formation), wait for news of a generation, hand rank 0's
-ledger position to a new generation, and cut a rank's slice of a step.
+"""What every data-parallel session does the same way, whatever its framework: keep the
+same state (its entry and exit are `lifecycle.WorkerSession`'s), join the next generation
+(and retry a failed formation), wait for news of a generation, hand rank 0's ledger
+position to a new generation, and cut a rank's slice of a step.
 
 The PyTorch and Paddle sessions (`trainer_runtime.torch.session`,
 `trainer_runtime.paddle.session`) differ in how they form a group, average gradients and
@@ -22,14 +23,18 @@ from __future__ import annotations
 import abc
 import logging
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
+from trainer_runtime.checkpoints import Checkpoint, Keeper
 from trainer_runtime.client import Fenced
+from trainer_runtime.committing import WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
 
@@ -54,43 +59,151 @@ def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
     return True
 
 
-class Member(abc.ABC):
+class StoreHosting(Protocol):
+    """A framework's store server that this worker hosts for its groups' rendezvous."""
+
+    @property
+    def address(self) -> str: ...
+
+
+class Member(WorkerSession):
     """A worker's membership of an elastic job's generations, as a session holds it: the
-    rule by which it joins the next generation and retries a failed formation. A framework's
-    session says how it forms a generation (`forming_generation`), which failures of a
-    formation it retries (`formation_failures`), how many times in a row
-    (`max_failed_formations`), and what it does when drained or fenced (the hooks)."""
+    rule by which it joins the next generation and retries a failed formation, and the
+    state every data-parallel session keeps the same way. A framework's session says how it
+    forms a generation (`forming_generation`), which failures of a formation it retries
+    (`formation_failures`), how many times in a row (`max_failed_formations`), and what it
+    does when drained (the hook).
+
+    Its ranks agree on leaving a generation inside a step (`leaving_generation`, set at
+    the step boundary where any rank saw a newer generation open): it is reset once a new
+    generation is assigned, so that a failure from then on retries that generation, and set
+    when the generation closed while it was forming, so that the worker asks for the newer."""
 
     max_failed_formations: ClassVar[int]
     formation_failures: ClassVar[tuple[type[Exception], ...]] = (RuntimeError,)
-    agent: WorkerAgent
-    contract: WorkerContract
-    assignment: Assignment | None  # the generation formed or being formed
-    attempt: int  # at forming `assignment`
-    step_count: int
-    broken: bool
-    done: bool
+    stores: StoreHosting
+    committer: Committer
+    keeper: Keeper  # the adapter's: its framework saves and loads
+
+    def __init__(self, policy: BatchPolicy[Any], contract: WorkerContract | None) -> None:
+        self.contract = contract or WorkerContract.from_environ()
+        self.policy = policy
+        self.agent = WorkerAgent(self.contract)
+        self.committer = Committer(self.agent)
+        self.noise = NoiseEstimator(initial_batch(policy, 1))
+        self.assignment: Assignment | None = None  # the generation formed or being formed
+        self.attempt = 0  # at forming `assignment`
+        self.step_count = 0
+        # the windows that led to this worker's state, for a later reconcile (`handover`)
+        self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
+        self.walk: Walk | None = None
+        self.window: StepWindow | None = None  # the step's window
+        self.local_samples = 0  # of the step's window, this rank's own
+        self.window_size = 0  # samples of the step's window
+        self.stepped = True
+        self.broken = True  # no group, or a failed one: re-form at the next boundary
+        self.leaving_generation = False
+        self.done = False
+        self.generations_formed = 0
+
+    @property
+    def store_address(self) -> str:
+        return self.stores.address
+
+    # ----- suspension to zero workers (``trainer_runtime/checkpoints.py``) -----
+
+    def restored(self) -> Checkpoint | None:
+        """A fresh rank 0 (no state of its own): the newest checkpoint of the job, its
+        batch policy's state, step and windows taken here; the caller loads its model and
+        optimizer from it. None: there is none (``Keeper.found``)."""
+        checkpoint = self.keeper.found(lambda: int(self.agent.client.view_ledger().committed_step))
+        if checkpoint is not None:
+            self.policy.adopting(checkpoint.policy)
+            self.step_count = checkpoint.step
+            self.applied.clear()
+            self.applied.extend(checkpoint.windows)
+        return checkpoint
+
+    def ended_cleanly(self, kind: type[BaseException] | None) -> bool:
+        if kind is None and not self.done:
+            LOG.warning("the session ended before the job did")
+        return kind is None
 
     @abc.abstractmethod
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         """Form `assignment`'s group (its `attempt`-th try) and take rank 0's state."""
 
+    @abc.abstractmethod
+    def placing(self) -> tuple[int, int]:
+        """This worker's rank in its generation, and the generation's size."""
+
+    @abc.abstractmethod
+    def finishing(self) -> bool:
+        """The walk is over: whether the job is done (False: re-form and go on)."""
+
+    def leaving_at_boundary(self) -> bool:
+        """Whether the group leaves its generation (or re-forms it) at this step boundary."""
+        return self.broken or self.leaving_generation
+
+    def checking_commits(self) -> None:
+        """At each step boundary, before the step: raise what the committer kept, if the
+        framework's session stops on it (nothing by default)."""
+        return None
+
+    def walking(self) -> Iterator[RankSlice]:
+        """This rank's slice of every step's window, until the job ends or the worker is
+        drained; the session fetches each slice's samples and steps on them."""
+        while True:
+            if not self.stepped:
+                raise RuntimeError("call s.step(loss) once for every batch")
+            if self.leaving_at_boundary() and not self.reforming():
+                return
+            self.checking_commits()
+            assert self.walk is not None
+            rank, world_size = self.placing()
+            window = self.walk.next_window(self.policy.global_batch(world_size))
+            if window is None:
+                if self.finishing():
+                    return
+                continue
+            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
+            # rank still takes part in the step's allreduce
+            mine = slicing(window, world_size, rank)
+            self.window, self.window_size = window, mine.window_size
+            self.local_samples = mine.samples
+            self.stepped = False
+            yield mine
+
     def asked_to_leave(self) -> bool:
-        """Whether this worker knows its generation is over without asking (a framework
-        whose ranks agree on leaving inside a step)."""
-        return False
+        """Whether this worker knows its generation is over without asking: this rank or
+        a peer saw a change during the last step."""
+        return self.leaving_generation
 
     def assigned(self) -> None:
-        """A new generation was assigned (nothing by default)."""
-        return None
+        """A new generation was assigned: from here on, failures retry it."""
+        self.leaving_generation = False
 
     def drained(self) -> None:
-        """The worker is drained: it stops after this (nothing by default)."""
-        return None
+        """The worker is drained: it stops after this. As rank 0 of a generation, what it
+        applied is committed first: drained by SIGTERM, its generation is still current (its
+        peers may all be leaving too, as when a job's pods are deleted); drained by the
+        controller, the generation has closed and these commits are fenced, harmlessly (the
+        next reconcile carries them). Then it keeps the job's state (``Keeper.keeping``),
+        for a later generation that may have no member of this one. A drained rank 0 whose
+        peers stay keeps it too (harmless: their next rank 0 has state of its own and never
+        reads it)."""
+        if self.placing()[0] != 0 or self.generations_formed == 0:
+            return
+        self.committer.flushing(self.contract.timeout_s)
+        self.keeper.keeping(self.step_count, self.state_to_keep, self.applied)
+
+    @abc.abstractmethod
+    def state_to_keep(self) -> tuple[Any, Any, dict[str, Any]]:
+        """The model's, the optimizer's and the batch policy's state, to keep."""
 
     def fenced(self) -> None:
-        """The generation closed while it was forming (nothing by default)."""
-        return None
+        """The generation closed while it was forming: ask for the newer one."""
+        self.leaving_generation = True
 
     def reforming(self) -> bool:
         """Join the next generation and take rank 0's state; False when the worker must

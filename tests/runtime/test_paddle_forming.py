@@ -31,15 +31,8 @@ from paddle import nn
 from trainer_runtime.agent import Assignment, Outcome, Peer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle import KeepGlobalBatch, session
-from trainer_runtime.paddle.grouping import (
-    ABANDON,
-    BUILD,
-    StoreHost,
-    building,
-    calling_roll,
-    forming,
-    proposing,
-)
+from trainer_runtime.paddle.grouping import StoreHost, building, forming
+from trainer_runtime.rollcall import ABANDON, BUILD, calling_roll, proposing
 
 from .harness import TOKEN
 
@@ -71,11 +64,11 @@ def never() -> bool:
 def test_a_member_that_gave_up_is_never_counted_in_a_built_group() -> None:
     store = CountingStore()
     with pytest.raises(RuntimeError, match="given up"):  # its deadline passed: it leaves
-        calling_roll(store, PREFIX, assignment(1), never, deadline=time.monotonic())
+        calling_roll(store, PREFIX, 1, 2, never, deadline=time.monotonic())
     assert store.values[PREFIX + "arrived"] == 1
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="given up"):  # "arrived" reads 2 once rank 0 adds
-        calling_roll(store, PREFIX, assignment(0), never, deadline=time.monotonic() + 30)
+        calling_roll(store, PREFIX, 0, 2, never, deadline=time.monotonic() + 30)
     assert time.monotonic() - started < 5
 
 
@@ -85,7 +78,7 @@ def test_everybody_arrives_and_everybody_builds() -> None:
 
     def member(rank: int) -> None:
         try:
-            calling_roll(store, PREFIX, assignment(rank, 3), never, time.monotonic() + 30)
+            calling_roll(store, PREFIX, rank, 3, never, time.monotonic() + 30)
         except BaseException as error:
             errors.append(error)
 
@@ -101,9 +94,9 @@ def test_everybody_arrives_and_everybody_builds() -> None:
 def test_a_newer_generation_makes_rank_0_give_up_and_its_peers_follow() -> None:
     store = CountingStore()
     with pytest.raises(RuntimeError, match="given up"):
-        calling_roll(store, PREFIX, assignment(0), lambda: True, time.monotonic() + 30)
+        calling_roll(store, PREFIX, 0, 2, lambda: True, time.monotonic() + 30)
     with pytest.raises(RuntimeError, match="given up"):
-        calling_roll(store, PREFIX, assignment(1), never, time.monotonic() + 30)
+        calling_roll(store, PREFIX, 1, 2, never, time.monotonic() + 30)
 
 
 def test_the_first_proposal_stands() -> None:

@@ -26,11 +26,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer_runtime.committing import mean_step_time
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.state import CoordinatorState, FencedError
 from trainer_runtime.ps.layout import laying_out, total_steps, window_of
 from trainer_runtime.ps.partition import CELL, Partition, PartitionError, StaleGeneration
-from trainer_runtime.ps.session import mean_step_time
 from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
 from trainer_runtime.sharding import DatasetPlan, Walk
 

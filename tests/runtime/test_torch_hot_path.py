@@ -24,6 +24,7 @@ from torch.utils.data import TensorDataset
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorClient, LedgerConflict
+from trainer_runtime.committing import Committer
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
@@ -37,7 +38,6 @@ from trainer_runtime.sharding import (
     splitting_among,
 )
 from trainer_runtime.torch import KeepGlobalBatch, session
-from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.session import CommitFailed
 
 from .harness import TOKEN, VERIFIER

@@ -22,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer_runtime.protocol.statuses import Conflict
 from trainer_runtime.sharding import (
     DatasetPlan,
     SampleRange,
@@ -35,7 +36,7 @@ from trainer_runtime.sharding import (
 HISTORY_STEPS = 256
 
 
-class LedgerError(ValueError):
+class LedgerError(Conflict, ValueError):
     """A commit that would lose or repeat a sample; the ledger is left unchanged."""
 
 

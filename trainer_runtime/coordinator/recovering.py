@@ -57,6 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from trainer_runtime.coordinator.ledger import Ledger
+from trainer_runtime.protocol.statuses import Malformed
 from trainer_runtime.sharding import DatasetPlan, SampleRange
 
 #: The least time a recovery waits once every worker its state knew has been heard from,
@@ -65,7 +66,7 @@ from trainer_runtime.sharding import DatasetPlan, SampleRange
 SETTLE_S = 1.0
 
 
-class ReportError(ValueError):
+class ReportError(Malformed, ValueError):
     """A worker's report of what it trained is malformed; nothing of it was merged."""
 
 

@@ -36,7 +36,6 @@ from typing import Any
 import grpc
 from google.protobuf.message import Message
 
-from trainer_runtime.coordinator.ledger import LedgerError
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.messages import (
     PHASE_STATUS,
@@ -47,13 +46,13 @@ from trainer_runtime.coordinator.messages import (
     rejoin_from,
     windows_from,
 )
-from trainer_runtime.coordinator.recovering import ReportError
-from trainer_runtime.coordinator.state import CoordinatorState, FencedError, Reincarnated
+from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import StateStore
-from trainer_runtime.protocol import METHODS, REFUSAL_HEADER, SERVICE, Refusal, pb
+from trainer_runtime.protocol import METHODS, SERVICE, pb
 from trainer_runtime.protocol.checks import caller, name_problem, refusal, size_problem
 from trainer_runtime.protocol.credentials import Verifier
 from trainer_runtime.protocol.health import HealthService
+from trainer_runtime.protocol.statuses import Unready, refusing
 from trainer_runtime.protocol.tls import JobTls, listening
 
 LOG = logging.getLogger(__name__)
@@ -99,10 +98,15 @@ SERVER_OPTIONS = (*KEEPALIVE_ACCEPTED, ("grpc.so_reuseport", 0))
 #: than a few tenths of a second is not going to clear by itself).
 SAVE_TRIES = 3
 SAVE_PAUSE_S = 0.1
+#: What a call is answered (UNAVAILABLE) once the state could not be saved.
+RESTARTING = "the coordinator is restarting"
 
 
-class StateNotSaved(RuntimeError):
+class StateNotSaved(Unready, RuntimeError):
     """The state could not be saved: the coordinator stops, and answers no more calls."""
+
+    def details(self) -> str:
+        return RESTARTING
 
 
 class CoordinatorService:
@@ -180,31 +184,20 @@ class CoordinatorService:
             if claims is None:
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing credential")
             if self.failure is not None:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
+                context.abort(grpc.StatusCode.UNAVAILABLE, RESTARTING)
             problem = name_problem(request) or size_problem(request)
             if problem is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
             refused = refusal(claims, name, request) if claims is not None else None
             if refused is not None:
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, refused)
-            try:
+            with refusing(context):
                 reply = handler(request, context)
-                if self.failure is not None:
-                    # The coordinator stopped while this call waited (another's save failed
-                    # for good): the process restarts, and nothing more is answered.
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
-                return reply
-            except Reincarnated as error:
-                context.set_trailing_metadata(((REFUSAL_HEADER, Refusal.INCARNATION.value),))
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-            except FencedError as error:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-            except ReportError as error:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(error))
-            except LedgerError as error:
-                context.abort(grpc.StatusCode.ABORTED, str(error))
-            except StateNotSaved:
-                context.abort(grpc.StatusCode.UNAVAILABLE, "the coordinator is restarting")
+            if self.failure is not None:
+                # The coordinator stopped while this call waited (another's save failed
+                # for good): the process restarts, and nothing more is answered.
+                context.abort(grpc.StatusCode.UNAVAILABLE, RESTARTING)
+            return reply
 
         return calling
 

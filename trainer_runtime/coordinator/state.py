@@ -35,6 +35,7 @@ from trainer_runtime.coordinator.recovering import (
     merging_trained,
 )
 from trainer_runtime.protocol.options import ConsumptionMode
+from trainer_runtime.protocol.statuses import Replaced, Stale
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
 
 LOG = logging.getLogger(__name__)
@@ -42,11 +43,11 @@ LOG = logging.getLogger(__name__)
 SMOOTHING = 0.2
 
 
-class FencedError(PermissionError):
+class FencedError(Stale, PermissionError):
     """The caller may not do this in the current generation (a stale or foreign worker)."""
 
 
-class Reincarnated(FencedError):
+class Reincarnated(Replaced, FencedError):
     """The call names another incarnation of the coordinator (the one the worker registered
     with was replaced): the worker registers again and reports what it trained."""
 

@@ -23,8 +23,8 @@ attempt meets under keys and a group id of its own (`GROUP_ID_BASE + generation 
 ATTEMPTS_PER_GENERATION + attempt`), so a late member of a given-up attempt never mixes
 with the next one.
 
-What must stay true: no member builds a group another member gave up on (see `forming`:
-one verdict per attempt, the first proposed, taken by an atomic ticket); every wait is
+What must stay true: no member builds a group another member gave up on (the roll call's
+one verdict per attempt, `trainer_runtime.rollcall`); every wait is
 bounded (the roll call and the group constructor by the contract's timeout or a newer
 generation; gloo connects every pair of members, so a collective whose peer died raises at
 once in every member, and one whose peer went silent after gloo's own 30 s); after
@@ -49,6 +49,7 @@ from paddle.distributed import collective
 
 from trainer_runtime.agent import Assignment
 from trainer_runtime.noise import NoiseSample
+from trainer_runtime.rollcall import calling_roll
 
 # Far above the ids Paddle hands out itself (0 for the default group, then 1, 2, ...).
 GROUP_ID_BASE = 1_000_000
@@ -57,12 +58,7 @@ GROUP_ID_BASE = 1_000_000
 ATTEMPTS_PER_GENERATION = 16
 BUCKET_BYTES = 16 * 1024 * 1024
 STORE_PORT_ATTEMPTS = 8
-ROLL_POLL_S = 0.005
 BUILD_POLL_S = 0.05
-# How long a member whose proposal lost waits for the winner to write its verdict (the
-# winner writes it right after taking the ticket; only a crash in between leaves it unset).
-VERDICT_GRACE_S = 10.0
-BUILD, ABANDON = 1, 2  # the verdict on one attempt, in rank 0's registered store
 
 
 def free_port(host: str) -> int:
@@ -165,13 +161,10 @@ def forming(
     therefore meets in a store of its own, a new server that rank 0 starts and whose port
     it publishes in the store it registered. And the constructor waits without a bound for
     every member (measured: blocked in the store's wait for a member that never came, far
-    past the store's timeout): so a roll call comes first, with counters only, in the
-    registered store, and the constructor then runs in a helper thread that the caller
-    stops waiting for after `timeout_s`, or as soon as a newer generation opened. The
-    roll call ends in one verdict per attempt, BUILD or ABANDON, the first one proposed:
-    rank 0 proposes BUILD once every member arrived, anyone proposes ABANDON when it
-    stops waiting (its deadline passed, or a newer generation opened). A member that
-    arrived and then gave up can therefore never be counted in a group that is built.
+    past the store's timeout): so the roll call (`trainer_runtime.rollcall`) comes first,
+    with counters only, in the registered store, and the constructor then runs in a helper
+    thread that the caller stops waiting for after `timeout_s`, or as soon as a newer
+    generation opened.
     """
     if not 0 <= attempt < ATTEMPTS_PER_GENERATION:
         raise RuntimeError(
@@ -193,7 +186,14 @@ def forming(
         if assignment.rank == 0:
             own, port = stores.hosting()
             registered.add(port_key, port)
-        calling_roll(registered, f"edl/{tag}/", assignment, given_up, time.monotonic() + timeout_s)
+        calling_roll(
+            registered,
+            f"edl/{tag}/",
+            assignment.rank,
+            assignment.world_size,
+            given_up,
+            time.monotonic() + timeout_s,
+        )
         if own is None:
             port = int(registered.add(port_key, 0))
             host = leader.store_address.rsplit(":", 1)[0]
@@ -217,45 +217,6 @@ def forming(
         stores.forgetting(leader.store_address)
         raise RuntimeError(f"generation {assignment.generation} did not form: {error}") from error
     return Group(process_group, assignment.rank, assignment.world_size, assignment.generation, own)
-
-
-def verdict_in(store: Any, prefix: str) -> int:
-    """The verdict on this attempt, or 0 while there is none."""
-    return int(store.add(prefix + "verdict", 0))
-
-
-def proposing(store: Any, prefix: str, verdict: int) -> int:
-    """Propose `verdict` for this attempt; returns the verdict that stands: the first one
-    proposed (whoever takes ticket 1 writes it), ABANDON if its proposer never wrote it."""
-    if int(store.add(prefix + "ticket", 1)) == 1:
-        store.add(prefix + "verdict", verdict)
-        return verdict
-    deadline = time.monotonic() + VERDICT_GRACE_S
-    while (standing := verdict_in(store, prefix)) == 0 and time.monotonic() < deadline:
-        time.sleep(ROLL_POLL_S)
-    return standing or ABANDON
-
-
-def calling_roll(
-    store: Any, prefix: str, assignment: Assignment, given_up: Callable[[], bool], deadline: float
-) -> None:
-    """Return once the verdict on this attempt is BUILD; raise `RuntimeError` once it is
-    ABANDON (proposed by this member at `deadline` or on `given_up()`, or by another)."""
-    store.add(prefix + "arrived", 1)
-    what = f"generation {assignment.generation}"
-    while (verdict := verdict_in(store, prefix)) == 0:
-        everybody = (
-            assignment.rank == 0 and int(store.add(prefix + "arrived", 0)) >= assignment.world_size
-        )
-        if everybody:
-            verdict = proposing(store, prefix, BUILD)
-            break
-        if given_up() or time.monotonic() > deadline:
-            verdict = proposing(store, prefix, ABANDON)
-            break
-        time.sleep(ROLL_POLL_S)
-    if verdict != BUILD:
-        raise RuntimeError(f"{what} given up: not every member came in time")
 
 
 def building(

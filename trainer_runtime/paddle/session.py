@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import paddle
@@ -38,15 +36,13 @@ from paddle.io import TensorDataset
 from paddle.io.dataloader.collate import default_collate_fn
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, WorkerAgent
-from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.agent import Assignment
+from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.checkpoints import Keeper
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.noise import NoiseEstimator
 from trainer_runtime.paddle.batching import BatchPolicy
 from trainer_runtime.paddle.checkpointing import as_tensors, loading, saving
-from trainer_runtime.paddle.committing import Committer
 from trainer_runtime.paddle.grouping import (
     Group,
     NoiseProbe,
@@ -56,7 +52,7 @@ from trainer_runtime.paddle.grouping import (
     forming,
     trainable,
 )
-from trainer_runtime.sharding import SampleRange, StepWindow, Walk
+from trainer_runtime.sharding import SampleRange
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
@@ -68,6 +64,8 @@ class ElasticSession(generations.Member):
 
     max_failed_formations = MAX_FAILED_FORMATIONS
     formation_failures = (RuntimeError, OSError, ValueError)
+    stores: StoreHost
+    policy: BatchPolicy
 
     def __init__(
         self,
@@ -77,51 +75,19 @@ class ElasticSession(generations.Member):
         batch_policy: BatchPolicy,
         contract: WorkerContract | None = None,
     ) -> None:
-        self.contract = contract or WorkerContract.from_environ()
+        super().__init__(batch_policy, contract)
         self.module = model
         self.optimizer = optimizer
         self.dataset = dataset
-        self.policy = batch_policy
         self.parameters = trainable(model)
-        self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
-        self.committer = Committer(self.agent)
-        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.group: Group | None = None
         self.retired: list[Group] = []
-        self.assignment: Assignment | None = None  # the generation formed or being formed
-        self.attempt = 0  # at forming `assignment`
-        self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=256)
-        self.walk: Walk | None = None
-        self.window: StepWindow | None = None
-        self.local_samples = 0
-        self.window_size = 0
-        self.stepped = True
-        self.broken = True
-        self.leaving_generation = False
-        self.done = False
-        self.last_step_at = time.monotonic()
-        self.generations_formed = 0
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
     # ----- lifecycle -----
 
-    def __enter__(self) -> ElasticSession:
-        self.agent.starting(self.stores.address)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if kind is None and not self.done:
-            LOG.warning("the session ended before the job did")
-        if kind is None:
-            self.agent.leaving()
-        self.agent.closing()
+    def releasing(self) -> None:
         self.group = None
 
     @property
@@ -146,43 +112,15 @@ class ElasticSession(generations.Member):
     # A failed attempt fails in every member of a generation, by error, by gloo's timeout
     # or by the roll call's single verdict, so every member counts its failures alike.
 
-    def asked_to_leave(self) -> bool:
-        return self.leaving_generation  # rank 0 or a peer saw a change inside the last step
-
-    def assigned(self) -> None:
-        self.leaving_generation = False  # left: from here on, failures retry it
-
-    def fenced(self) -> None:
-        self.leaving_generation = True  # a newer generation opened: ask for it
-
-    def drained(self) -> None:
-        if self.rank == 0 and self.generations_formed > 0:
-            # Drained by SIGTERM, its generation is still current: what it applied is
-            # committed before it leaves. Drained by the controller, the generation has
-            # closed and these commits are fenced, harmlessly: the next reconcile carries
-            # them (from the checkpoint's windows, when no member is left).
-            self.committer.flushing(self.contract.timeout_s)
-            self.keeper.keeping(
-                self.step_count,
-                lambda: (
-                    self.module.state_dict(),
-                    self.optimizer.state_dict(),
-                    self.policy.shared_state(),
-                ),
-                self.applied,
-            )
+    def state_to_keep(self) -> tuple[Any, Any, dict[str, Any]]:
+        return self.module.state_dict(), self.optimizer.state_dict(), self.policy.shared_state()
 
     def restoring(self) -> None:
-        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any."""
-        checkpoint = self.keeper.found(lambda: int(self.agent.client.view_ledger().committed_step))
-        if checkpoint is None:
-            return
-        self.module.set_state_dict(as_tensors(checkpoint.model))
-        self.optimizer.set_state_dict(as_tensors(checkpoint.optimizer))
-        self.policy.adopting(checkpoint.policy)
-        self.step_count = checkpoint.step
-        self.applied.clear()
-        self.applied.extend(checkpoint.windows)
+        """A fresh rank 0: the model and optimizer of the newest checkpoint, if any."""
+        checkpoint = self.restored()
+        if checkpoint is not None:
+            self.module.set_state_dict(as_tensors(checkpoint.model))
+            self.optimizer.set_state_dict(as_tensors(checkpoint.optimizer))
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         if self.group is not None:
@@ -214,7 +152,6 @@ class ElasticSession(generations.Member):
         self.leaving_generation = False
         self.group = group
         self.generations_formed += 1
-        self.last_step_at = time.monotonic()
 
     def reconciling(self, group: Group) -> dict[str, Any]:
         """Rank 0: make the ledger agree with this worker's state; what it sends along."""
@@ -243,25 +180,12 @@ class ElasticSession(generations.Member):
         collating: Any = default_collate_fn
         return collating([self.dataset[i] for r in ranges for i in r.indices()])
 
+    def placing(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
     def batches(self) -> Iterator[Any]:
         """This rank's slice of every step's window, until the job ends or it is drained."""
-        while True:
-            if not self.stepped:
-                raise RuntimeError("call s.step(loss) once for every batch")
-            if (self.broken or self.leaving_generation) and not self.reforming():
-                return
-            assert self.walk is not None
-            window = self.walk.next_window(self.policy.global_batch(self.world_size))
-            if window is None:
-                if self.finishing():
-                    return
-                continue
-            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
-            # rank still takes part in the step's allreduce
-            mine = generations.slicing(window, self.world_size, self.rank)
-            self.window, self.window_size = window, mine.window_size
-            self.local_samples = mine.samples
-            self.stepped = False
+        for mine in self.walking():
             yield self.fetching(mine.ranges)
 
     def step(self, loss: paddle.Tensor) -> None:
@@ -292,12 +216,10 @@ class ElasticSession(generations.Member):
         self.step_count = self.window.step
         self.applied.append(self.window)
         self.leaving_generation = asked
-        now = time.monotonic()
         if probe is not None and probe.sample is not None and self.noise.observing(probe.sample):
             self.committer.noise = self.noise.estimate() if self.group.rank == 0 else None
         if self.group.rank == 0:
-            self.committer.enqueue(self.group.generation, self.window, now - self.last_step_at)
-        self.last_step_at = now
+            self.committer.enqueue(self.group.generation, self.window, time.monotonic())
 
     def finishing(self) -> bool:
         """The walk is over: rank 0 makes sure its commits landed; all vote once more, so

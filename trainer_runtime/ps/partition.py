@@ -34,19 +34,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from trainer_runtime.protocol.statuses import Conflict, Stale, Unready
+
 Array = npt.NDArray[Any]
 DTYPES = ("float32", "float64")
 
 
-class PartitionError(ValueError):
+class PartitionError(Conflict, ValueError):
     """A request that would corrupt the partition; nothing changed."""
 
 
-class StaleGeneration(PermissionError):
+class StaleGeneration(Stale, PermissionError):
     """A call of a generation older than the one this partition was fenced at."""
 
 
-class NotAdopted(RuntimeError):
+class NotAdopted(Unready, RuntimeError):
     """The caller's generation is newer than the layout this partition serves (yet)."""
 
 

@@ -39,17 +39,17 @@ from trainer_runtime.protocol.parameter_server import (
     Shape,
     ps,
 )
+from trainer_runtime.protocol.statuses import refusing
 from trainer_runtime.protocol.tls import JobTls, listening
 from trainer_runtime.ps.partition import (
     Array,
-    NotAdopted,
     Partition,
     PartitionError,
     PartitionStatus,
     Readiness,
     StaleGeneration,
 )
-from trainer_runtime.ps.snapshots import SnapshotDirectory, SnapshotMissing
+from trainer_runtime.ps.snapshots import SnapshotDirectory
 
 LOG = logging.getLogger(__name__)
 LONGEST_WAIT_S = 30.0
@@ -169,16 +169,8 @@ class ParameterService:
             problem = name_problem(request)
             if problem is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            try:
+            with refusing(context):
                 return handler(request, context)
-            except StaleGeneration as error:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-            except NotAdopted as error:
-                context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
-            except PartitionError as error:
-                context.abort(grpc.StatusCode.ABORTED, str(error))
-            except SnapshotMissing as error:
-                context.abort(grpc.StatusCode.NOT_FOUND, str(error))
 
         return calling
 
@@ -190,14 +182,8 @@ class ParameterService:
             problem = name_problem(request)
             if problem is not None:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
-            try:
+            with refusing(context):
                 yield from handler(request, context)
-            except StaleGeneration as error:
-                context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(error))
-            except NotAdopted as error:
-                context.abort(grpc.StatusCode.UNAVAILABLE, str(error))
-            except PartitionError as error:
-                context.abort(grpc.StatusCode.ABORTED, str(error))
 
         return calling
 

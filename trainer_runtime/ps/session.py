@@ -29,21 +29,20 @@ from __future__ import annotations
 
 import enum
 import logging
-import queue
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
 from torch.utils.data import TensorDataset
 
 from trainer_runtime.agent import WorkerAgent
-from trainer_runtime.client import CoordinatorError, CoordinatorUnreachable, Fenced
+from trainer_runtime.client import CoordinatorUnreachable, Fenced
+from trainer_runtime.committing import Committer
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.protocol import pb
 from trainer_runtime.ps.forming import Model, Optimizer, forming, reconciling_ledger
 from trainer_runtime.ps.layout import Piece, laying_out, total_steps, window_of, windows_between
@@ -53,7 +52,8 @@ from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, count
 
 LOG = logging.getLogger(__name__)
 POLL_S = 1.0
-COMMIT_INTERVAL_S = 0.2
+#: How long a closing leader waits for its last commits to be answered.
+CLOSING_FLUSH_S = 10.0
 
 
 class Consistency(enum.Enum):
@@ -103,75 +103,6 @@ class Place:
     retiring: tuple[tuple[str, str], ...]
 
 
-class Committer:
-    """The leader's background sender of applied windows (one `Commit` per interval).
-
-    Each commit carries the job's mean step time over its windows (from when the leader
-    applied them), so the coordinator measures a parameter-server job's throughput as it
-    does an allreduce job's, and the planner learns how the job scales.
-    """
-
-    def __init__(self, agent: WorkerAgent) -> None:
-        self.agent = agent
-        self.queue: queue.Queue[tuple[int, StepWindow, float] | None] = queue.Queue()
-        self.last_sent: tuple[int, float] | None = None
-        """(generation, when applied) of the last window sent: where the next batch's time
-        starts."""
-        self.thread = threading.Thread(target=self.sending, name="ps-commit", daemon=True)
-        self.thread.start()
-
-    def enqueue(self, generation: int, windows: list[StepWindow]) -> None:
-        applied = time.monotonic()
-        for window in windows:
-            self.queue.put((generation, window, applied))
-
-    def sending(self) -> None:
-        while True:
-            first = self.queue.get()
-            if first is None:
-                return
-            time.sleep(COMMIT_INTERVAL_S)
-            batch = [first]
-            while not self.queue.empty():
-                item = self.queue.get()
-                if item is None:
-                    self.flushing_batch(batch)
-                    return
-                batch.append(item)
-            self.flushing_batch(batch)
-
-    def flushing_batch(self, batch: list[tuple[int, StepWindow, float]]) -> None:
-        generation = batch[-1][0]
-        current = [(w, t) for g, w, t in batch if g == generation]
-        windows = [w for w, _ in current]
-        since = self.last_sent[1] if self.last_sent and self.last_sent[0] == generation else None
-        step_time_s = mean_step_time(since, [t for _, t in current])
-        self.last_sent = (generation, current[-1][1])
-        try:
-            self.agent.client.commit(
-                self.agent.worker_id, generation, windows, step_time_s, retry=False
-            )
-        except CoordinatorError as error:  # fenced or unreachable: the next reconcile carries it
-            LOG.info("commit of %d windows dropped: %s", len(windows), error)
-
-    def closing(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=10)
-
-
-def mean_step_time(since: float | None, applied: list[float]) -> float:
-    """Seconds per step over windows applied at the times ``applied`` (in order), counted
-    from ``since`` (the previous window's time, same generation) when known, else from the
-    first of them; 0.0 (nothing measured) when no time passed between them."""
-    if not applied:
-        return 0.0
-    if since is not None:
-        return max(0.0, applied[-1] - since) / len(applied)
-    if len(applied) < 2:
-        return 0.0
-    return max(0.0, applied[-1] - applied[0]) / (len(applied) - 1)
-
-
 def flattening(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """Make every parameter a view of one flat tensor, and its gradient a view of another."""
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -192,7 +123,11 @@ def flattening(model: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return flat, gradient
 
 
-class PsSession:
+class PsSession(WorkerSession):
+    """One worker of a parameter-server job (see the module docstring)."""
+
+    closing_flush_s = CLOSING_FLUSH_S
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -221,10 +156,13 @@ class PsSession:
         self.window_size = 0  # samples of the current step's whole window (all workers)
         self.pulled = -1  # the step of the parameters this worker holds (-1: its own)
 
-    # ----- context -----
+    # ----- lifecycle -----
 
-    def __enter__(self) -> PsSession:
-        self.agent.starting(store_address="")
+    @property
+    def store_address(self) -> str:
+        return ""  # a PS worker forms no group of its own: its servers meet it
+
+    def started(self) -> None:
         view = self.agent.client.view_ledger()
         self.plan = DatasetPlan(
             int(view.samples), int(view.shard_size), int(view.epochs), int(view.seed)
@@ -234,19 +172,11 @@ class PsSession:
                 f"the coordinator plans {self.plan.samples} samples, the dataset has "
                 f"{len(self.dataset)}: start the coordinator with --samples {len(self.dataset)}"
             )
-        return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if self.committer is not None:
-            self.committer.closing()
-        if kind is None or issubclass(kind, (Ended, GeneratorExit)):
-            self.agent.leaving()
-        self.agent.closing()
+    def ended_cleanly(self, kind: type[BaseException] | None) -> bool:
+        return kind is None or issubclass(kind, (Ended, GeneratorExit))
+
+    def releasing(self) -> None:
         self.links.closing()
 
     # ----- membership -----
@@ -369,7 +299,7 @@ class PsSession:
             except Fenced as error:  # another generation opened while this one formed
                 raise Reassigning(str(error)) from error
             if self.committer is None:
-                self.committer = Committer(self.agent)
+                self.committer = Committer(self.agent, retry=False, name="ps-commit")
         self.pieces = tuple(laying_out(self.model_shape.size, place.servers))
         self.generations_formed += 1
         deadline = time.monotonic() + self.contract.timeout_s
@@ -454,8 +384,7 @@ class PsSession:
             self.pushing(step, place.rank, place.world)
             if self.leader:
                 self.deciding(step, seal=True)
-                assert self.committer is not None
-                self.committer.enqueue(place.generation, [window])
+                self.committing([window])
             self.pulling(step)
             self.step_count += 1
 
@@ -486,9 +415,15 @@ class PsSession:
         if not self.leader or mark <= committed:
             return committed
         assert self.place is not None and self.plan is not None and self.committer is not None
-        windows = windows_between(self.plan, self.config.global_batch, committed, mark)
-        self.committer.enqueue(self.place.generation, windows)
+        self.committing(windows_between(self.plan, self.config.global_batch, committed, mark))
         return mark
+
+    def committing(self, windows: list[StepWindow]) -> None:
+        """The leader hands the windows it just applied to its committer."""
+        assert self.place is not None and self.committer is not None
+        applied_at = time.monotonic()
+        for window in windows:
+            self.committer.enqueue(self.place.generation, window, applied_at)
 
 
 def ps_session(

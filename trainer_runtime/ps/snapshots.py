@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from trainer_runtime.protocol.statuses import Missing
+
 KEEP = 3
 STEP_DIR = re.compile(r"^step-(\d+)$")
 PIECE_FILE = re.compile(r"^(\d+)-(\d+)\.npy$")
@@ -31,7 +33,7 @@ PIECE_FILE = re.compile(r"^(\d+)-(\d+)\.npy$")
 Array = npt.NDArray[Any]
 
 
-class SnapshotMissing(LookupError):
+class SnapshotMissing(Missing, LookupError):
     """No complete cut covers the model: a partition cannot be restored."""
 
 

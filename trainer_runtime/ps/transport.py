@@ -27,7 +27,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from trainer_runtime.protocol import TOKEN_HEADER
+from trainer_runtime.protocol import TOKEN_HEADER, statuses
 from trainer_runtime.protocol.parameter_server import (
     CHANNEL_OPTIONS,
     PS_METHODS,
@@ -54,9 +54,7 @@ class ServerError(RuntimeError):
 
 def translating(error: grpc.RpcError, address: str) -> Exception:
     code = error.code()
-    if code in (
-        grpc.StatusCode.FAILED_PRECONDITION,
-        grpc.StatusCode.UNAVAILABLE,
+    if statuses.received(error) in (statuses.Stale, statuses.Unready) or code in (
         grpc.StatusCode.DEADLINE_EXCEEDED,
         grpc.StatusCode.CANCELLED,
     ):

@@ -8,8 +8,9 @@ optimizer state to every member (newcomers and survivors alike), so survivors th
 inside a failed step converge.
 
 Before the group is built, every rank of the generation checks in under the prefix and
-waits for the others, bounded by the store's timeout, so a member that never comes (it
-died, or hangs in its start) gives the others an error rather than a wait.
+waits for the others (the roll call, `trainer_runtime.rollcall`), bounded by the store's
+timeout, so a member that never comes (it died, or hangs in its start) gives the others an
+error rather than a wait.
 
 On NCCL, before each group is built (`nccl_environment`):
 - `TORCH_NCCL_ASYNC_ERROR_HANDLING=2`: when a collective fails or times out, torch's watchdog
@@ -43,15 +44,14 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
 
 from trainer_runtime.agent import Assignment
+from trainer_runtime.rollcall import Abandoned, calling_roll
 
 LOG = logging.getLogger(__name__)
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 ABORT_ONLY = "2"
 NCCL_NONBLOCKING = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
-VERDICT = "verdict"  # one per attempt, under the attempt's prefix
-BUILD, ABANDON = "build", "abandon"
-MEETING_POLL_S = 0.005
+ROLL_PREFIX = "roll/"  # the roll call's keys, under the attempt's prefix
 
 
 class StoreHost:
@@ -115,32 +115,16 @@ def meeting(
     timeout_s: float | None = None,
     superseded: Callable[[], bool] = lambda: False,
 ) -> None:
-    """Check in, and return once every rank of this attempt has; raise `DistStoreError` (a
-    RuntimeError) once the attempt is abandoned. One verdict per attempt, the first one
-    proposed (`compare_set` on an absent key): any member proposes BUILD once all have
-    checked in, and ABANDON once `timeout_s` (default: the store's timeout) passed or a
-    newer generation opened (`superseded`, a memory read); so a
-    member that arrives at an attempt its peers gave up learns it at once and moves on to
-    the next attempt, and a member that gave up is never counted in a group that is built."""
-    store.set(f"arrived/{rank}", "1")
-    everyone = [f"arrived/{other}" for other in range(world_size)]
+    """Check in at the attempt's roll call (`trainer_runtime.rollcall`), and return once its
+    verdict is to build the group; raise `DistStoreError` (a RuntimeError) once the attempt
+    is abandoned: at `timeout_s` (default: the store's timeout) or once a newer generation
+    opened (`superseded`, a memory read)."""
     if timeout_s is None:  # the store's own timeout
         timeout_s = store.timeout.total_seconds()  # type: ignore[attr-defined]
-    deadline = time.monotonic() + timeout_s
-    while True:
-        proposal = ""
-        if store.check(everyone):
-            proposal = BUILD
-        elif time.monotonic() > deadline or superseded():
-            proposal = ABANDON
-        elif store.check([VERDICT]):
-            proposal = ABANDON  # only an abandoned attempt has a verdict before all came
-        if proposal:
-            verdict = store.compare_set(VERDICT, "", proposal).decode()
-            if verdict == BUILD:
-                return
-            raise dist.DistStoreError(f"attempt abandoned: not every member checked in ({rank})")
-        time.sleep(MEETING_POLL_S)
+    try:
+        calling_roll(store, ROLL_PREFIX, rank, world_size, superseded, time.monotonic() + timeout_s)
+    except Abandoned as error:
+        raise dist.DistStoreError(str(error)) from error
 
 
 def nccl_environment(timeout_s: float) -> None:

@@ -35,9 +35,7 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections import deque
 from collections.abc import Iterator, Sequence
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -46,16 +44,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime import generations
-from trainer_runtime.agent import Assignment, WorkerAgent
-from trainer_runtime.batching import KeepGlobalBatch, initial_batch
+from trainer_runtime.agent import Assignment
+from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.checkpoints import Keeper
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.noise import NoiseEstimator
-from trainer_runtime.sharding import SampleRange, StepWindow, Walk
+from trainer_runtime.sharding import SampleRange
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import loading, saving
-from trainer_runtime.torch.committing import Committer
 from trainer_runtime.torch.grouping import (
     StoreHost,
     broadcasting_state,
@@ -67,12 +63,6 @@ from trainer_runtime.torch.measuring import NoiseMeter
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
-# Applied windows each worker keeps for the reconcile of a later generation (the same on
-# every rank: rank 0 hands them over when a generation forms): the steps its state holds
-# that the coordinator may lack, not committed yet (rank 0 commits within about
-# `COMMIT_INTERVAL_S`) or lost with a coordinator replaced from an older snapshot (one
-# snapshot period, about 5 s); more are kept to ride out a slow or restarting coordinator.
-APPLIED_KEPT = 4096
 
 
 class CommitFailed(Exception):
@@ -88,6 +78,8 @@ class ElasticSession(generations.Member):
     """One worker's membership of an elastic data-parallel job (see the module docstring)."""
 
     max_failed_formations = MAX_FAILED_FORMATIONS
+    stores: StoreHost
+    policy: BatchPolicy
 
     def __init__(
         self,
@@ -98,64 +90,27 @@ class ElasticSession(generations.Member):
         contract: WorkerContract | None = None,
         device: torch.device | None = None,
     ) -> None:
-        self.contract = contract or WorkerContract.from_environ()
+        super().__init__(batch_policy, contract)
         self.module = model
         self.optimizer = optimizer
         self.dataset = dataset
-        self.policy = batch_policy
         self.device = device or next(model.parameters()).device
-        self.agent = WorkerAgent(self.contract)
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
-        self.committer = Committer(self.agent)
-        self.noise = NoiseEstimator(initial_batch(batch_policy, 1))
         self.meter = NoiseMeter(self.noise)
-        self.step_count = 0
-        self.applied: deque[StepWindow] = deque(maxlen=APPLIED_KEPT)
-        self.walk: Walk | None = None
         self.ddp: DistributedDataParallel | None = None
         self.rank = -1
         self.world_size = 0
         self.generation = 0
-        self.window: StepWindow | None = None
-        self.local_samples = 0
-        self.window_size = 0
-        self.stepped = True
-        self.broken = True
-        self.done = False
-        self.last_step_at = time.monotonic()
-        self.generations_formed = 0
-        self.assignment: Assignment | None = None  # the generation formed or being formed
-        self.attempt = 0  # at forming `assignment`
         # The ranks' vote on leaving the generation: each step every rank adds whether it
         # has seen a newer generation open (one element, summed over the group while the
         # step runs); all of them leave at the boundary after a step whose sum is not 0.
         self.vote = torch.zeros(1, device=self.device)
         self.voting: dist.Work | None = None
-        self.leaving_generation = False
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
     # ----- lifecycle -----
 
-    def __enter__(self) -> ElasticSession:
-        self.warming_up()
-        self.agent.starting(self.stores.address)
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        if kind is None and not self.done:
-            LOG.warning("the session ended before the job did")
-        if kind is None:
-            self.agent.leaving()
-        self.committer.closing()
-        self.agent.closing()
-        self.leaving_group()
-
-    def warming_up(self) -> None:
+    def preparing(self) -> None:
         """Pay the one-off costs (the optimizer's first step imports torch._dynamo) on a
         throw-away copy, before asking to join, so the group never waits for this worker."""
         import copy
@@ -166,6 +121,9 @@ class ElasticSession(generations.Member):
             parameter.grad = torch.zeros_like(parameter)
         shadow.step()
 
+    def releasing(self) -> None:
+        self.leaving_group()
+
     @property
     def model(self) -> torch.nn.Module:
         """The model to call this step (DistributedDataParallel of this generation)."""
@@ -174,24 +132,6 @@ class ElasticSession(generations.Member):
         return self.ddp
 
     # ----- generations -----
-
-    def asked_to_leave(self) -> bool:
-        return self.leaving_generation  # this rank or a peer saw a change during the step
-
-    def assigned(self) -> None:
-        self.leaving_generation = False  # left: from here on, failures retry it
-
-    def fenced(self) -> None:
-        self.leaving_generation = True  # a newer generation opened: ask for it
-
-    def drained(self) -> None:
-        if self.rank == 0 and self.generations_formed > 0:
-            # Drained by SIGTERM, its generation is still current: what it applied is
-            # committed before it leaves (its peers may all be leaving too, as when a job's
-            # pods are deleted). Drained by the controller, the generation has closed and
-            # these commits are fenced, harmlessly: the next reconcile carries them.
-            self.committer.flushing(self.contract.timeout_s)
-        self.checkpointing()
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
         self.leaving_group()
@@ -226,7 +166,6 @@ class ElasticSession(generations.Member):
             self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
         self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
-        self.last_step_at = time.monotonic()
 
     def leaving_group(self) -> None:
         """Leave the generation's group, if any, and let go of everything that holds it.
@@ -257,34 +196,17 @@ class ElasticSession(generations.Member):
         self.meter.folding()
         return generations.noise_state(self.noise, self.policy, self.world_size)
 
-    # ----- suspension to zero workers (see `checkpointing`) -----
+    # ----- suspension to zero workers (`trainer_runtime/checkpoints.py`) -----
 
-    def checkpointing(self) -> None:
-        """Drained as rank 0 of a generation: keep the job's state (``Keeper.keeping``)."""
-        if self.rank != 0 or self.generations_formed == 0:
-            return
-        self.keeper.keeping(
-            self.step_count,
-            lambda: (
-                self.module.state_dict(),
-                self.optimizer.state_dict(),
-                self.policy.shared_state(),
-            ),
-            self.applied,
-        )
+    def state_to_keep(self) -> tuple[Any, Any, dict[str, Any]]:
+        return self.module.state_dict(), self.optimizer.state_dict(), self.policy.shared_state()
 
     def restoring(self) -> None:
-        """A fresh rank 0 (no state of its own): take the newest checkpoint, if any
-        (``Keeper.found``)."""
-        checkpoint = self.keeper.found(lambda: int(self.agent.client.view_ledger().committed_step))
-        if checkpoint is None:
-            return
-        self.module.load_state_dict(checkpoint.model)
-        self.optimizer.load_state_dict(checkpoint.optimizer)
-        self.policy.adopting(checkpoint.policy)
-        self.step_count = checkpoint.step
-        self.applied.clear()
-        self.applied.extend(checkpoint.windows)
+        """A fresh rank 0: the model and optimizer of the newest checkpoint, if any."""
+        checkpoint = self.restored()
+        if checkpoint is not None:
+            self.module.load_state_dict(checkpoint.model)
+            self.optimizer.load_state_dict(checkpoint.optimizer)
 
     # ----- steps -----
 
@@ -299,29 +221,23 @@ class ElasticSession(generations.Member):
             )
         return default_collate([self.dataset[i] for r in ranges for i in r.indices()])
 
+    def placing(self) -> tuple[int, int]:
+        return self.rank, self.world_size
+
+    def leaving_at_boundary(self) -> bool:
+        leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
+        return self.broken or leave
+
+    def checking_commits(self) -> None:
+        if self.committer.failure is not None:
+            raise CommitFailed(self.committer.failure)
+
     def batches(self) -> Iterator[Any]:
-        """This rank's slice of every step's window, until the job ends or it is drained."""
-        while True:
-            if not self.stepped:
-                raise RuntimeError("call s.step(loss) once for every batch")
-            leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
-            if (self.broken or leave) and not self.reforming():
-                return
-            if self.committer.failure is not None:
-                raise CommitFailed(self.committer.failure)
-            assert self.walk is not None
-            window = self.walk.next_window(self.policy.global_batch(self.world_size))
-            if window is None:
-                if self.finishing():
-                    return
-                continue
-            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
-            # rank still runs DDP's forward and its allreduce
-            mine = generations.slicing(window, self.world_size, self.rank)
-            self.window, self.window_size = window, mine.window_size
-            self.local_samples = mine.samples
-            self.stepped = False
-            self.meter.arming(window.step)  # before the forward: who averages this step
+        """This rank's slice of every step's window, until the job ends or it is drained (a
+        rank whose slice is empty still runs DDP's forward and its allreduce)."""
+        for mine in self.walking():
+            assert self.window is not None
+            self.meter.arming(self.window.step)  # before the forward: who averages this step
             if self.world_size > 1:  # every rank votes at the same point of every step
                 self.vote.fill_(1.0 if self.agent.changed() else 0.0)
                 self.voting = dist.all_reduce(self.vote, async_op=True)
@@ -376,10 +292,8 @@ class ElasticSession(generations.Member):
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count = self.window.step
         self.applied.append(self.window)
-        now = time.monotonic()
         if self.rank == 0:
-            self.committer.enqueue(self.generation, self.window, now - self.last_step_at)
-        self.last_step_at = now
+            self.committer.enqueue(self.generation, self.window, time.monotonic())
         self.rebuilding_buckets()
 
     def rebuilding_buckets(self) -> None:

@@ -1,0 +1,100 @@
+"""The flush rule of the committer every adapter uses (`trainer_runtime/committing.py`).
+
+Aspects:
+- fewer than `FLUSH_WINDOWS` waiting windows are not sent before `FLUSH_INTERVAL_S`;
+- the `FLUSH_WINDOWS`-th window sends them all at once, well before the interval;
+- a lone window goes out within the interval, unasked;
+- a batch carries its mean step time, counted from the last window sent of its generation;
+- the windows of each generation go out in their own call, oldest generation first.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from trainer_runtime.committing import FLUSH_INTERVAL_S, FLUSH_WINDOWS, Committer
+from trainer_runtime.sharding import SampleRange, StepWindow
+
+
+class RecordingClient:
+    """Answers every `Commit` at once and records what it carried and when."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int, list[StepWindow], float]] = []
+        self.called = threading.Event()
+        self.started = 0.0  # when the committer's sender started its first interval
+
+    def commit(
+        self,
+        worker_id: str,
+        generation: int,
+        windows: list[StepWindow],
+        step_time_s: float,
+        **options: Any,
+    ) -> None:
+        self.calls.append((time.monotonic(), generation, list(windows), step_time_s))
+        self.called.set()
+
+
+@pytest.fixture
+def sent() -> Iterator[tuple[Committer, RecordingClient]]:
+    client = RecordingClient()
+    client.started = time.monotonic()
+    committer = Committer(SimpleNamespace(client=client, worker_id="w0"))  # type: ignore[arg-type]
+    time.sleep(0.01)  # the sender is asleep in its interval, as it mostly is
+    yield committer, client
+    committer.closing()
+
+
+def window(step: int) -> StepWindow:
+    return StepWindow(step, 0, (SampleRange(step * 4, step * 4 + 4),))
+
+
+def test_fewer_windows_than_the_bound_wait_and_the_bound_sends_them_at_once(
+    sent: tuple[Committer, RecordingClient],
+) -> None:
+    committer, client = sent
+    for step in range(1, FLUSH_WINDOWS):
+        committer.enqueue(1, window(step), float(step))
+    quiet = client.started + 0.8 * FLUSH_INTERVAL_S - time.monotonic()
+    assert not client.called.wait(quiet), "sent before its interval"
+    handed = time.monotonic()
+    committer.enqueue(1, window(FLUSH_WINDOWS), float(FLUSH_WINDOWS))
+    assert client.called.wait(FLUSH_INTERVAL_S / 2), "the bound did not send at once"
+    when, generation, windows, _ = client.calls[0]
+    assert when - handed < FLUSH_INTERVAL_S / 2
+    assert generation == 1
+    assert [w.step for w in windows] == list(range(1, FLUSH_WINDOWS + 1))
+
+
+def test_a_lone_window_goes_out_within_the_interval(
+    sent: tuple[Committer, RecordingClient],
+) -> None:
+    committer, client = sent
+    committer.enqueue(1, window(1), 0.0)
+    assert client.called.wait(FLUSH_INTERVAL_S + 0.5)
+    assert committer.answered == 1
+
+
+def test_a_batch_carries_its_mean_step_time_and_each_generation_its_own_call(
+    sent: tuple[Committer, RecordingClient],
+) -> None:
+    committer, client = sent
+    for step, at in ((1, 10.0), (2, 10.5), (3, 11.0)):
+        committer.enqueue(1, window(step), at)
+    assert committer.flushing(5.0)
+    for step, at in ((4, 12.0), (5, 12.0)):
+        committer.enqueue(1, window(step), at)
+    committer.enqueue(2, window(6), 20.0)
+    assert committer.flushing(5.0)
+    assert [(g, [w.step for w in ws], t) for _, g, ws, t in client.calls] == [
+        (1, [1, 2, 3], pytest.approx(0.5)),  # from the first window: 1 s over 2 steps
+        (1, [4, 5], pytest.approx(0.5)),  # from step 3's 11.0: 1 s over 2 steps
+        (2, [6], 0.0),  # a new generation: nothing to count from
+    ]
