@@ -53,6 +53,11 @@ FLUSH_WINDOWS = 1024
 #: coordinator replaced from an older snapshot (one snapshot period, about 5 s); more are
 #: kept to ride out a slow or restarting coordinator.
 WINDOWS_KEPT = 4096
+#: How far a data-parallel rank 0 may run ahead of its commits' answers, in windows: the
+#: windows kept for a reconcile, less one batch that may wait unsent (``waiting_for_answers``).
+AHEAD_WINDOWS = WINDOWS_KEPT - FLUSH_WINDOWS
+#: The longest the training thread waits for answers before it goes on (and says so).
+AHEAD_WAIT_S = 120.0
 #: How long `closing` waits for the sender to end (a call in flight ends within its own
 #: timeout; this bounds a worker's exit, not the commit).
 CLOSING_S = 5.0
@@ -78,9 +83,17 @@ class Committer:
     budget (the data-parallel sessions) or gives up at once, leaving the windows to the next
     reconcile (the parameter-server leader, which never waits on its commits)."""
 
-    def __init__(self, agent: WorkerAgent, *, retry: bool = True, name: str = "edl-commit"):
+    def __init__(
+        self,
+        agent: WorkerAgent,
+        *,
+        retry: bool = True,
+        name: str = "edl-commit",
+        ahead: int | None = None,
+    ):
         self.agent = agent
         self.retry = retry
+        self.ahead = ahead
         self.waiting: deque[tuple[int, StepWindow, float]] = deque()
         self.handed = 0  # windows handed over; written by the training thread only
         self.answered = 0  # windows answered (committed or fenced); by the sender only
@@ -104,6 +117,24 @@ class Committer:
         self.handed += 1
         if len(self.waiting) == FLUSH_WINDOWS:
             self.hurry.set()
+        if self.ahead is not None and self.handed - self.answered >= self.ahead:
+            self.waiting_for_answers(self.ahead)
+
+    def waiting_for_answers(self, ahead: int) -> None:
+        """The hot path's one wait: a worker ``ahead`` windows past the coordinator's
+        answers waits until it is at most half that ahead. The windows not answered yet are
+        what a later reconcile must carry, from the windows every worker keeps
+        (``WINDOWS_KEPT``); a rank 0 stepping faster than its coordinator commits (a slow or
+        restarting coordinator) ran past them, and the job could never form a generation
+        again. Every call is answered within the client's own timeout (committed, fenced or
+        failed), so this wait ends; ``AHEAD_WAIT_S`` bounds it should the sender be gone."""
+        self.hurry.set()
+        with self.answers:
+            caught_up = self.answers.wait_for(
+                lambda: self.closed or self.handed - self.answered <= ahead // 2, AHEAD_WAIT_S
+            )
+        if not caught_up:
+            LOG.warning("%d windows still unanswered after %.0f s", ahead, AHEAD_WAIT_S)
 
     def sending(self) -> None:
         while not self.closed:

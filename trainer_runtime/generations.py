@@ -32,7 +32,7 @@ from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
 from trainer_runtime.checkpoints import Checkpoint, Keeper
 from trainer_runtime.client import Fenced
-from trainer_runtime.committing import WINDOWS_KEPT, Committer
+from trainer_runtime.committing import AHEAD_WINDOWS, WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.noise import NoiseEstimator
@@ -89,7 +89,7 @@ class Member(WorkerSession):
         self.contract = contract or WorkerContract.from_environ()
         self.policy = policy
         self.agent = WorkerAgent(self.contract)
-        self.committer = Committer(self.agent)
+        self.committer = Committer(self.agent, ahead=AHEAD_WINDOWS)
         self.noise = NoiseEstimator(initial_batch(policy, 1))
         self.assignment: Assignment | None = None  # the generation formed or being formed
         self.attempt = 0  # at forming `assignment`

@@ -1,11 +1,13 @@
-"""The flush rule of the committer every adapter uses (`trainer_runtime/committing.py`).
+"""The flush rule and the lag bound of the committer every adapter uses
+(`trainer_runtime/committing.py`).
 
 Aspects:
 - fewer than `FLUSH_WINDOWS` waiting windows are not sent before `FLUSH_INTERVAL_S`;
 - the `FLUSH_WINDOWS`-th window sends them all at once, well before the interval;
 - a lone window goes out within the interval, unasked;
 - a batch carries its mean step time, counted from the last window sent of its generation;
-- the windows of each generation go out in their own call, oldest generation first.
+- the windows of each generation go out in their own call, oldest generation first;
+- a rank 0 whose commits go unanswered waits once it is `ahead` windows past them.
 """
 
 from __future__ import annotations
@@ -98,3 +100,42 @@ def test_a_batch_carries_its_mean_step_time_and_each_generation_its_own_call(
         (1, [4, 5], pytest.approx(0.5)),  # from step 3's 11.0: 1 s over 2 steps
         (2, [6], 0.0),  # a new generation: nothing to count from
     ]
+
+
+class HeldClient(RecordingClient):
+    """Answers no `Commit` until `release` is set: a coordinator that is slow or away."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def commit(self, *args: Any, **options: Any) -> None:
+        assert self.release.wait(30), "the test never released the coordinator"
+        super().commit(*args, **options)
+
+
+def test_rank_0_waits_before_it_runs_further_ahead_than_it_may() -> None:
+    """Past the windows every worker keeps, a reconcile could no longer carry what the
+    coordinator lacks, and the job could never form a generation again: a rank 0 that is
+    `ahead` windows past the coordinator's answers waits until it is half that."""
+    client = HeldClient()
+    committer = Committer(SimpleNamespace(client=client, worker_id="w0"), ahead=8)  # type: ignore[arg-type]
+    done = threading.Event()
+
+    def training() -> None:
+        for step in range(1, 21):
+            committer.enqueue(1, window(step), float(step))
+        done.set()
+
+    thread = threading.Thread(target=training, daemon=True)
+    try:
+        thread.start()
+        assert not done.wait(1.0), "rank 0 ran on while the coordinator did not answer"
+        assert committer.handed == 8
+        client.release.set()
+        assert done.wait(10.0)
+        assert committer.flushing(10.0)
+        assert [w.step for _, _, ws, _ in client.calls for w in ws] == list(range(1, 21))
+    finally:
+        client.release.set()
+        committer.closing()

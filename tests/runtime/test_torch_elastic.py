@@ -182,7 +182,11 @@ def test_a_peer_lost_before_ddp_rebuilds_its_buckets_is_a_resize(cluster: Cluste
     session rebuilds them in the step: the peer re-forms alone, and its parameters end as a
     fixed-size run's."""
     samples, epochs, batch = 240, 1, 12
-    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    # Both workers in the first generation, however late the second one's start: alone, the
+    # first trained the whole job (20 steps, about 1 s) and both exited 0.
+    args = [*coordinator_args(samples, epochs), "--join-window-s", "120"]
+    cluster.starting_coordinator(*args)
+    cluster.client().set_target(2)
     out = cluster.root / "out"
     args = [*job_args("mlp", samples, out, batch=batch, sleep_s=0.05), "--lost-after-first-step"]
     for name in ("w0", "w1"):
