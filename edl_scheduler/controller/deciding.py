@@ -319,8 +319,7 @@ def _decide_job(
     cycle = JobCycle(view, tj, now, out, status, int(old_status.get("restarts", 0)))
     phase = JobPhase(old_status.get("phase", JobPhase.PENDING.value))
     if phase.final:  # 2
-        # A final phase only queued (laid over the job by ``Expectations``) is lost if the
-        # controller dies before writing it: the coordinator waits until the watch shows it.
+        # (a final phase only queued may be lost: the coordinator stays, ``leaving.finish``)
         clear_away(
             cycle, succeeded=phase is JobPhase.SUCCEEDED, keep_coordinator=view.status_unseen
         )

@@ -151,12 +151,19 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
     noise = client.progress().noise
     assert noise.init_batch == batch and noise.steps >= 1, noise
     assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
-    expected = reference_parameters(samples, epochs, batch)
-    for name in ("w0", "w2"):
+    matching_reference(out, ("w0", "w2"), (samples, epochs, batch), rtol=1e-9, atol=1e-10)
+
+
+def matching_reference(
+    out: Path, workers: tuple[str, ...], run: tuple[int, int, int], rtol: float, atol: float
+) -> None:
+    """Each of `workers` ended with the parameters of `reference_parameters(*run)`."""
+    expected = reference_parameters(*run)
+    for name in workers:
         final = np.load(out / f"{name}.npz")
         assert sorted(final.files) == sorted(expected)
         for key, value in expected.items():
-            np.testing.assert_allclose(final[key], value, rtol=1e-9, atol=1e-10)
+            np.testing.assert_allclose(final[key], value, rtol=rtol, atol=atol)
 
 
 def test_unreachable_coordinator_is_a_clear_error_within_the_timeout() -> None:

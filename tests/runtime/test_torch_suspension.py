@@ -24,16 +24,19 @@ from .harness import Cluster, waiting_for
 from .test_torch_elastic import coordinator_args, job_args, reference_parameters
 
 
-def suspending(cluster: Cluster, workers: tuple[str, ...], at_step: int) -> int:
-    """Let the job reach `at_step`, drain every worker, and return the committed step."""
+def suspending(
+    cluster: Cluster, workers: tuple[str, ...], at_step: int, startup_s: float = 90
+) -> int:
+    """Let the job reach `at_step` (its workers started within `startup_s`), drain every
+    worker, and return the committed step."""
     client = cluster.client()
     everyone = sorted(workers)
     waiting_for(
         lambda: sorted(m.worker_id for m in client.progress().members) == everyone,
-        90,
+        startup_s,
         "every worker to join",
     )
-    waiting_for(lambda: client.progress().committed_step >= at_step, 90, f"step {at_step}")
+    waiting_for(lambda: client.progress().committed_step >= at_step, startup_s, f"step {at_step}")
     for name in workers:
         client.drain(name)
     for name in workers:
