@@ -14,8 +14,8 @@ The model, as the issue and the Pollux paper describe it (our own code):
   several accumulation steps (compute repeated, one synchronization).
 - Statistical efficiency: one step at global batch ``B`` makes progress
   ``gain = (var + sqr) / (var / scale + sqr)`` with ``scale = B / init_batch`` and ``sqr``,
-  ``var`` from the validation curve at the largest measured batch not above ``B``, at the
-  job's current epoch. So a larger batch is never free.
+  ``var`` from the validation curves at the job's current epoch, interpolated linearly
+  between the measured batches nearest ``B``. So a larger batch is never free.
 - Completion: when progress reaches the progress of the application's completion epoch on its
   initial-batch curve. The epoch is read from that curve too.
 
@@ -38,6 +38,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from edl_gradients.goodput import BatchLimits, choosing, gain
 from edl_scheduler.core.snapshot import Efficiency
 
 _K = TypeVar("_K", str, tuple[int, int])
@@ -114,29 +115,47 @@ class Application:
         w = 0.0 if hi == lo else (replicas - lo) / (hi - lo)
         return [(1.0 - w, self.scalability[(at, lo)]), (w, self.scalability[(at, hi)])]
 
+    @property
+    def limits(self) -> BatchLimits:
+        """The bounds an adapting job chooses its batch within (as Pollux's agent does:
+        the smallest and largest measured global batch, the profiled local batches)."""
+        return BatchLimits(self.init_batch, self.max_batch, self.max_local, self.min_local)
+
     def step_time(self, placement: tuple[int, ...], local: float) -> float:
         """Seconds per step at ``local`` samples per GPU, with accumulation above the max."""
         steps = max(1, math.ceil(local / self.max_local))
-        per = local / steps
+        return self.accumulated_time(placement, local / steps, steps)
+
+    def accumulated_time(self, placement: tuple[int, ...], local: float, steps: int) -> float:
+        """Seconds per step of ``steps`` micro-batches of ``local`` samples per GPU: the
+        compute of each, one synchronization."""
         one = sync = 0.0
         for weight, (bsz, step, synced) in self._rows(placement):
-            one += weight * float(np.interp(per, bsz, step))
-            sync += weight * float(np.interp(per, bsz, synced))
+            one += weight * float(np.interp(local, bsz, step))
+            sync += weight * float(np.interp(local, bsz, synced))
         return one + (steps - 1) * (one - sync)
 
     def grad_stats(self, global_batch: float, epoch: int) -> tuple[float, float]:
-        """(grad_sqr, grad_var) measured at ``epoch`` on the curve of the largest measured
-        batch not above ``global_batch``."""
+        """(grad_sqr, grad_var) measured at ``epoch``, interpolated linearly in the batch
+        between the curves of the nearest measured batches (the end curves outside them),
+        as Pollux's simulator reads them."""
         sizes = sorted(self.curves)
-        ref = max((b for b in sizes if b <= global_batch), default=sizes[0])
-        curve = self.curves[ref]
+        lo = max((b for b in sizes if b <= global_batch), default=sizes[0])
+        hi = min((b for b in sizes if b >= global_batch), default=sizes[-1])
+        low, high = self._stats_at(lo, epoch), self._stats_at(hi, epoch)
+        if hi == lo:
+            return low
+        w = (global_batch - lo) / (hi - lo)
+        return (low[0] + w * (high[0] - low[0]), low[1] + w * (high[1] - low[1]))
+
+    def _stats_at(self, batch: int, epoch: int) -> tuple[float, float]:
+        curve = self.curves[batch]
         e = min(epoch, len(curve.sqr) - 1)
         return curve.sqr[e], curve.var[e]
 
     def gain(self, global_batch: float, epoch: int) -> float:
         sqr, var = self.grad_stats(global_batch, epoch)
-        scale = global_batch / self.init_batch
-        return (var + sqr) / (var / scale + sqr)
+        return gain(self.init_batch, sqr, var, global_batch)
 
 
 def _floats(path: Path, columns: tuple[str, ...]) -> list[tuple[float, ...]]:
@@ -189,14 +208,13 @@ def load_application(root: Path, name: str) -> Application:
 class ProfileSpeed:
     """A Pollux-workload job's speed: progress units per second, given its placement.
 
-    ``batch`` is the global batch the job was submitted with; with ``adapt`` the job picks,
-    at every size and epoch, the local batch (and so global batch, up to the application's
-    maximum) that maximizes progress per second. A local batch above the application's
-    largest runs as accumulation steps, as a fixed batch does, and as Pollux's agent chooses
-    its batch (per-GPU batch and accumulation steps together): without them an adapting
-    job across nodes was held to small batches whose every step paid the network's sync,
-    and ran slower than the batch it was submitted with (bert on 2 x 4 GPUs: 4,807 s to its
-    end against 2,460 s at its submitted 384). The submitted batch is always a candidate.
+    ``batch`` is the global batch the job was submitted with; with ``adapt`` the job
+    chooses, at every size and epoch, its per-GPU batch and accumulation steps by the rule
+    the runtime's adaptive policy follows (``edl_gradients.goodput.choosing``, as Pollux's
+    agent does: global batches from the smallest to the largest measured, micro-batches
+    within the profiled local batches). Without accumulation an adapting job across nodes
+    was held to small batches whose every step paid the network's sync (bert on 2 x 4
+    GPUs: 4,807 s to its end against 2,460 s at its submitted 384).
     """
 
     app: Application
@@ -250,26 +268,21 @@ def _rate(speed: ProfileSpeed, placement: tuple[int, ...], epoch: int) -> float:
 
 @lru_cache(maxsize=200_000)
 def _choice(speed: ProfileSpeed, placement: tuple[int, ...], epoch: int) -> tuple[float, float]:
-    """Progress per second at ``placement`` and the local batch that gives it."""
+    """Progress per second at ``placement`` and the local batch (per GPU, accumulation
+    steps together) that gives it. An adapting job decides by the rule the runtime's
+    adaptive policy decides by (``edl_gradients.goodput.choosing``), from the profile's
+    step times and gradient statistics."""
     app, workers = speed.app, sum(placement)
     if workers <= 0:
         return 0.0, 0.0
     if not speed.adapt:
         local = speed.batch / workers
         return app.gain(speed.batch, epoch) / app.step_time(placement, local), local
-    best, chosen = 0.0, 0.0
-    top = max(1.0, app.max_batch / workers)
-    candidates = {float(b) for b in app.placements["1"][0] if b <= top} | {top}
-    # Above the largest local batch the step accumulates (``step_time``): whole
-    # micro-batches, and every measured global batch split over the workers.
-    steps = math.ceil(top / app.max_local)
-    candidates |= {float(k * app.max_local) for k in range(2, steps + 1)}
-    candidates |= {b / workers for b in app.curves if app.min_local <= b / workers}
-    if speed.batch > 0:
-        candidates.add(speed.batch / workers)  # the submitted batch: never lost to
-    for local in sorted(min(c, top) for c in candidates):
-        global_batch = local * workers
-        rate = app.gain(global_batch, epoch) / app.step_time(placement, local)
-        if rate > best:
-            best, chosen = rate, local
-    return best, chosen
+    choice = choosing(
+        app.limits,
+        workers,
+        lambda local, steps: app.accumulated_time(placement, local, steps),
+        lambda batch: app.gain(batch, epoch),
+    )
+    # choosing's goodput is in samples at the initial batch: progress is in steps there
+    return choice.goodput / app.init_batch, float(choice.local * choice.accumulation)

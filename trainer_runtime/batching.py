@@ -130,10 +130,7 @@ class ScaleBatch(abc.ABC, Generic[OptimizerT]):
 
     def current_lr(self) -> float:
         target = self.target_lr(self._world_size)
-        if self.warmup_steps <= 0 or self._since_resize >= self.warmup_steps:
-            return target
-        fraction = (self._since_resize + 1) / self.warmup_steps
-        return self._from_lr + fraction * (target - self._from_lr)
+        return ramped_lr(self._from_lr, target, self._since_resize, self.warmup_steps)
 
     def adjusting(self, optimizer: OptimizerT, world_size: int) -> None:
         old_lr = self.read_lr(optimizer)
@@ -143,11 +140,7 @@ class ScaleBatch(abc.ABC, Generic[OptimizerT]):
             self._since_resize = 0
         new_lr = self.current_lr()
         self._since_resize += 1
-        if new_lr == old_lr:
-            return
-        self.set_lr(optimizer, new_lr)
-        if self.momentum_compensation and new_lr > 0:
-            self.rescale_momentum(optimizer, old_lr / new_lr)
+        setting_lr(self, optimizer, old_lr, new_lr, self.momentum_compensation)
 
     def shared_state(self) -> dict[str, Any]:
         return {
@@ -162,6 +155,41 @@ class ScaleBatch(abc.ABC, Generic[OptimizerT]):
         self._since_resize = int(state["since_resize"])
 
 
+class RateHooks(Protocol[OptimizerT_contra]):
+    """How one framework reads and sets an optimizer's rate and rescales its momentum."""
+
+    def read_lr(self, optimizer: OptimizerT_contra) -> float: ...
+
+    def set_lr(self, optimizer: OptimizerT_contra, lr: float) -> None: ...
+
+    def rescale_momentum(self, optimizer: OptimizerT_contra, factor: float) -> None: ...
+
+
+def ramped_lr(from_lr: float, target: float, since_change: int, warmup_steps: int) -> float:
+    """The rate of the `since_change`-th step after the target changed: reached linearly
+    from `from_lr` over `warmup_steps` steps (at once without warm-up)."""
+    if warmup_steps <= 0 or since_change >= warmup_steps:
+        return target
+    fraction = (since_change + 1) / warmup_steps
+    return from_lr + fraction * (target - from_lr)
+
+
+def setting_lr(
+    hooks: RateHooks[OptimizerT],
+    optimizer: OptimizerT,
+    old_lr: float,
+    new_lr: float,
+    compensating: bool,
+) -> None:
+    """Set the optimizer's rate to `new_lr`; with `compensating`, rescale its momentum by
+    `old_lr / new_lr` so that `lr * momentum` is unchanged (nothing when the rate is)."""
+    if new_lr == old_lr:
+        return
+    hooks.set_lr(optimizer, new_lr)
+    if compensating and new_lr > 0:
+        hooks.rescale_momentum(optimizer, old_lr / new_lr)
+
+
 def initial_batch(policy: BatchPolicy[Any], world_size: int) -> int:
     """The global batch a job's learning rate was set for, which the gradient statistics
     are reported against (Pollux's ``init_batch``): `KeepGlobalBatch`'s batch, `ScaleBatch`'s
@@ -171,4 +199,8 @@ def initial_batch(policy: BatchPolicy[Any], world_size: int) -> int:
         return policy.samples
     if isinstance(policy, ScaleBatch):
         return policy.per_worker * policy.base_workers
+    from trainer_runtime.adaptive import AdaptiveBatch  # it builds on this module
+
+    if isinstance(policy, AdaptiveBatch):
+        return policy.initial_batch
     return max(1, policy.global_batch(max(1, world_size)))

@@ -24,10 +24,11 @@ import abc
 import logging
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
+from trainer_runtime.adaptive import CARRIED, AdaptiveBatch, Decision
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
 from trainer_runtime.checkpoints import Checkpoint, Keeper
@@ -44,6 +45,8 @@ NEWS_GRACE_S = 3.0
 NEWS_POLL_S = 0.05
 
 LOG = logging.getLogger(__name__)
+#: What a rank without a re-decision adds to the step's vote on the batch.
+NO_DECISION = (0.0,) * CARRIED
 
 
 def hearing_news(agent: WorkerAgent, timeout_s: float) -> bool:
@@ -105,6 +108,8 @@ class Member(WorkerSession):
         self.leaving_generation = False
         self.done = False
         self.generations_formed = 0
+        self.step_started: float | None = None  # the wall clock at the last step boundary
+        self.shape_steps = 0  # boundaries passed at the batch in force
 
     @property
     def store_address(self) -> str:
@@ -123,6 +128,47 @@ class Member(WorkerSession):
             self.applied.clear()
             self.applied.extend(checkpoint.windows)
         return checkpoint
+
+    # ----- an adaptive batch (``trainer_runtime/adaptive.py``) -----
+
+    def deciding_batch(self, world_size: int) -> None:
+        """Rank 0, as a generation forms, before its state is sent: an adaptive policy
+        decides the batch for the generation's size (every rank adopts it with the
+        state)."""
+        if isinstance(self.policy, AdaptiveBatch):
+            self.policy.deciding(world_size, self.noise.estimate(), time.monotonic())
+
+    def proposing_batch(self) -> tuple[float, ...]:
+        """What this rank adds to the step's vote on the batch: rank 0 an adaptive policy's
+        re-decision, if any (`Decision.carried`), everyone else zeros."""
+        rank, world_size = self.placing()
+        if rank != 0 or not isinstance(self.policy, AdaptiveBatch):
+            return NO_DECISION
+        decision = self.policy.proposing(world_size, self.noise.estimate(), time.monotonic())
+        return NO_DECISION if decision is None else decision.carried()
+
+    def adopting_batch(self, carried: Sequence[float]) -> None:
+        """Every rank, at the same step boundary: adopt the re-decision the last step's
+        vote carried (the numbers summed over the group), if there was one."""
+        decision = Decision.read(carried)
+        if decision is not None and isinstance(self.policy, AdaptiveBatch):
+            self.policy.adopting_decision(decision)
+            self.shape_steps = 0
+
+    def timing_step(self) -> None:
+        """Rank 0, at each step boundary: the last step's wall time, to an adaptive policy
+        (not the first step at a shape, which pays its warm-up)."""
+        now = time.monotonic()
+        rank, world_size = self.placing()
+        if (
+            self.shape_steps >= 2
+            and rank == 0
+            and isinstance(self.policy, AdaptiveBatch)
+            and self.step_started is not None
+        ):
+            self.policy.observing(world_size, now - self.step_started)
+        self.step_started = now
+        self.shape_steps += 1
 
     def ended_cleanly(self, kind: type[BaseException] | None) -> bool:
         if kind is None and not self.done:
@@ -159,6 +205,7 @@ class Member(WorkerSession):
             if self.leaving_at_boundary() and not self.reforming():
                 return
             self.checking_commits()
+            self.timing_step()
             assert self.walk is not None
             rank, world_size = self.placing()
             window = self.walk.next_window(self.policy.global_batch(world_size))
@@ -238,6 +285,7 @@ class Member(WorkerSession):
             try:
                 self.forming_generation(self.assignment, self.attempt)
                 self.broken = False
+                self.shape_steps = 0  # the step after a formation pays its warm-up
                 return True
             except Fenced:
                 LOG.info("generation %d closed while forming", self.assignment.generation)

@@ -4,15 +4,18 @@
 Each generation forms its own process group inside the running process (`grouping.py`).
 """
 
+from trainer_runtime.adaptive import LrScaling
 from trainer_runtime.batching import KeepGlobalBatch, LrRule
-from trainer_runtime.paddle.batching import BatchPolicy, ScaleBatch
+from trainer_runtime.paddle.batching import AdaptiveBatch, BatchPolicy, ScaleBatch
 from trainer_runtime.paddle.session import ElasticSession, session
 
 __all__ = [
+    "AdaptiveBatch",
     "BatchPolicy",
     "ElasticSession",
     "KeepGlobalBatch",
     "LrRule",
+    "LrScaling",
     "ScaleBatch",
     "session",
 ]

@@ -16,25 +16,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from trainer_runtime import batching
+from trainer_runtime import adaptive, batching
 
 VELOCITY = "velocity"
 
-#: A batch policy for a Paddle optimizer (`KeepGlobalBatch`, `ScaleBatch` or a job's own).
+#: A batch policy for a Paddle optimizer (`KeepGlobalBatch`, `ScaleBatch`, `AdaptiveBatch`
+#: or a job's own).
 BatchPolicy: TypeAlias = batching.BatchPolicy[Any]
 
 
-@dataclass(slots=True)
-class ScaleBatch(batching.ScaleBatch[Any]):
-    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
-    (`trainer_runtime.batching.ScaleBatch`). The optimizer's learning rate must be a float
-    (a Paddle `LRScheduler` owns the rate itself: use `KeepGlobalBatch`)."""
+class PaddleRates:
+    """How a Paddle optimizer's rate is read and set, and its momentum compensated: the
+    three hooks every rate-following policy of this adapter shares. The optimizer's
+    learning rate must be a float (a Paddle `LRScheduler` owns the rate itself: use
+    `KeepGlobalBatch`)."""
+
+    __slots__ = ()
 
     def read_lr(self, optimizer: Any) -> float:
         if not isinstance(optimizer._learning_rate, float | int):
             raise TypeError(
-                "ScaleBatch sets the learning rate itself: give the optimizer a float "
-                "learning_rate, not an LRScheduler"
+                f"{type(self).__name__} sets the learning rate itself: give the optimizer a "
+                "float learning_rate, not an LRScheduler"
             )
         return float(optimizer.get_lr())
 
@@ -43,6 +46,18 @@ class ScaleBatch(batching.ScaleBatch[Any]):
 
     def rescale_momentum(self, optimizer: Any, factor: float) -> None:
         compensating_momentum(optimizer, factor)
+
+
+@dataclass(slots=True)
+class ScaleBatch(PaddleRates, batching.ScaleBatch[Any]):
+    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
+    (`trainer_runtime.batching.ScaleBatch`)."""
+
+
+@dataclass(slots=True)
+class AdaptiveBatch(PaddleRates, adaptive.AdaptiveBatch[Any]):
+    """The batch with the most goodput, the rate by AdaScale or a rule
+    (`trainer_runtime.adaptive.AdaptiveBatch`)."""
 
 
 def compensating_momentum(optimizer: Any, factor: float) -> None:

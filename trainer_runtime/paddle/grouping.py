@@ -288,22 +288,25 @@ MEASURED_DTYPES = (paddle.float32, paddle.float64)
 def averaging_gradients(
     group: Group,
     parameters: Sequence[paddle.Tensor],
-    stopping: bool,
+    news: Sequence[float],
     probe: NoiseProbe | None = None,
-) -> bool:
-    """Replace every gradient by its mean over the group, and tell whether any rank asked
-    to stop at this step boundary (`stopping`).
+) -> list[float]:
+    """Replace every gradient by its mean over the group, and return the sum over the
+    group of each rank's `news` (whether it asks to stop at this step boundary, then rank
+    0's re-decision of an adaptive batch: `generations.proposing_batch`).
 
-    The stop request rides in the last bucket's allreduce as one extra element, so every
-    rank of a generation leaves at the same step boundary: the members learn of a new
-    generation at different moments, and a rank that left alone would leave its peers
-    waiting in the next collective. A parameter without a gradient this step contributes
-    zeros, so every rank runs the same collectives. With a `probe` (every rank of the
-    group alike), the last bucket carries three more elements (this rank's |g_i|^2, 1/b_i
-    and 1), and each bucket's squared norm is taken before and after its allreduce.
+    The news rides in the last bucket's allreduce as extra elements, so every rank of a
+    generation leaves, or changes its batch, at the same step boundary: the members learn
+    of a new generation at different moments, and a rank that left alone would leave its
+    peers waiting in the next collective. (Gradients in a half precision would round a
+    batch size: the news then takes an allreduce of its own, in float32, on every rank
+    alike.) A parameter without a gradient this step contributes zeros, so every rank runs
+    the same collectives. With a `probe` (every rank of the group alike), the last bucket
+    carries three more elements (this rank's |g_i|^2, 1/b_i and 1), and each bucket's
+    squared norm is taken before and after its allreduce.
     """
     grads: list[paddle.Tensor] = []
-    asked = False
+    summed = list(news)
     with paddle.no_grad():
         for parameter in parameters:
             if parameter.grad is None:
@@ -316,7 +319,12 @@ def averaging_gradients(
         )
         local_sqr: list[paddle.Tensor] = []
         global_sqr: list[paddle.Tensor] = []
-        extra = 4 if measuring else 1
+        riding = bool(cut) and cut[-1][0].dtype in MEASURED_DTYPES
+        extra = (len(news) if riding else 0) + (3 if measuring else 0)
+        if not riding:
+            alone = paddle.to_tensor(list(news), dtype=paddle.float32)
+            group.all_reduce(alone)
+            summed = [float(v) for v in alone.numpy()]
         for position, bucket in enumerate(cut):
             pieces = [g.reshape([-1]) for g in bucket]
             last = position == len(cut) - 1
@@ -325,15 +333,17 @@ def averaging_gradients(
                 local_sqr.append(paddle.dot(body, body))
                 pieces = [body]
             if last:
-                pieces.append(paddle.full([1], float(stopping), dtype=bucket[0].dtype))
+                if riding:
+                    pieces.append(paddle.to_tensor(list(news), dtype=bucket[0].dtype))
                 if measuring:
                     assert probe is not None
                     pieces.append(carried_scalars(probe, local_sqr, bucket[0].dtype))
             flat = pieces[0] if len(pieces) == 1 and measuring else paddle.concat(pieces)
             group.all_reduce(flat)
-            if last:
-                carried = flat[-extra:].numpy()
-                asked = bool(carried[0] > 0)
+            if last and extra:
+                carried = [float(v) for v in flat[-extra:].numpy()]
+                if riding:
+                    summed = carried[: len(news)]
                 flat = flat[:-extra]
             flat.scale_(scale)
             if measuring:
@@ -342,14 +352,15 @@ def averaging_gradients(
             for grad, part in zip(bucket, parts, strict=True):
                 grad.set_value(part.reshape(grad.shape))
         if measuring and probe is not None:
+            scalars = carried[-3:]
             probe.sample = NoiseSample(
-                local_sqr=float(carried[1]),
-                inverse_batch=float(carried[2]),
-                ranks=round(float(carried[3])),
+                local_sqr=scalars[0],
+                inverse_batch=scalars[1],
+                ranks=round(scalars[2]),
                 global_sqr=float(paddle.add_n(global_sqr).numpy().sum()),
                 batch=probe.batch,
             )
-    return asked
+    return summed
 
 
 def carried_scalars(probe: NoiseProbe, local_sqr: list[paddle.Tensor], dtype: Any) -> paddle.Tensor:

@@ -158,6 +158,7 @@ class ElasticSession(generations.Member):
         self.committer.flushing(self.contract.timeout_s)
         if self.generations_formed == 0 and self.step_count == 0:
             self.restoring()
+        self.deciding_batch(group.world_size)
         view = self.agent.client.reconcile(
             self.agent.worker_id, group.generation, self.step_count, list(self.applied)
         )
@@ -204,7 +205,8 @@ class ElasticSession(generations.Member):
                 if self.world_size >= 2
                 else None
             )
-            asked = averaging_gradients(self.group, self.parameters, self.agent.changed(), probe)
+            news = (1.0 if self.agent.changed() else 0.0, *self.proposing_batch())
+            stop, *decision = averaging_gradients(self.group, self.parameters, news, probe)
         except (RuntimeError, OSError, ValueError) as error:  # a peer died or went silent
             LOG.info("step %d failed (%s): re-forming", self.window.step, error)
             self.optimizer.clear_grad()
@@ -215,7 +217,8 @@ class ElasticSession(generations.Member):
         self.optimizer.clear_grad()
         self.step_count = self.window.step
         self.applied.append(self.window)
-        self.leaving_generation = asked
+        self.leaving_generation = stop > 0
+        self.adopting_batch(decision)
         if probe is not None and probe.sample is not None and self.noise.observing(probe.sample):
             self.committer.noise = self.noise.estimate() if self.group.rank == 0 else None
         if self.group.rank == 0:

@@ -16,16 +16,18 @@ from typing import TypeAlias
 
 import torch
 
-from trainer_runtime import batching
+from trainer_runtime import adaptive, batching
 
-#: A batch policy for a torch optimizer (`KeepGlobalBatch`, `ScaleBatch` or a job's own).
+#: A batch policy for a torch optimizer (`KeepGlobalBatch`, `ScaleBatch`, `AdaptiveBatch`
+#: or a job's own).
 BatchPolicy: TypeAlias = batching.BatchPolicy[torch.optim.Optimizer]
 
 
-@dataclass(slots=True)
-class ScaleBatch(batching.ScaleBatch[torch.optim.Optimizer]):
-    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
-    (`trainer_runtime.batching.ScaleBatch`), set on every parameter group."""
+class TorchRates:
+    """How a torch optimizer's rate is read and set, and its momentum compensated: the
+    three hooks every rate-following policy of this adapter shares."""
+
+    __slots__ = ()
 
     def read_lr(self, optimizer: torch.optim.Optimizer) -> float:
         return float(optimizer.param_groups[0]["lr"])
@@ -36,6 +38,18 @@ class ScaleBatch(batching.ScaleBatch[torch.optim.Optimizer]):
 
     def rescale_momentum(self, optimizer: torch.optim.Optimizer, factor: float) -> None:
         compensating_momentum(optimizer, factor)
+
+
+@dataclass(slots=True)
+class ScaleBatch(TorchRates, batching.ScaleBatch[torch.optim.Optimizer]):
+    """Each rank takes `per_worker` samples a step; the learning rate follows `rule`
+    (`trainer_runtime.batching.ScaleBatch`), set on every parameter group."""
+
+
+@dataclass(slots=True)
+class AdaptiveBatch(TorchRates, adaptive.AdaptiveBatch[torch.optim.Optimizer]):
+    """The batch with the most goodput, the rate by AdaScale or a rule
+    (`trainer_runtime.adaptive.AdaptiveBatch`), set on every parameter group."""
 
 
 def compensating_momentum(optimizer: torch.optim.Optimizer, factor: float) -> None:

@@ -44,6 +44,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import TensorDataset, default_collate
 
 from trainer_runtime import generations
+from trainer_runtime.adaptive import CARRIED
 from trainer_runtime.agent import Assignment
 from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.checkpoints import Keeper
@@ -102,9 +103,11 @@ class ElasticSession(generations.Member):
         self.world_size = 0
         self.generation = 0
         # The ranks' vote on leaving the generation: each step every rank adds whether it
-        # has seen a newer generation open (one element, summed over the group while the
-        # step runs); all of them leave at the boundary after a step whose sum is not 0.
-        self.vote = torch.zeros(1, device=self.device)
+        # has seen a newer generation open (summed over the group while the step runs);
+        # all of them leave at the boundary after a step whose sum is not 0. The vote also
+        # carries rank 0's re-decision of an adaptive batch (`generations.proposing_batch`),
+        # which every rank adopts at that boundary.
+        self.vote = torch.zeros(1 + CARRIED, device=self.device)
         self.voting: dist.Work | None = None
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
@@ -145,6 +148,7 @@ class ElasticSession(generations.Member):
             self.committer.flushing(self.contract.timeout_s)
             if self.generations_formed == 0 and self.step_count == 0:
                 self.restoring()
+            self.deciding_batch(self.world_size)
             view = self.agent.client.reconcile(
                 self.agent.worker_id, self.generation, self.step_count, list(self.applied)
             )
@@ -239,7 +243,8 @@ class ElasticSession(generations.Member):
             assert self.window is not None
             self.meter.arming(self.window.step)  # before the forward: who averages this step
             if self.world_size > 1:  # every rank votes at the same point of every step
-                self.vote.fill_(1.0 if self.agent.changed() else 0.0)
+                news = (1.0 if self.agent.changed() else 0.0, *self.proposing_batch())
+                self.vote.copy_(torch.tensor(news, dtype=self.vote.dtype))
                 self.voting = dist.all_reduce(self.vote, async_op=True)
             yield self.fetching(mine.ranges)
 
@@ -250,13 +255,16 @@ class ElasticSession(generations.Member):
         leave that peer in an allreduce until the collective's timeout)."""
         if self.world_size <= 1:
             self.leaving_generation = self.agent.changed()
+            self.adopting_batch(self.proposing_batch())
             return self.leaving_generation
         voting, self.voting = self.voting, None
         if voting is None:  # no step yet in this generation: vote first
             return False
         try:
             voting.wait()
-            self.leaving_generation = self.vote.item() > 0
+            stop, *decision = self.vote.tolist()
+            self.leaving_generation = stop > 0
+            self.adopting_batch(decision)
         except RuntimeError as error:  # the group failed: re-form it
             LOG.info("the vote on leaving failed (%s): re-forming", error)
             self.broken = True

@@ -1,0 +1,242 @@
+"""The adaptive batch policy and the one decision rule it shares with the simulator.
+
+Aspects:
+- the candidates stay within the job's bounds (global batch, micro-batch per GPU);
+- the rule takes the batch of the most goodput: the initial batch where a bigger batch only
+  costs, a bigger one where a step's fixed cost or its sync dominates and the noise is small;
+- the step-time fit recovers a model from its measurements;
+- the policy trains at its initial batch until it has measured noise and a step, then at
+  the rule's choice; a re-decision waits `decide_every_s` and takes only a material gain;
+- the rate follows AdaScale (the gain of the batch), or the square-root or linear rule,
+  ramped and momentum-compensated; a newcomer adopting rank 0's state runs the same rate;
+- a decision survives the float32 vote that carries it;
+- the simulator's model of adaptation and the runtime's policy, given the same measured
+  Pollux profile, choose the same batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from edl_gradients.goodput import (
+    BatchLimits,
+    StepMeasure,
+    StepTimes,
+    candidates,
+    choosing,
+    fitting,
+    gain,
+)
+from simulations.profiles import ProfileSpeed, load_application
+from simulations.traces import default_traces
+from trainer_runtime.adaptive import Decision, LrScaling
+from trainer_runtime.noise import NoiseEstimate
+from trainer_runtime.torch import AdaptiveBatch
+
+LIMITS = BatchLimits(init_batch=64, max_batch=4096, max_local=256, min_local=8)
+PROFILES = default_traces() / "pollux" / "traces"
+
+
+def test_candidates_stay_within_the_bounds() -> None:
+    for workers in (1, 2, 3, 7, 16):
+        pairs = candidates(LIMITS, workers)
+        batches = [local * steps * workers for local, steps in pairs]
+        assert batches == sorted(batches) and len(set(pairs)) == len(pairs)
+        assert batches[0] >= LIMITS.init_batch and batches[-1] <= LIMITS.max_batch
+        assert all(LIMITS.min_local <= local <= LIMITS.max_local for local, _ in pairs)
+        assert batches[-1] > LIMITS.max_batch * 0.9  # the grid reaches the top
+    with pytest.raises(ValueError, match="max_batch"):
+        BatchLimits(init_batch=64, max_batch=32, max_local=16)
+
+
+def test_a_batch_that_only_costs_is_not_taken_and_one_that_pays_is() -> None:
+    noisy = (1.0, 100.0)  # sqr, var: gain grows almost as the batch
+    quiet = (1.0, 0.01)  # a bigger batch is worth almost nothing more
+    proportional = StepTimes(fixed=0.0, per_sample=0.001, alpha=0.0, beta=0.0)
+    overhead = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
+
+    def decide(model: StepTimes, stats: tuple[float, float]) -> int:
+        choice = choosing(
+            LIMITS,
+            4,
+            lambda local, steps: model.step_time(4, local, steps),
+            lambda batch: gain(LIMITS.init_batch, *stats, batch),
+        )
+        return choice.global_batch
+
+    assert decide(proportional, quiet) == LIMITS.init_batch  # time grows, worth does not
+    assert decide(overhead, noisy) > 1000  # each step costs ~1.5 s whatever its size
+    assert decide(overhead, quiet) < decide(overhead, noisy)
+
+
+def test_the_step_time_fit_recovers_its_model() -> None:
+    truth = StepTimes(fixed=0.02, per_sample=0.001, alpha=0.03, beta=0.004)
+    shapes = [(1, 32, 1), (1, 64, 1), (2, 64, 1), (4, 128, 2), (4, 32, 1), (8, 64, 1)]
+    measures = [StepMeasure(w, b, k, truth.step_time(w, b, k)) for w, b, k in shapes]
+    model = fitting(measures)
+    assert model is not None
+    for w, b, k in [(4, 256, 1), (8, 128, 3), (1, 16, 1)]:
+        assert model.step_time(w, b, k) == pytest.approx(truth.step_time(w, b, k), rel=0.05)
+    assert fitting([]) is None
+
+
+def optimizer(lr: float = 0.1) -> torch.optim.SGD:
+    return torch.optim.SGD(nn.Linear(3, 1).parameters(), lr=lr, momentum=0.9)
+
+
+def noise(sqr: float, var: float, init_batch: int = 64) -> NoiseEstimate:
+    return NoiseEstimate(init_batch, sqr, var, steps=100)
+
+
+def policy(**options: object) -> AdaptiveBatch:
+    values: dict[str, object] = {
+        "initial_batch": 64,
+        "max_batch": 4096,
+        "max_local": 256,
+        "base_lr": 0.1,
+        "min_local": 8,
+    }
+    values.update(options)
+    return AdaptiveBatch(**values)  # type: ignore[arg-type]
+
+
+def measuring(p: AdaptiveBatch, world: int, model: StepTimes, *locals_: int) -> None:
+    """Feed rank 0's step times, as a session does: at the decision in force, then at
+    each of `locals_` per GPU (as if the job had run there) and back."""
+    before = p.decision(world)
+    for local in (before.local, *locals_):
+        p._decision, p._workers = Decision(local, 1, before.lr_factor), world
+        for _ in range(5):
+            p.observing(world, model.step_time(world, local, 1))
+    p._decision = before
+
+
+def test_the_policy_starts_at_its_initial_batch_and_decides_by_the_rule() -> None:
+    p = policy()
+    assert p.global_batch(4) == 64 and p.accumulation(4) == 1
+    overhead = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
+    quiet = noise(1.0, 50.0)
+    assert p.deciding(4, quiet, now=0.0) == p.decision(4)
+    assert p.global_batch(4) == 64  # no step measured yet
+    measuring(p, 4, overhead)
+    decided = p.deciding(4, quiet, now=1.0)
+    model = fitting(p.measured())
+    assert model is not None
+    expected = choosing(
+        p.limits,
+        4,
+        lambda local, steps: model.step_time(4, local, steps),
+        lambda batch: gain(64, 1.0, 50.0, batch),
+        [(16, 1)],
+    )
+    assert (decided.local, decided.accumulation) == (expected.local, expected.accumulation)
+    assert p.global_batch(4) == expected.global_batch > 64
+    assert decided.lr_factor == pytest.approx(gain(64, 1.0, 50.0, expected.global_batch))
+    # another size: the decision in force is for 4 workers, so 2 start at the initial batch
+    assert p.global_batch(2) == 64
+
+
+def test_a_re_decision_waits_its_interval_and_needs_a_material_gain() -> None:
+    p = policy(decide_every_s=30.0)
+    overhead = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
+    measuring(p, 4, overhead, 64)
+    p.deciding(4, noise(1.0, 50.0), now=0.0)
+    assert p.proposing(4, noise(1.0, 5000.0), now=10.0) is None  # too soon
+    proposal = p.proposing(4, noise(1.0, 5000.0), now=31.0)  # far noisier: bigger batch
+    assert proposal is not None
+    assert proposal.local * proposal.accumulation * 4 > p.global_batch(4)
+    assert p.global_batch(4) != proposal.local * proposal.accumulation * 4  # not yet adopted
+    p.adopting_decision(proposal)
+    assert p.decision(4) == proposal
+    # the same noise again: nothing material to gain
+    assert p.proposing(4, noise(1.0, 5000.0), now=62.0) is None
+
+
+@pytest.mark.parametrize(
+    ("scaling", "factor"),
+    [
+        (LrScaling.ADASCALE, lambda b: gain(64, 1.0, 50.0, b)),
+        (LrScaling.SQRT, lambda b: math.sqrt(b / 64)),
+        (LrScaling.LINEAR, lambda b: b / 64),
+    ],
+)
+def test_the_rate_follows_the_batch_by_its_rule(scaling: LrScaling, factor: object) -> None:
+    p = policy(lr=scaling)
+    overhead = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
+    measuring(p, 4, overhead)
+    chosen = p.deciding(4, noise(1.0, 50.0), now=0.0)
+    opt = optimizer()
+    p.adjusting(opt, 4)
+    batch = chosen.local * chosen.accumulation * 4
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1 * factor(batch))  # type: ignore[operator]
+
+
+def test_a_changed_rate_is_ramped_compensated_and_the_same_on_a_newcomer() -> None:
+    p = policy(warmup_steps=4)
+    opt = optimizer()
+    p.adjusting(opt, 4)  # the first rate: at once
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    for parameter in opt.param_groups[0]["params"]:
+        parameter.grad = torch.ones_like(parameter)
+    opt.step()
+    buffer = next(iter(opt.state.values()))["momentum_buffer"].clone()
+    p.adopting_decision(Decision(64, 2, 3.0))
+    p._workers = 4  # the decision is for this generation's size
+    p.adjusting(opt, 4)
+    first = opt.param_groups[0]["lr"]
+    assert first == pytest.approx(0.1 + (0.3 - 0.1) / 4)
+    moved = next(iter(opt.state.values()))["momentum_buffer"]
+    assert torch.allclose(moved * first, buffer * 0.1)
+    newcomer = policy(warmup_steps=4)
+    newcomer.adopting(p.shared_state())
+    other = optimizer(lr=first)
+    rates = []
+    for _ in range(4):
+        p.adjusting(opt, 4)
+        newcomer.adjusting(other, 4)
+        rates.append((opt.param_groups[0]["lr"], other.param_groups[0]["lr"]))
+    assert all(a == b for a, b in rates)
+    assert rates[-1][0] == pytest.approx(0.3)
+
+
+def test_a_decision_survives_the_float32_vote() -> None:
+    decision = Decision(96, 3, 2.718281828)
+    carried = torch.tensor([0.0, *decision.carried()], dtype=torch.float32)
+    summed = carried + torch.zeros_like(carried)  # the other ranks add 0
+    read = Decision.read(summed[1:].tolist())
+    assert read is not None and (read.local, read.accumulation) == (96, 3)
+    assert read.lr_factor == pytest.approx(decision.lr_factor, rel=1e-6)
+    assert Decision.read([0.0, 0.0, 0.0]) is None
+
+
+@pytest.mark.parametrize("name", ["cifar10", "imagenet", "bert"])
+def test_the_simulator_and_the_runtime_choose_the_same_batch(name: str) -> None:
+    """Drive the runtime's policy with what a job of a measured Pollux profile would
+    measure (its step times at a few batches on 4 GPUs of one node, its noise at the
+    initial batch at epoch 0) and compare its choice with the simulator's."""
+    app = load_application(PROFILES, name)
+    placement = (4,)
+    speed = ProfileSpeed(app, 0, adapt=True)
+    simulated = speed.measured(placement, 0.0)[1]  # the global batch the simulator runs
+    p = policy(
+        initial_batch=app.init_batch,
+        max_batch=app.max_batch,
+        max_local=app.max_local,
+        min_local=app.min_local,
+    )
+    sqr, var = app.grad_stats(simulated, 0)
+    start = max(app.min_local, app.init_batch // 4)  # the initial batch, then two larger
+    for local in (start, 2 * start, 4 * start):
+        p.adopting_decision(Decision(local, 1, 1.0))
+        p._workers = 4
+        for _ in range(3):
+            p.observing(4, app.accumulated_time(placement, local, 1))
+    chosen = p.best(4, NoiseEstimate(app.init_batch, sqr, var, 100))
+    runtime = chosen.local * chosen.accumulation * 4
+    # the same batch, to the grid's step (50 batches between the initial and the largest)
+    step = (app.max_batch / app.init_batch) ** (1 / 49)
+    assert simulated / step <= runtime <= simulated * step, (simulated, runtime)
