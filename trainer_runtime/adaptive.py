@@ -24,9 +24,10 @@ changed batch is only a differently sized step window: the ledger commits window
 batches, so exactly-once holds whatever the batch does.
 
 Until the job has measured its noise (which needs two ranks) or a step, it trains at its
-initial batch, split over the workers; a re-decision is adopted only when it predicts at
-least `min_speedup` more goodput, or moves AdaScale's rate as much, so that noise in the
-estimate does not swing the batch.
+initial batch, split over the workers, and looks again every `UNINFORMED_RECHECK_S`; once
+informed, a re-decision is adopted only when it predicts at least `min_speedup` more
+goodput, or moves AdaScale's rate as much, so that noise in the estimate does not swing
+the batch.
 
 What must stay true: the batch and rate are a pure function of the shared state and the
 world size; only rank 0 decides (`deciding`, `proposing`) and measures (`observing`);
@@ -58,6 +59,10 @@ from trainer_runtime.noise import NoiseEstimate
 #: How often rank 0 may re-decide inside a generation, and the predicted gain it takes.
 DECIDE_EVERY_S = 30.0
 MIN_SPEEDUP = 1.05
+#: A decision made without noise or step times is looked at again this soon, so the first
+#: informed one does not wait `decide_every_s`; noise of fewer measured steps is not used.
+UNINFORMED_RECHECK_S = 1.0
+MIN_NOISE_STEPS = 8
 #: Step-time measurements kept (one per shape: workers, per-GPU batch, accumulation).
 MEASURES_KEPT = 32
 #: The weight of a new step time in its shape's smoothed time.
@@ -202,8 +207,15 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     def deciding(self, world_size: int, noise: NoiseEstimate | None, now: float) -> Decision:
         """Rank 0, as a generation forms: decide for its size (sent with the state)."""
         self._decision, self._workers = self.best(world_size, noise), world_size
-        self._decided_at = now
+        self.decided(now, noise)
         return self._decision
+
+    def decided(self, now: float, noise: NoiseEstimate | None) -> None:
+        """When the next re-decision may come: `decide_every_s` after an informed one,
+        soon after one made without noise or step times."""
+        informed = usable(noise) is not None and fitting(self.measured()) is not None
+        wait = self.decide_every_s if informed else min(UNINFORMED_RECHECK_S, self.decide_every_s)
+        self._decided_at = now - self.decide_every_s + wait
 
     def proposing(
         self, world_size: int, noise: NoiseEstimate | None, now: float
@@ -212,7 +224,8 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         since the last, or not `min_speedup` better)."""
         if now - self._decided_at < self.decide_every_s:
             return None
-        self._decided_at = now
+        self.decided(now, noise)
+        noise = usable(noise)
         current = self.decision(world_size)
         best = self.best(world_size, noise)
         if (best.local, best.accumulation) == (current.local, current.accumulation):
@@ -229,6 +242,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     def best(self, world_size: int, noise: NoiseEstimate | None) -> Decision:
         """The decision with the most goodput at `world_size` by this job's measurements,
         or the initial batch where it has measured no noise or no step yet."""
+        noise = usable(noise)
         initial = self.decision(world_size) if self._workers == world_size else None
         fitted = fitting(self.measured())
         if noise is None or fitted is None:
@@ -284,3 +298,8 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         self._measures = {
             (int(w), int(local), int(steps)): float(s) for w, local, steps, s in state["measures"]
         }
+
+
+def usable(noise: NoiseEstimate | None) -> NoiseEstimate | None:
+    """The estimate, once it rests on `MIN_NOISE_STEPS` measured steps."""
+    return noise if noise is not None and noise.steps >= MIN_NOISE_STEPS else None

@@ -156,6 +156,18 @@ def test_a_re_decision_waits_its_interval_and_needs_a_material_gain() -> None:
     assert p.proposing(4, noise(1.0, 5000.0), now=62.0) is None
 
 
+def test_an_uninformed_decision_is_looked_at_again_soon() -> None:
+    p = policy(decide_every_s=30.0)
+    overhead = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
+    measuring(p, 4, overhead, 64)
+    few = NoiseEstimate(64, 1.0, 5000.0, steps=3)  # too few measured steps to go by
+    assert p.deciding(4, few, now=0.0) == p.decision(4) and p.global_batch(4) == 64
+    assert p.proposing(4, few, now=0.5) is None
+    assert p.proposing(4, few, now=1.5) is None  # looked at again: still uninformed
+    proposal = p.proposing(4, noise(1.0, 5000.0), now=3.0)  # informed now: no 30 s wait
+    assert proposal is not None and proposal.local > 16
+
+
 @pytest.mark.parametrize(
     ("scaling", "factor"),
     [
