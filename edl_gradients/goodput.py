@@ -104,13 +104,18 @@ def shaping(per_gpu: float, limits: BatchLimits) -> tuple[int, int]:
     return min(local, limits.max_local), accumulation
 
 
-def candidates(limits: BatchLimits, workers: int) -> list[tuple[int, int]]:
+def candidates(
+    limits: BatchLimits, workers: int, within: tuple[float, float] | None = None
+) -> list[tuple[int, int]]:
     """(per-GPU batch, accumulation) pairs to choose among at ``workers`` GPUs, smallest
-    global batch first (see the module docstring)."""
+    global batch first (see the module docstring); ``within``: global batches in that
+    range only (as far as the limits allow)."""
     if workers < 1:
         raise ValueError(f"workers is {workers}: a batch is chosen for >= 1 GPU")
-    low = max(limits.init_batch, limits.min_local * workers)
-    high = max(low, limits.max_batch)
+    low = float(max(limits.init_batch, limits.min_local * workers))
+    high = max(low, float(limits.max_batch))
+    if within is not None:
+        low, high = min(max(low, within[0]), high), max(min(high, within[1]), low)
     count = CANDIDATES if high > low else 1
     seen: dict[tuple[int, int], None] = {}
     for index in range(count):
@@ -127,12 +132,14 @@ def choosing(
     step_time: Callable[[int, int], float],
     gain_at: Callable[[float], float],
     also: Iterable[tuple[int, int]] = (),
+    within: tuple[float, float] | None = None,
 ) -> BatchChoice:
     """The candidate (and any of ``also``) with the most goodput: ``step_time(local,
-    accumulation)`` in seconds, ``gain_at(global batch)`` as `gain`. Ties go to the smaller
-    global batch (the first met)."""
+    accumulation)`` in seconds, ``gain_at(global batch)`` as `gain`; ``within`` narrows the
+    candidates' global batches (see `candidates`). Ties go to the smaller global batch
+    (the first met)."""
     best: BatchChoice | None = None
-    for local, accumulation in [*candidates(limits, workers), *also]:
+    for local, accumulation in [*candidates(limits, workers, within), *also]:
         seconds = step_time(local, accumulation)
         if not seconds > 0:
             continue
@@ -198,10 +205,13 @@ class MeasuredSteps:
         return one + (accumulation - 1) * max(one - sync, 0.0)
 
 
-#: The prior, relative to one micro-batch at the first measured size: most of compute
-#: grows with the batch, a tenth does not; synchronization costs a twentieth and a little
-#: more per extra worker (the planner's prior in spirit). Pulled toward with `RIDGE`.
-PRIOR = (0.1, 0.9, 0.05, 0.005)
+#: The prior, relative to one micro-batch at the first measured size: half of compute is
+#: fixed and half grows with the batch (what AdaptDL assumes while it has measured one
+#: batch size only: a device is seldom full at the first batch, and a prior that made
+#: compute all per-sample kept a job at its first batch, since a larger one looked as slow
+#: per sample and was never tried); synchronization costs a twentieth and a little more
+#: per extra worker (the planner's prior in spirit). Pulled toward with `RIDGE`.
+PRIOR = (0.5, 0.5, 0.05, 0.005)
 RIDGE = 0.05
 
 

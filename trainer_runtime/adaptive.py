@@ -4,8 +4,8 @@
 ```
 policy = AdaptiveBatch(initial_batch=128, max_batch=4096, max_local=256, base_lr=0.1)
 ```
-At every generation's formation, and then at most once per `decide_every_s` while the
-generation trains, rank 0 asks the one decision rule (`edl_gradients.goodput.choosing`)
+At every generation's formation, and then each time its gradient-noise estimate has news
+while the generation trains, rank 0 asks the one decision rule (`edl_gradients.goodput.choosing`)
 for the per-GPU batch and the accumulation steps that maximize throughput times
 statistical efficiency, from this job's own measurements: the step times it ran at (as
 measured between measured batches, fitted by `edl_gradients.goodput.fitting` elsewhere:
@@ -23,11 +23,12 @@ every rank of a generation runs the same batch and the same rate at every step, 
 changed batch is only a differently sized step window: the ledger commits windows, not
 batches, so exactly-once holds whatever the batch does.
 
-Until the job has measured its noise (which needs two ranks) or a step, it trains at its
-initial batch, split over the workers, and looks again every `UNINFORMED_RECHECK_S`; once
-informed, a re-decision is adopted only when it predicts at least `min_speedup` more
-goodput, or moves AdaScale's rate as much, so that noise in the estimate does not swing
-the batch.
+Until the job has measured its noise (which needs two ranks) on `MIN_NOISE_STEPS` steps,
+and a step time, it trains at its initial batch, split over the workers. Then a decision
+moves the global batch by at most `MAX_CHANGE` either way, and one inside a generation is
+adopted only when it predicts at least `min_speedup` more goodput, or moves AdaScale's rate
+as much: noise in the estimate neither swings the batch nor the rate far, and a job whose
+estimate holds grows its batch step by step, measuring each.
 
 What must stay true: the batch and rate are a pure function of the shared state and the
 world size; only rank 0 decides (`deciding`, `proposing`) and measures (`observing`);
@@ -56,13 +57,19 @@ from edl_gradients.goodput import (
 from trainer_runtime.batching import OptimizerT, ramped_lr, setting_lr
 from trainer_runtime.noise import NoiseEstimate
 
-#: How often rank 0 may re-decide inside a generation, and the predicted gain it takes.
-DECIDE_EVERY_S = 30.0
+#: When rank 0 may re-decide inside a generation: once the noise estimate rests on this
+#: many more measured steps than at the last decision (its news: a step-count, so a fast
+#: job re-decides in seconds and a slow one in minutes), the batch in force was timed this
+#: often, and at least `DECIDE_EVERY_S` after the last; the predicted gain it takes.
+NOISE_STEPS_PER_DECISION = 32
+TIMED_STEPS = 4
+DECIDE_EVERY_S = 2.0
 MIN_SPEEDUP = 1.05
-#: A decision made without noise or step times is looked at again this soon, so the first
-#: informed one does not wait `decide_every_s`; noise of fewer measured steps is not used.
-UNINFORMED_RECHECK_S = 1.0
-MIN_NOISE_STEPS = 8
+#: Noise resting on fewer measured steps, or with no signal left (|G|^2 = 0, which makes
+#: every batch look free), is not used.
+MIN_NOISE_STEPS = 32
+#: One decision changes the global batch by at most this factor either way.
+MAX_CHANGE = 2.0
 #: Step-time measurements kept (one per shape: workers, per-GPU batch, accumulation).
 MEASURES_KEPT = 32
 #: The weight of a new step time in its shape's smoothed time.
@@ -122,8 +129,11 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     _from_lr: float = field(default=0.0, init=False)
     _since_change: int = field(default=0, init=False)
     _measures: dict[tuple[int, int, int], float] = field(default_factory=dict, init=False)
-    # rank 0's own
+    # rank 0's own: when it last decided, on how many measured noise steps, and how many
+    # steps it timed at the batch in force since
     _decided_at: float = field(default=-math.inf, init=False)
+    _noise_steps: int = field(default=0, init=False)
+    _timed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         BatchLimits(self.initial_batch, self.max_batch, self.max_local, self.min_local)
@@ -188,7 +198,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     def adopting_decision(self, decision: Decision) -> None:
         """Every rank, at the same step boundary: take the decision a step's vote carried
         (for the world the current one is for)."""
-        self._decision = decision
+        self._decision, self._timed = decision, 0
 
     # ----- rank 0 -----
 
@@ -203,62 +213,78 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         self._measures[key] = smoothed  # the newest last
         while len(self._measures) > MEASURES_KEPT:
             del self._measures[next(iter(self._measures))]
+        self._timed += 1
 
     def deciding(self, world_size: int, noise: NoiseEstimate | None, now: float) -> Decision:
         """Rank 0, as a generation forms: decide for its size (sent with the state)."""
         self._decision, self._workers = self.best(world_size, noise), world_size
-        self.decided(now, noise)
+        self.decided(now, usable(noise))
         return self._decision
 
     def decided(self, now: float, noise: NoiseEstimate | None) -> None:
-        """When the next re-decision may come: `decide_every_s` after an informed one,
-        soon after one made without noise or step times."""
-        informed = usable(noise) is not None and fitting(self.measured()) is not None
-        wait = self.decide_every_s if informed else min(UNINFORMED_RECHECK_S, self.decide_every_s)
-        self._decided_at = now - self.decide_every_s + wait
+        """Start the wait for the next re-decision (see `proposing`)."""
+        self._decided_at, self._timed = now, 0
+        self._noise_steps = noise.steps if noise is not None else 0
 
     def proposing(
         self, world_size: int, noise: NoiseEstimate | None, now: float
     ) -> Decision | None:
-        """Rank 0, at a step boundary: a new decision worth adopting, or None (too soon
-        since the last, or not `min_speedup` better)."""
-        if now - self._decided_at < self.decide_every_s:
+        """Rank 0, at a step boundary: a new decision worth adopting, or None. One is
+        looked for only once the noise estimate rests on `NOISE_STEPS_PER_DECISION` more
+        measured steps than at the last decision, the batch in force was timed
+        `TIMED_STEPS` times, and `decide_every_s` passed; it is taken only if it predicts
+        `min_speedup` more goodput (or moves AdaScale's rate as much)."""
+        informed = usable(noise)
+        if (
+            informed is None
+            or now - self._decided_at < self.decide_every_s
+            or informed.steps < self._noise_steps + NOISE_STEPS_PER_DECISION
+            or self._timed < TIMED_STEPS
+        ):
             return None
-        self.decided(now, noise)
-        noise = usable(noise)
+        self.decided(now, informed)
         current = self.decision(world_size)
-        best = self.best(world_size, noise)
+        best = self.best(world_size, informed)
         if (best.local, best.accumulation) == (current.local, current.accumulation):
             moved = abs(math.log(best.lr_factor / current.lr_factor))
             return best if moved >= math.log(self.min_speedup) else None
         fitted = fitting(self.measured())
-        if fitted is None or noise is None:
+        if fitted is None:
             return None
         model = MeasuredSteps(fitted, tuple(self.measured()))
-        before = self.goodput(model, noise, world_size, current)
-        after = self.goodput(model, noise, world_size, best)
+        before = self.goodput(model, informed, world_size, current)
+        after = self.goodput(model, informed, world_size, best)
         return best if after >= self.min_speedup * before else None
 
     def best(self, world_size: int, noise: NoiseEstimate | None) -> Decision:
         """The decision with the most goodput at `world_size` by this job's measurements,
-        or the initial batch where it has measured no noise or no step yet."""
-        noise = usable(noise)
-        initial = self.decision(world_size) if self._workers == world_size else None
+        within a factor `MAX_CHANGE` of the global batch in force (so that one noisy
+        estimate cannot swing the batch, and the rate, far); the initial batch where the
+        job has measured no usable noise or no step yet."""
+        informed = usable(noise)
         fitted = fitting(self.measured())
-        if noise is None or fitted is None:
+        if informed is None or fitted is None:
             local, accumulation = shaping(self.initial_batch / world_size, self.limits)
             return Decision(local, accumulation, self.lr_factor(local * accumulation * world_size))
-        estimate, model = noise, MeasuredSteps(fitted, tuple(self.measured()))
-        also = [(initial.local, initial.accumulation)] if initial is not None else []
+        model = MeasuredSteps(fitted, tuple(self.measured()))
+        before = self._decision
+        also: list[tuple[int, int]] = []
+        within = None
+        if before is not None and self._workers > 0:
+            in_force = before.local * before.accumulation * self._workers
+            within = (in_force / MAX_CHANGE, in_force * MAX_CHANGE)
+            if self._workers == world_size:
+                also.append((before.local, before.accumulation))
         choice = choosing(
             self.limits,
             world_size,
             lambda local, steps: model.step_time(world_size, local, steps),
-            lambda batch: gain(estimate.init_batch, estimate.grad_sqr, estimate.grad_var, batch),
+            lambda batch: gain(informed.init_batch, informed.grad_sqr, informed.grad_var, batch),
             also,
+            within,
         )
         return Decision(
-            choice.local, choice.accumulation, self.lr_factor(choice.global_batch, noise)
+            choice.local, choice.accumulation, self.lr_factor(choice.global_batch, informed)
         )
 
     def goodput(
@@ -301,5 +327,8 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
 
 
 def usable(noise: NoiseEstimate | None) -> NoiseEstimate | None:
-    """The estimate, once it rests on `MIN_NOISE_STEPS` measured steps."""
-    return noise if noise is not None and noise.steps >= MIN_NOISE_STEPS else None
+    """The estimate, once it rests on `MIN_NOISE_STEPS` measured steps and still shows a
+    gradient (|G|^2 > 0)."""
+    if noise is None or noise.steps < MIN_NOISE_STEPS or not noise.grad_sqr > 0:
+        return None
+    return noise

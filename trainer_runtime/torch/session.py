@@ -148,16 +148,13 @@ class ElasticSession(generations.Member):
             self.committer.flushing(self.contract.timeout_s)
             if self.generations_formed == 0 and self.step_count == 0:
                 self.restoring()
+            noise = self.noise_state()  # folded first: the decision goes by all of it
             self.deciding_batch(self.world_size)
             view = self.agent.client.reconcile(
                 self.agent.worker_id, self.generation, self.step_count, list(self.applied)
             )
             extra = generations.handover(
-                self.step_count,
-                view,
-                self.policy.shared_state(),
-                self.noise_state(),
-                self.applied,
+                self.step_count, view, self.policy.shared_state(), noise, self.applied
             )
         sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
