@@ -213,6 +213,9 @@ def test_accumulation_matches_a_fixed_size_run_through_a_sigkill(cluster: Cluste
     cluster.killing("w1")  # 2 -> 1
     assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")[-3000:]
     assert json.loads((out / "w0.json").read_text())["worlds"] == [1, 2]
+    noise = client.progress().noise  # measured over each rank's whole slice, at two ranks
+    assert noise.init_batch == batch and noise.steps >= 1, noise
+    assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
     matching_reference(out, ("w0",), (samples, epochs, batch), rtol=1e-9, atol=1e-10)
 
 
