@@ -4,7 +4,10 @@ framework.
 A job chooses one policy:
 - `KeepGlobalBatch(B)`: every step consumes B samples, whatever the world size; each rank
   takes its slice of the step's window, so the sample sequence and, within float tolerance,
-  the trained parameters are those of a fixed-size run.
+  the trained parameters are those of a fixed-size run. With `max_local=M`, a rank whose
+  slice holds more than M samples runs it as several micro-batches of at most M and
+  accumulates their gradients before the step's one optimizer step (`accumulation`), so
+  that a global batch too large for the ranks' devices stays exact as the job shrinks.
 - `ScaleBatch(per_worker, base_lr, ...)`: the global batch is `per_worker * world_size`;
   the learning rate follows the linear scaling rule (`base_lr * world / base_workers`) or
   the square-root rule (`base_lr * sqrt(world / base_workers)`, `rule=LrRule.SQRT`),
@@ -17,7 +20,9 @@ This module holds the rules and imports no framework: `ScaleBatch` leaves three 
 each framework's subclass (`trainer_runtime.torch.batching`, `trainer_runtime.paddle.batching`):
 how to read the optimizer's rate, how to set it, and how to rescale its momentum.
 
-What must stay true: the batch size is a pure function of the world size; a policy touches
+What must stay true: the batch size and the number of micro-batches (`accumulation`) are
+pure functions of the policy's state and the world size, so every rank of a generation
+cuts the same windows and runs the same number of backward passes; a policy touches
 only the optimizer's learning rate and momentum; every rank of a generation holds the same
 policy state (rank 0 sends `shared_state()` with the model, every rank `adopting` it), so a
 newcomer ramps the rate exactly as the survivors do. The frameworks differ only in the
@@ -40,6 +45,10 @@ OptimizerT_contra = TypeVar("OptimizerT_contra", contravariant=True)
 class BatchPolicy(Protocol[OptimizerT_contra]):
     def global_batch(self, world_size: int) -> int: ...
 
+    def accumulation(self, world_size: int) -> int:
+        """How many micro-batches each rank runs per optimizer step (1: none). Every rank
+        of a generation must compute the same number."""
+
     def adjusting(self, optimizer: OptimizerT_contra, world_size: int) -> None:
         """Called before every optimizer step."""
 
@@ -60,16 +69,32 @@ class LrRule(enum.Enum):
 @dataclass(slots=True)
 class KeepGlobalBatch:
     """Every step consumes `samples` samples, split among the ranks. It never touches the
-    optimizer, so one class serves every framework."""
+    optimizer, so one class serves every framework.
+
+    `max_local`: the most samples one rank holds at once (None: no limit). A rank's slice
+    of ceil(samples / world_size) samples then runs as ceil(slice / max_local) micro-batches
+    whose gradients add up before the optimizer steps once."""
 
     samples: int
+    max_local: int | None = None
 
     def __post_init__(self) -> None:
         if self.samples <= 0:
             raise ValueError("KeepGlobalBatch.samples: the global batch holds at least one sample")
+        if self.max_local is not None and self.max_local < 1:
+            raise ValueError(
+                f"KeepGlobalBatch.max_local: a rank holds at least one sample at once "
+                f"(got {self.max_local}; None for no limit)"
+            )
 
     def global_batch(self, world_size: int) -> int:
         return self.samples
+
+    def accumulation(self, world_size: int) -> int:
+        if self.max_local is None:
+            return 1
+        largest_slice = -(-self.samples // max(1, world_size))
+        return -(-largest_slice // self.max_local)
 
     def adjusting(self, optimizer: object, world_size: int) -> None:
         return None
@@ -123,6 +148,9 @@ class ScaleBatch(abc.ABC, Generic[OptimizerT]):
 
     def global_batch(self, world_size: int) -> int:
         return self.per_worker * world_size
+
+    def accumulation(self, world_size: int) -> int:
+        return 1
 
     def target_lr(self, world_size: int) -> float:
         ratio = world_size / self.base_workers

@@ -1,7 +1,7 @@
 """What every data-parallel session does the same way, whatever its framework: keep the
 same state (its entry and exit are `lifecycle.WorkerSession`'s), join the next generation
 (and retry a failed formation), wait for news of a generation, hand rank 0's ledger
-position to a new generation, and cut a rank's slice of a step.
+position to a new generation, and cut a rank's slice of a step into its micro-batches.
 
 The PyTorch and Paddle sessions (`trainer_runtime.torch.session`,
 `trainer_runtime.paddle.session`) differ in how they form a group, average gradients and
@@ -13,8 +13,12 @@ What must stay true: every rank of a generation adopts the same state (the one r
 sent), so all of them walk the same windows from the same step, and keep the same record of
 the windows that led to that state (what a later rank 0 reconciles a coordinator with,
 should one be replaced from a state older than them: ``coordinator/recovering.py``); a
-rank's slice is the one `sharding.slice_of` cuts, and a rank whose slice is empty still
-takes part in the step through one stand-in sample that weighs nothing; a wait for news is
+rank's slice is the one `sharding.slice_of` cuts, run as the batch policy's
+`accumulation(world_size)` consecutive micro-batches (the same number on every rank, so
+that every rank synchronizes at its last one); a micro-batch with no sample of its own (a
+rank's empty slice, or more micro-batches than the slice has samples) is one stand-in sample
+that weighs nothing, so the rank still takes part in the step; a window is still one
+optimizer step, applied and committed after its last micro-batch; a wait for news is
 bounded, and so are the attempts at forming a generation.
 """
 
@@ -37,7 +41,15 @@ from trainer_runtime.committing import AHEAD_WINDOWS, WINDOWS_KEPT, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.noise import NoiseEstimator
-from trainer_runtime.sharding import DatasetPlan, SampleRange, StepWindow, Walk, counting, slice_of
+from trainer_runtime.sharding import (
+    DatasetPlan,
+    SampleRange,
+    StepWindow,
+    Walk,
+    counting,
+    slice_of,
+    splitting_among,
+)
 
 #: How long a worker whose step or formation failed waits for the coordinator's news of a
 #: newer generation (at most a quarter of its timeout), and how often it looks.
@@ -101,8 +113,11 @@ class Member(WorkerSession):
         self.applied: deque[StepWindow] = deque(maxlen=WINDOWS_KEPT)
         self.walk: Walk | None = None
         self.window: StepWindow | None = None  # the step's window
-        self.local_samples = 0  # of the step's window, this rank's own
+        self.local_samples = 0  # of the step's window, this rank's own (all its micro-batches)
         self.window_size = 0  # samples of the step's window
+        self.micro_samples = 0  # of this micro-batch, this rank's own (0: a stand-in)
+        self.micro_batch = 0  # which micro-batch of the step this is, from 0
+        self.micro_batches = 1  # this step's micro-batches on every rank
         self.stepped = True
         self.broken = True  # no group, or a failed one: re-form at the next boundary
         self.leaving_generation = False
@@ -196,12 +211,18 @@ class Member(WorkerSession):
         framework's session stops on it (nothing by default)."""
         return None
 
+    @property
+    def last_micro_batch(self) -> bool:
+        """Whether this micro-batch closes the step: the one whose `s.step` synchronizes
+        the gradients, applies the optimizer and commits the window."""
+        return self.micro_batch == self.micro_batches - 1
+
     def walking(self) -> Iterator[RankSlice]:
-        """This rank's slice of every step's window, until the job ends or the worker is
-        drained; the session fetches each slice's samples and steps on them."""
+        """This rank's micro-batches of every step's window, until the job ends or the
+        worker is drained; the session fetches each one's samples and steps on them. A
+        step broken on any micro-batch skips the rest of its window: the group re-forms and
+        walks again from the step rank 0's state reached."""
         while True:
-            if not self.stepped:
-                raise RuntimeError("call s.step(loss) once for every batch")
             if self.leaving_at_boundary() and not self.reforming():
                 return
             self.checking_commits()
@@ -213,13 +234,18 @@ class Member(WorkerSession):
                 if self.finishing():
                     return
                 continue
-            # an empty slice is one stand-in sample whose loss weighs nothing, so that this
-            # rank still takes part in the step's allreduce
-            mine = slicing(window, world_size, rank)
-            self.window, self.window_size = window, mine.window_size
-            self.local_samples = mine.samples
-            self.stepped = False
-            yield mine
+            parts = micro_slicing(window, world_size, rank, self.policy.accumulation(world_size))
+            self.window, self.window_size = window, parts[0].window_size
+            self.local_samples = sum(part.samples for part in parts)
+            self.micro_batches = len(parts)
+            for self.micro_batch, part in enumerate(parts):
+                self.micro_samples = part.samples
+                self.stepped = False
+                yield part
+                if not self.stepped:
+                    raise RuntimeError("call s.step(loss) once for every batch")
+                if self.broken:
+                    break
 
     def asked_to_leave(self) -> bool:
         """Whether this worker knows its generation is over without asking: this rank or
@@ -361,9 +387,9 @@ def noise_state(noise: NoiseEstimator, policy: BatchPolicy[Any], world_size: int
 
 @dataclass(frozen=True, slots=True)
 class RankSlice:
-    """One rank's part of a step's window."""
+    """One rank's part of a step's window, or of its slice: one micro-batch."""
 
-    #: What the rank fetches: its slice, or one stand-in sample when its slice is empty.
+    #: What the rank fetches: its samples, or one stand-in sample when it has none.
     ranges: list[SampleRange]
     #: How many of the window's samples are really its own (0: the stand-in weighs nothing).
     samples: int
@@ -375,7 +401,22 @@ def slicing(window: StepWindow, world_size: int, rank: int) -> RankSlice:
     """Rank `rank`'s slice of `window` among `world_size` ranks. With more ranks than samples
     in the step, an empty slice becomes one stand-in sample whose loss is weighted 0, so that
     the rank still takes part in the step's allreduce."""
+    return standing_in(window, slice_of(window.ranges, world_size, rank))
+
+
+def micro_slicing(window: StepWindow, world_size: int, rank: int, parts: int) -> list[RankSlice]:
+    """Rank `rank`'s slice of `window` cut into `parts` consecutive micro-batches (sizes
+    within one of each other); an empty one is a stand-in sample weighted 0, as in
+    `slicing`, so that every rank runs `parts` backward passes and the same collectives."""
+    if parts == 1:  # the hot path without accumulation: nothing more is cut
+        return [slicing(window, world_size, rank)]
     mine = slice_of(window.ranges, world_size, rank)
+    return [standing_in(window, part) for part in splitting_among(mine, parts)]
+
+
+def standing_in(window: StepWindow, mine: list[SampleRange]) -> RankSlice:
+    """`mine` as a rank's part of `window`: one stand-in sample, the window's first, if
+    it is empty."""
     samples = counting(mine)
     if samples == 0:
         first = window.ranges[0].start

@@ -7,6 +7,9 @@ job `c` must equal the number of epochs everywhere, whatever resizes and failure
 `--kind mlp`: a small float64 MLP, for the fixed-global-batch equivalence tests and the
 benchmarks. Each framework's script builds the model, the optimizer and the data; the loop,
 the trace and the summary are written here once, so the two frameworks are tested alike.
+`--max-local N`: `KeepGlobalBatch(global_batch, max_local=N)`, so that each rank runs its
+slice of a step as micro-batches of at most N samples (gradient accumulation); the loop is
+the same, one `s.step` per batch, and `--step-sleep-s` paces optimizer steps, not batches.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from trainer_runtime.batching import KeepGlobalBatch
+
 
 def arguments() -> argparse.ArgumentParser:
     """The options every worker takes (a framework's script may add its own)."""
@@ -25,6 +30,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kind", choices=["ledger", "mlp"], required=True)
     parser.add_argument("--samples", type=int, required=True)
     parser.add_argument("--global-batch", type=int, default=8)
+    parser.add_argument(
+        "--max-local", type=int, help="the most samples a rank holds at once (accumulation)"
+    )
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
@@ -33,15 +41,21 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
+def policy(args: argparse.Namespace) -> KeepGlobalBatch:
+    """The job's batch policy: the global batch, kept through resizes."""
+    return KeepGlobalBatch(args.global_batch, max_local=args.max_local)
+
+
 def training(
     s: Any,
     args: argparse.Namespace,
     cross_entropy: Callable[[Any, Any], Any],
     trace: TextIO | None,
 ) -> dict[str, Any]:
-    """Train through session `s` until the job ends or the worker is drained; what it did.
-    The ledger's loss is `-window_size * c[i]` averaged over the rank's batch, so that the
-    session's averaging over the step's window leaves a gradient of exactly -1 per sample."""
+    """Train through session `s` until the job ends or the worker is drained; what it did
+    (`steps`: the batches it stepped on, micro-batches included). The ledger's loss is
+    `-window_size * c[i]` averaged over the rank's batch, so that the session's averaging
+    over the step's window leaves a gradient of exactly -1 per sample."""
     worker = os.environ["EDL_WORKER_ID"]
     steps = 0
     worlds: set[int] = set()
@@ -60,7 +74,7 @@ def training(
         if trace:
             trace.write(f"step {time.time()} g{s.generation} {s.world_size} {os.getpid()}\n")
         if args.step_sleep_s:
-            time.sleep(args.step_sleep_s)
+            time.sleep(args.step_sleep_s / s.micro_batches)
     return {
         "steps": steps,
         "step": s.step_count,

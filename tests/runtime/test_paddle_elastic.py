@@ -8,6 +8,9 @@ Aspects:
 - with a fixed global batch, the final parameters of every survivor equal those of a
   fixed-size, one-process Paddle run over the same sample sequence, through a join and a
   SIGKILL (Momentum state included: it is handed to the newcomer);
+- with gradient accumulation (`--max-local`: 2 to 4 micro-batches a step), through a
+  SIGKILL, the ledger is still exact, and an MLP ends with the parameters of the
+  fixed-size run, within the same tolerance;
 - that job reports its gradient statistics (initial batch, positive variance) in its
   progress, the allreduce that carries them leaving the parameters exact;
 - bad input: an unreachable coordinator is a clear error within the timeout; a policy
@@ -164,6 +167,56 @@ def matching_reference(
         assert sorted(final.files) == sorted(expected)
         for key, value in expected.items():
             np.testing.assert_allclose(final[key], value, rtol=rtol, atol=atol)
+
+
+def all_at_once(samples: int, epochs: int) -> list[str]:
+    """A coordinator whose first generation waits for `set_target`'s workers, however
+    long their imports take."""
+    return [*coordinator_args(samples, epochs), "--join-window-s", str(STARTUP_S)]
+
+
+@pytest.mark.slow
+def test_accumulation_keeps_the_ledger_exact_through_a_sigkill(cluster: Cluster) -> None:
+    samples, epochs = 200, 2  # 8 a step, at most 2 a rank at once: 2 micro-batches, then 4
+    cluster.starting_coordinator(*all_at_once(samples, epochs))
+    client = cluster.client()
+    client.set_target(2)
+    out = cluster.root / "out"
+    args = [*job_args("ledger", samples, out, batch=8, sleep_s=0.05), "--max-local", "2"]
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: client.progress().committed_step >= 5, STARTUP_S, "first steps")
+    assert not client.progress().finished, "the SIGKILL should land mid-job"
+    cluster.killing("w1")  # 2 -> 1, most likely between two micro-batches of a step
+    assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")[-3000:]
+    assert client.progress().finished
+    np.testing.assert_array_equal(
+        np.load(out / "w0.npz")["counts"], np.full(samples, float(epochs))
+    )
+    assert json.loads((out / "w0.json").read_text())["worlds"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_accumulation_matches_a_fixed_size_run_through_a_sigkill(cluster: Cluster) -> None:
+    samples, epochs, batch = 360, 1, 12  # at most 3 a rank at once: 2, then 4 micro-batches
+    cluster.starting_coordinator(*all_at_once(samples, epochs))
+    client = cluster.client()
+    client.set_target(2)
+    out = cluster.root / "out"
+    args = [*job_args("mlp", samples, out, batch=batch, sleep_s=0.1), "--max-local", "3"]
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    # ten steps at two ranks, each averaged (noise probe and vote included) once, after
+    # the last micro-batch
+    waiting_for(lambda: client.progress().committed_step >= 10, STARTUP_S, "ten steps")
+    assert not client.progress().finished, "the SIGKILL should land mid-job"
+    cluster.killing("w1")  # 2 -> 1
+    assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")[-3000:]
+    assert json.loads((out / "w0.json").read_text())["worlds"] == [1, 2]
+    noise = client.progress().noise  # measured over each rank's whole slice, at two ranks
+    assert noise.init_batch == batch and noise.steps >= 1, noise
+    assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
+    matching_reference(out, ("w0",), (samples, epochs, batch), rtol=1e-9, atol=1e-10)
 
 
 def test_unreachable_coordinator_is_a_clear_error_within_the_timeout() -> None:

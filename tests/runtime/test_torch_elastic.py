@@ -7,6 +7,9 @@ Aspects:
   epochs, and the survivors keep their PIDs;
 - with a fixed global batch, the final parameters equal those of a fixed-size run over the
   same sample sequence, through a join and a SIGKILL;
+- with gradient accumulation (`--max-local`: 2 to 4 micro-batches a step), through a
+  SIGKILL, the ledger is still exact, and an MLP ends with the parameters of the
+  fixed-size run, within the same tolerance;
 - a survivor that hears of a new generation steps after its peer does still leaves with it
   at the same boundary (the ranks vote): the resize pauses for the group's re-forming, not
   for a collective's timeout (seen at the timeout, 20 s, without the vote);
@@ -18,6 +21,7 @@ Aspects:
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import time
@@ -173,6 +177,57 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
         final = torch.load(out / f"{name}.pt")
         for key, value in expected.items():
             torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
+
+
+def all_at_once(samples: int, epochs: int) -> list[str]:
+    """A coordinator whose first generation waits for `set_target`'s workers, however
+    late one of them starts."""
+    return [*coordinator_args(samples, epochs), "--join-window-s", "120"]
+
+
+@pytest.mark.slow
+def test_accumulation_keeps_the_ledger_exact_through_a_sigkill(cluster: Cluster) -> None:
+    samples, epochs = 200, 2  # 8 a step, at most 2 a rank at once: 2 micro-batches, then 4
+    cluster.starting_coordinator(*all_at_once(samples, epochs))
+    client = cluster.client()
+    client.set_target(2)
+    out = cluster.root / "out"
+    args = [*job_args("ledger", samples, out, batch=8, sleep_s=0.05), "--max-local", "2"]
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: client.progress().committed_step >= 5, 90, "first steps")
+    assert not client.progress().finished, "the SIGKILL should land mid-job"
+    cluster.killing("w1")  # 2 -> 1, most likely between two micro-batches of a step
+    assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")[-3000:]
+    assert client.progress().finished
+    counts = torch.load(out / "w0.pt")["counts"]
+    assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
+    assert json.loads((out / "w0.json").read_text())["worlds"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_accumulation_matches_a_fixed_size_run_through_a_sigkill(cluster: Cluster) -> None:
+    samples, epochs, batch = 360, 1, 12  # at most 3 a rank at once: 2, then 4 micro-batches
+    cluster.starting_coordinator(*all_at_once(samples, epochs))
+    client = cluster.client()
+    client.set_target(2)
+    out = cluster.root / "out"
+    args = [*job_args("mlp", samples, out, batch=batch, sleep_s=0.1), "--max-local", "3"]
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    # past step 8, which the noise meter measures: averaged once, after the last micro-batch
+    waiting_for(lambda: client.progress().committed_step >= 10, 90, "ten steps")
+    assert not client.progress().finished, "the SIGKILL should land mid-job"
+    cluster.killing("w1")  # 2 -> 1
+    assert cluster.waiting_exit("w0", 90) == 0, cluster.log("w0")[-3000:]
+    assert json.loads((out / "w0.json").read_text())["worlds"] == [1, 2]
+    noise = client.progress().noise  # measured over each rank's whole slice, at two ranks
+    assert noise.init_batch == batch and noise.steps >= 1, noise
+    assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
+    expected = reference_parameters(samples, epochs, batch)
+    final = torch.load(out / "w0.pt")
+    for key, value in expected.items():
+        torch.testing.assert_close(final[key], value, rtol=1e-9, atol=1e-10)
 
 
 def test_a_peer_lost_before_ddp_rebuilds_its_buckets_is_a_resize(cluster: Cluster) -> None:

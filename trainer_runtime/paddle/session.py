@@ -15,6 +15,16 @@ state, and goes on. `s.step(loss)` backpropagates, averages the gradients over t
 (one allreduce per bucket) and applies the optimizer. A rank whose slice of a step is
 empty gets one stand-in sample whose loss weighs 0, so every rank joins every allreduce.
 
+Gradient accumulation: when the batch policy asks for k > 1 micro-batches a step
+(`KeepGlobalBatch(B, max_local=M)`), `s.batches()` yields k batches per step and the loop
+stays the same, `s.step(loss)` after each. The first k - 1 only backpropagate (Paddle adds
+the gradients up in `.grad`); the last averages them over the group, in the one
+allreduce that carries the vote and the noise probe, applies the optimizer and commits the
+window. Each micro-batch's loss (a mean over it) is scaled by ``micro_samples *
+world_size / window_size``, so that the average is the mean over the step's window.
+`s.step_count` and `s.window_size` still count optimizer steps and the window's samples;
+`s.micro_batch` says which micro-batch of the step this is.
+
 Exactly-once: a generation walks the todo list in order (every rank cuts the same
 windows); rank 0 commits each applied step's window in the background; a step whose
 collective fails is not applied, the group re-forms, and the new rank 0 reconciles the
@@ -185,23 +195,28 @@ class ElasticSession(generations.Member):
         return self.rank, self.world_size
 
     def batches(self) -> Iterator[Any]:
-        """This rank's slice of every step's window, until the job ends or it is drained."""
+        """This rank's micro-batches of every step's window (its whole slice, without
+        accumulation), until the job ends or it is drained."""
         for mine in self.walking():
             yield self.fetching(mine.ranges)
 
     def step(self, loss: paddle.Tensor) -> None:
-        """Backpropagate this rank's loss (a mean over its batch), average the gradients
-        over the group and apply the step."""
+        """Backpropagate this rank's loss (a mean over its batch); after the step's last
+        micro-batch, average the gradients over the group and apply the step."""
         if self.stepped:
             raise RuntimeError("s.step(loss) called twice for one batch")
         self.stepped = True
         assert self.window is not None and self.group is not None
-        scale = self.local_samples * self.world_size / self.window_size
+        scale = self.micro_samples * self.world_size / self.window_size
         (loss if scale == 1.0 else loss * scale).backward()
+        if not self.last_micro_batch:
+            return  # the gradients add up in `.grad` until the step's last micro-batch
+        # the probe sees the rank's whole slice: the sum of its micro-batches' gradients
+        whole = self.local_samples * self.world_size / self.window_size
         try:
             # every rank leaves at the boundary where any of them saw a change
             probe = (
-                NoiseProbe(self.local_samples, scale, self.window_size)
+                NoiseProbe(self.local_samples, whole, self.window_size)
                 if self.world_size >= 2
                 else None
             )

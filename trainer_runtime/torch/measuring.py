@@ -2,9 +2,11 @@
 
 Most steps are plain DistributedDataParallel steps: its own C++ allreduce, overlapped with
 backward, nothing added. On a measured step (chosen by the step's number, so every rank of
-a group measures the same steps) `arming` turns DDP's gradient sync off for that forward
-and backward (what `DistributedDataParallel.no_sync` does), and `averaging` then does the
-averaging itself, in one allreduce:
+a group measures the same steps) `arming` turns DDP's gradient sync off for that step's
+forwards and backwards (what `DistributedDataParallel.no_sync` does; it also keeps it off
+for all but the last micro-batch of any step, under gradient accumulation), and
+`averaging` then does the averaging itself, once, after the step's last backward, in one
+allreduce:
 - the local gradients are copied into one flat buffer with three more elements (this
   rank's |g_i|^2, 1/b_i and 1), whose sum over the ranks is what the estimator needs, so
   the statistics ride in the gradient's own allreduce (no extra collective);
@@ -17,7 +19,9 @@ runs asynchronously, and a step whose communicator failed holds a partial sum, w
 `discarding` drops with the step.
 
 The session scales each rank's loss by ``b_i * n / B`` (so that the average is the mean
-over the step's samples); the meter divides that factor out to get g_i. A rank whose slice
+over the step's samples; with micro-batches, each by its own share, so that they add up
+to that); the meter is given the factor of the rank's whole slice (b_i: all of its
+micro-batches) and divides it out to get g_i. A rank whose slice
 is a stand-in sample (loss weighted 0) sends zeros and is not counted. A model with
 gradients in a reduced precision (float16, bfloat16) or of mixed dtypes is never measured:
 three scalars in half precision would lose the estimate.
@@ -79,12 +83,14 @@ class NoiseMeter:
         """Let go of the generation's DDP before its group is dissolved."""
         self.ddp, self.able, self.measuring = None, False, False
 
-    def arming(self, step: int) -> None:
-        """Before the step's forward: whether DDP averages this step's gradients itself."""
-        measuring = self.able and step % MEASURE_EVERY == 0
-        if measuring != self.measuring and self.ddp is not None:
-            self.ddp.require_backward_grad_sync = not measuring
-        self.measuring = measuring
+    def arming(self, step: int, last: bool = True) -> None:
+        """Before each forward of the step: whether DDP averages this backward's gradients
+        itself. Only the step's `last` micro-batch may sync (the others accumulate on the
+        rank), and none on a measured step: `averaging` runs once, after the last."""
+        self.measuring = self.able and step % MEASURE_EVERY == 0
+        syncing = last and not self.measuring
+        if self.ddp is not None and self.ddp.require_backward_grad_sync != syncing:
+            self.ddp.require_backward_grad_sync = syncing
 
     def averaging(self, local_samples: int, scale: float, batch: int) -> bool:
         """After the backward of a measured step: average the gradients over the group in

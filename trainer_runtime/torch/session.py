@@ -14,10 +14,20 @@ broadcasts rank 0's state, and goes on. A rank whose slice of a
 step is empty (more ranks than samples in the step) gets one stand-in sample whose loss is
 weighted 0, so that every rank takes part in every allreduce.
 
+Gradient accumulation: when the batch policy asks for k > 1 micro-batches a step
+(`KeepGlobalBatch(B, max_local=M)`), `s.batches()` yields k batches per step and the loop
+stays the same: `s.step(loss)` after each. The first k - 1 run under DDP's no-sync (their
+gradients add up locally: backward only, no collective, no optimizer step); the last is
+synchronized, and only then is the optimizer applied and the window committed. Each
+micro-batch's loss (a mean over it) is scaled by ``micro_samples * world_size /
+window_size``, so that the averaged gradient is the mean over the step's window, as a
+step without accumulation. `s.step_count` and `s.window_size` still count optimizer steps
+and the window's samples; `s.micro_batch` says which micro-batch of the step this is.
+
 One step in `measuring.MEASURE_EVERY` also measures the job's gradient noise (the local
 gradients are averaged by the session's meter instead of DDP, in one allreduce that carries
-the statistics); rank 0 sends the estimate with its commits, for the planner's goodput
-model (see `trainer_runtime/noise.py`).
+the statistics, after the step's last micro-batch); rank 0 sends the estimate with its
+commits, for the planner's goodput model (see `trainer_runtime/noise.py`).
 
 Exactly-once: a generation walks the todo list in order (every rank cuts the same windows);
 rank 0 commits each applied step's window in the background; a step whose collective fails
@@ -234,12 +244,16 @@ class ElasticSession(generations.Member):
             raise CommitFailed(self.committer.failure)
 
     def batches(self) -> Iterator[Any]:
-        """This rank's slice of every step's window, until the job ends or it is drained (a
-        rank whose slice is empty still runs DDP's forward and its allreduce)."""
+        """This rank's micro-batches of every step's window (its whole slice, without
+        accumulation), until the job ends or it is drained (a rank whose slice is empty
+        still runs DDP's forward and its allreduce)."""
         for mine in self.walking():
             assert self.window is not None
-            self.meter.arming(self.window.step)  # before the forward: who averages this step
-            if self.world_size > 1:  # every rank votes at the same point of every step
+            # before the forward: whether DDP syncs this backward (the step's last
+            # micro-batch, unless the meter averages this step itself)
+            self.meter.arming(self.window.step, self.last_micro_batch)
+            if self.world_size > 1 and self.micro_batch == 0:
+                # every rank votes once a step, at the same point: its first micro-batch
                 news = (1.0 if self.agent.changed() else 0.0, *self.proposing_batch())
                 self.vote.copy_(torch.tensor(news, dtype=self.vote.dtype))
                 self.voting = dist.all_reduce(self.vote, async_op=True)
@@ -268,7 +282,8 @@ class ElasticSession(generations.Member):
         return self.leaving_generation
 
     def step(self, loss: torch.Tensor) -> None:
-        """Backpropagate this rank's loss (a mean over its batch) and apply the step."""
+        """Backpropagate this rank's loss (a mean over its batch); after the step's last
+        micro-batch, average the gradients and apply the step."""
         if self.stepped:
             raise RuntimeError("s.step(loss) called twice for one batch")
         self.stepping(loss)
@@ -277,9 +292,13 @@ class ElasticSession(generations.Member):
         self.stepped = True
         assert self.window is not None
         try:
-            scale = self.local_samples * self.world_size / self.window_size
+            scale = self.micro_samples * self.world_size / self.window_size
             torch.autograd.backward(loss if scale == 1.0 else loss * scale)
-            self.meter.averaging(self.local_samples, scale, self.window_size)
+            if not self.last_micro_batch:
+                return  # DDP's sync was off: the gradients add up on this rank
+            # the meter sees the rank's whole slice: the sum of its micro-batches' gradients
+            whole = self.local_samples * self.world_size / self.window_size
+            self.meter.averaging(self.local_samples, whole, self.window_size)
             if self.world_size > 1 and self.device.type == "cuda":
                 settling(self.device)  # NCCL: the allreduces ended, and whole
             if self.meter.keeping() and self.rank == 0:
