@@ -10,6 +10,8 @@ the trace and the summary are written here once, so the two frameworks are teste
 `--max-local N`: `KeepGlobalBatch(global_batch, max_local=N)`, so that each rank runs its
 slice of a step as micro-batches of at most N samples (gradient accumulation); the loop is
 the same, one `s.step` per batch, and `--step-sleep-s` paces optimizer steps, not batches.
+`--batch-cycle B1,B2,...`: an adaptive policy whose batch goes through those global batches
+(`cycling`), at each formation and every few steps inside a generation.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from edl_gradients.goodput import shaping
+from trainer_runtime.adaptive import AdaptiveBatch, Decision, LrScaling
 from trainer_runtime.batching import KeepGlobalBatch
 
 
@@ -33,6 +37,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-local", type=int, help="the most samples a rank holds at once (accumulation)"
     )
+    parser.add_argument(
+        "--batch-cycle", help="global batches, comma-separated, the batch goes through (ledger)"
+    )
     parser.add_argument("--step-sleep-s", type=float, default=0.0)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument(
@@ -41,9 +48,52 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
-def policy(args: argparse.Namespace) -> KeepGlobalBatch:
-    """The job's batch policy: the global batch, kept through resizes."""
-    return KeepGlobalBatch(args.global_batch, max_local=args.max_local)
+def policy(args: argparse.Namespace, adaptive: type[AdaptiveBatch[Any]]) -> Any:
+    """The job's batch policy: the global batch, kept through resizes; with
+    `--batch-cycle`, a policy of the framework's `adaptive` class whose batch goes through
+    the cycle (`cycling`)."""
+    if not args.batch_cycle:
+        return KeepGlobalBatch(args.global_batch, max_local=args.max_local)
+    batches = [int(b) for b in args.batch_cycle.split(",")]
+    return cycling(adaptive)(
+        initial_batch=min(batches),
+        max_batch=max(batches),
+        max_local=args.max_local or max(batches),
+        base_lr=1.0,  # the ledger adds exactly 1 per sample at rate 1: factors stay 1
+        lr=LrScaling.LINEAR,
+        cycle=batches,
+    )
+
+
+def cycling(adaptive: type[AdaptiveBatch[Any]]) -> Any:
+    """An adaptive policy whose rank 0 goes through a cycle of global batches instead of
+    deciding by goodput: one at every generation's formation (`best`), and the next every
+    `CYCLE_EVERY` step boundaries inside a generation (`proposing`), so the batch changes
+    at and between resizes through the runtime's own paths (the state sent with the model,
+    the step's vote). The rate stays `base_lr` (factor 1)."""
+
+    class CyclingBatch(adaptive):  # type: ignore[valid-type,misc]
+        def __init__(self, cycle: list[int], **options: Any) -> None:
+            super().__init__(**options)
+            self.cycle, self.turn, self.boundaries = cycle, 0, 0
+
+        def best(self, world_size: int, noise: Any) -> Decision:
+            batch = self.cycle[self.turn % len(self.cycle)]
+            self.turn += 1
+            local, steps = shaping(batch / world_size, self.limits)
+            return Decision(local, steps, 1.0)
+
+        def proposing(self, world_size: int, noise: Any, now: float) -> Decision | None:
+            self.boundaries += 1
+            if self.boundaries % CYCLE_EVERY:
+                return None
+            return self.best(world_size, noise)
+
+    return CyclingBatch
+
+
+#: Step boundaries between two batches of a `--batch-cycle` inside a generation.
+CYCLE_EVERY = 4
 
 
 def training(
@@ -59,6 +109,7 @@ def training(
     worker = os.environ["EDL_WORKER_ID"]
     steps = 0
     worlds: set[int] = set()
+    windows: set[int] = set()
     if trace:
         trace.write(f"ready {time.time()} {worker}\n")
     for batch in s.batches():
@@ -71,6 +122,7 @@ def training(
         s.step(loss)
         steps += 1
         worlds.add(s.world_size)
+        windows.add(s.window_size)
         if trace:
             trace.write(f"step {time.time()} g{s.generation} {s.world_size} {os.getpid()}\n")
         if args.step_sleep_s:
@@ -80,4 +132,5 @@ def training(
         "step": s.step_count,
         "generations": s.generations_formed,
         "worlds": sorted(worlds),
+        "windows": sorted(windows),
     }

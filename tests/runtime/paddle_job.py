@@ -21,7 +21,7 @@ from paddle import nn
 if not __package__:  # run as a script: the repository's root is where `tests` is found
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.runtime.elastic_job import arguments, policy, training
-from trainer_runtime.paddle import session
+from trainer_runtime.paddle import AdaptiveBatch, session
 
 
 class Counter(nn.Layer):
@@ -84,7 +84,7 @@ def main() -> None:
             if time.monotonic() > deadline:
                 raise SystemExit(f"{args.gate} did not appear within 300 s")
             time.sleep(0.02)
-    with session(model, optimizer, dataset, policy(args)) as s:
+    with session(model, optimizer, dataset, policy(args, AdaptiveBatch)) as s:
         summary = training(s, args, nn.functional.cross_entropy, trace)
     args.out.mkdir(parents=True, exist_ok=True)
     arrays = {key: value.numpy() for key, value in model.state_dict().items()}

@@ -10,6 +10,9 @@ Aspects:
 - with gradient accumulation (`--max-local`: 2 to 4 micro-batches a step), through a
   SIGKILL, the ledger is still exact, and an MLP ends with the parameters of the
   fixed-size run, within the same tolerance;
+- with a batch that changes at every formation and every few steps inside a generation
+  (an adaptive policy's own paths: the state sent with the model, the step's vote),
+  through a join, a SIGKILL and a coordinator restart, the ledger is still exact;
 - a survivor that hears of a new generation steps after its peer does still leaves with it
   at the same boundary (the ranks vote): the resize pauses for the group's re-forming, not
   for a collective's timeout (seen at the timeout, 20 s, without the vote);
@@ -309,3 +312,52 @@ def test_more_workers_than_shards_trains_each_sample_once_per_epoch(cluster: Clu
         assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
         worlds.update(json.loads((out / f"{name}.json").read_text())["worlds"])
     assert 3 in worlds, "a rank had no sample in some steps"
+
+
+@pytest.mark.slow
+def test_a_changing_batch_keeps_the_ledger_exact_through_join_kill_and_restart(
+    cluster: Cluster,
+) -> None:
+    """An adaptive policy's batch changes at every formation and every few steps inside
+    a generation (`elastic_job.cycling`: global batches 6, 20, 9, 14, at most 3 samples a
+    rank at once, so 1 to 4 micro-batches); a join, a SIGKILL and a coordinator restart
+    land among those changes, and every sample is still trained once per epoch."""
+    samples, epochs = 1200, 2
+    cluster.starting_coordinator(*all_at_once(samples, epochs))
+    client = cluster.client()
+    client.set_target(2)
+    out = cluster.root / "out"
+    args = [
+        *job_args("ledger", samples, out, batch=8, sleep_s=0.05),
+        "--batch-cycle", "6,20,9,14", "--max-local", "3",
+    ]  # fmt: skip
+
+    def advancing(by: int) -> None:
+        target = int(client.progress().committed_step) + by
+        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+
+    def members() -> list[str]:
+        return [m.worker_id for m in client.progress().members]
+
+    for name in ("w0", "w1", "w2"):  # the third waits for the target (its imports paid)
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(members()) == 2, 90, "two workers")
+    advancing(6)
+    client.set_target(3)  # 2 -> 3
+    waiting_for(lambda: len(members()) == 3, 90, "a third to join")
+    advancing(6)
+    killed = members()[1]
+    cluster.killing(killed)  # 3 -> 2
+    advancing(6)
+    assert not client.progress().finished, "the restart should land mid-job"
+    cluster.killing("coordinator")
+    time.sleep(0.5)
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    survivors = [name for name in ("w0", "w1", "w2") if name != killed]
+    for name in survivors:
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    for name in survivors:
+        counts = torch.load(out / f"{name}.pt")["counts"]
+        assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
+    windows = set(json.loads((out / f"{survivors[0]}.json").read_text())["windows"])
+    assert len(windows & {6, 20, 9, 14, 21, 12, 10, 15, 16}) >= 3, windows  # it did change
