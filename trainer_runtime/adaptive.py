@@ -128,6 +128,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     _target_lr: float = field(default=0.0, init=False)
     _from_lr: float = field(default=0.0, init=False)
     _since_change: int = field(default=0, init=False)
+    _progress: float = field(default=0.0, init=False)
     _measures: dict[tuple[int, int, int], float] = field(default_factory=dict, init=False)
     # rank 0's own: when it last decided, on how many measured noise steps, and how many
     # steps it timed at the batch in force since
@@ -193,7 +194,24 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
             self._target_lr, self._since_change = target, 0
         new_lr = ramped_lr(self._from_lr, target, self._since_change, self.warmup_steps)
         self._since_change += 1
+        self._progress += self.worth(world_size)
         setting_lr(self, optimizer, old_lr, new_lr, self.momentum_compensation)
+
+    @property
+    def progress(self) -> float:
+        """The steps at the initial batch the job's steps so far were worth: AdaScale's
+        scale-invariant iterations (a job that trains to a loss its fixed-batch run
+        reached after N steps gets there at progress N, at whatever batch)."""
+        return self._progress
+
+    def worth(self, world_size: int) -> float:
+        """What one step of the decision in force adds to `progress`: AdaScale's gain
+        (its rate factor); under the square-root or linear rule, which measure no gain,
+        the batch over the initial one."""
+        chosen = self.decision(world_size)
+        if self.lr is LrScaling.ADASCALE:
+            return chosen.lr_factor
+        return chosen.local * chosen.accumulation * world_size / self.initial_batch
 
     def adopting_decision(self, decision: Decision) -> None:
         """Every rank, at the same step boundary: take the decision a step's vote carried
@@ -309,6 +327,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
             "target_lr": self._target_lr,
             "from_lr": self._from_lr,
             "since_change": self._since_change,
+            "progress": self._progress,
             "measures": [[*key, seconds] for key, seconds in self._measures.items()],
         }
 
@@ -321,6 +340,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         self._target_lr = float(state["target_lr"])
         self._from_lr = float(state["from_lr"])
         self._since_change = int(state["since_change"])
+        self._progress = float(state.get("progress", 0.0))
         self._measures = {
             (int(w), int(local), int(steps)): float(s) for w, local, steps, s in state["measures"]
         }

@@ -60,6 +60,7 @@ LABEL_NOISE = 0.3
 VALIDATION = 4096
 WIDTH = 64
 MOMENTUM = 0.9
+MAX_LOCAL = 256  # an adaptive batch's micro-batch, unless `--max-local` says otherwise
 
 
 @dataclass(frozen=True)
@@ -203,9 +204,11 @@ class Recorder:
         self.evaluating_s += spent
         if s.step_started is not None:  # the policy's step clock skips the evaluation
             s.step_started += spent
+        progress = s.policy.progress if isinstance(s.policy, AdaptiveBatch) else s.step_count
         fields = {"t": self.now(), "step": s.step_count, "samples": self.samples,
                   "world": s.world_size, "global_batch": s.policy.global_batch(s.world_size),
-                  "val_loss": loss, **noise_fields(s), **measures_of(s)}  # fmt: skip
+                  "val_loss": loss, "progress": progress, **noise_fields(s),
+                  **measures_of(s)}  # fmt: skip
         self.writing("eval", **fields)
         if self.target is not None and loss <= self.target and not self.reached:
             self.reached = True
@@ -249,7 +252,7 @@ def policy_of(args: Any) -> BatchPolicy:
     return TracedAdaptiveBatch(
         initial_batch=args.global_batch,
         max_batch=args.max_batch,
-        max_local=args.max_local,
+        max_local=args.max_local or MAX_LOCAL,
         base_lr=args.lr,
         **options,
     )
@@ -260,7 +263,6 @@ def main() -> None:
     parser.add_argument("--policy", choices=["fixed", "adaptive"], default="fixed")
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--max-batch", type=int, default=1024)
-    parser.add_argument("--max-local", type=int, default=256)
     parser.add_argument("--decide-every-s", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--width", type=int, default=WIDTH)
@@ -282,14 +284,14 @@ def main() -> None:
         data, trace, args.eval_every, args.target_loss, args.out, args.save_decisions
     )
     with session(model, optimizer, data.train, policy_of(args)) as s:
-        for inputs, targets in s.batches():
-            if s.rank == 0:
+        for inputs, targets in s.batches():  # micro-batches: the recorder sees steps
+            if s.rank == 0 and s.micro_batch == 0:
                 recorder.before_step(s)
             s.step(nn.functional.cross_entropy(s.model(inputs), targets))
-            if s.rank == 0:
+            if s.rank == 0 and s.last_micro_batch:
                 recorder.after_step(s)
             if args.step_sleep_s:
-                time.sleep(args.step_sleep_s)
+                time.sleep(args.step_sleep_s / s.micro_batches)
         if s.rank == 0:
             recorder.ending(s)
     worker = os.environ["EDL_WORKER_ID"]
