@@ -30,8 +30,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer_runtime.client import CoordinatorClient
+from trainer_runtime.coordinator.records import NoiseRecord
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
-from trainer_runtime.coordinator.state import CoordinatorState, NoiseRecord
+from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.noise import NoiseEstimator, NoiseSample
 from trainer_runtime.protocol import pb

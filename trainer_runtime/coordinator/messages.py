@@ -12,8 +12,9 @@ from typing import Any
 
 from trainer_runtime.coordinator.ledger import Ledger
 from trainer_runtime.coordinator.membership import WorkerPhase
+from trainer_runtime.coordinator.records import NoiseRecord
 from trainer_runtime.coordinator.recovering import ReportError, TrainedRange
-from trainer_runtime.coordinator.state import CoordinatorState, NoiseRecord, Rejoin
+from trainer_runtime.coordinator.state import CoordinatorState, Rejoin
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import SampleRange, StepWindow
 

@@ -25,9 +25,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from edl_gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
+from trainer_runtime.coordinator.records import NoiseRecord, ThroughputRecord
 from trainer_runtime.coordinator.recovering import (
     Recovery,
     ReportError,
@@ -39,8 +39,6 @@ from trainer_runtime.protocol.statuses import Replaced, Stale
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
 
 LOG = logging.getLogger(__name__)
-
-SMOOTHING = 0.2
 
 
 class FencedError(Stale, PermissionError):
@@ -66,48 +64,6 @@ class Rejoin:
     last_generation: int
     trained: tuple[TrainedRange, ...] = ()
     last_lease_id: int = 0
-
-
-@dataclass(slots=True)
-class ThroughputRecord:
-    """Smoothed throughput of the job at one size (distinct nodes, workers)."""
-
-    nodes: int
-    workers: int
-    samples_per_s: float = 0.0
-    step_time_s: float = 0.0
-    steps: int = 0
-
-    def recording(self, samples: int, step_time_s: float) -> None:
-        if step_time_s <= 0:
-            return
-        rate = samples / step_time_s
-        if self.steps == 0:
-            self.samples_per_s, self.step_time_s = rate, step_time_s
-        else:
-            self.samples_per_s += SMOOTHING * (rate - self.samples_per_s)
-            self.step_time_s += SMOOTHING * (step_time_s - self.step_time_s)
-        self.steps += 1
-
-
-@dataclass(frozen=True, slots=True)
-class NoiseRecord:
-    """The gradient statistics rank 0 reported last (see `GradientNoise` in the proto):
-    what the planner weighs the job's throughput by. Only valid records are kept."""
-
-    init_batch: int
-    grad_sqr: float
-    grad_var: float
-    steps: int
-
-    def problem(self) -> str | None:
-        """Why the record is unusable (the planner's rule, then at least one step), or None."""
-        problem = statistics_problem(self.init_batch, self.grad_sqr, self.grad_var)
-        if problem is not None:
-            return problem
-        if self.steps < 1:
-            return f"steps is {self.steps}: a reported estimate rests on at least one step"
-        return None
 
 
 @dataclass(frozen=True, slots=True)
