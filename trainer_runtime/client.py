@@ -249,8 +249,10 @@ class CoordinatorClient:
         step_time_s: float,
         retry: bool = True,
         noise: pb.GradientNoise | None = None,
+        batch: pb.BatchInUse | None = None,
     ) -> Any:
-        """Commit applied windows; `noise`, the job's gradient statistics now, rides along."""
+        """Commit applied windows; `noise`, the job's gradient statistics now, and `batch`,
+        what rank 0 runs at, ride along."""
         request = pb.CommitRequest(
             worker_id=worker_id,
             generation=generation,
@@ -258,6 +260,7 @@ class CoordinatorClient:
             step_time_s=step_time_s,
             noise=noise,
             incarnation=self.incarnation,
+            batch=batch,
         )
         return self.calling("Commit", request, retry=retry)
 

@@ -36,10 +36,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from dataclasses import dataclass
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.noise import NoiseEstimate, noise_message
+from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import StepWindow
 
 LOG = logging.getLogger(__name__)
@@ -61,6 +63,24 @@ AHEAD_WAIT_S = 120.0
 #: How long `closing` waits for the sender to end (a call in flight ends within its own
 #: timeout; this bounds a worker's exit, not the commit).
 CLOSING_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchInUse:
+    """What rank 0 runs at (`Member.batch_in_use`): the global batch, its accumulation
+    steps, and the goodput its batch policy predicts there (samples per second at the
+    initial batch's efficiency; 0 when it cannot predict). Sent with the commits, so that
+    the planner's model of the job and the runtime's own choice are read side by side."""
+
+    global_batch: int
+    accumulation: int
+    goodput: float
+
+    def message(self) -> pb.BatchInUse:
+        """As the coordinator protocol carries it (`CommitRequest.batch`)."""
+        return pb.BatchInUse(
+            global_batch=self.global_batch, accumulation=self.accumulation, goodput=self.goodput
+        )
 
 
 def mean_step_time(since: float | None, applied: list[float]) -> float:
@@ -104,6 +124,8 @@ class Committer:
         # the job's gradient statistics now, set by the training thread (one assignment)
         # and sent with the next batch of windows
         self.noise: NoiseEstimate | None = None
+        # what rank 0 runs at now, set and sent the same way
+        self.batch: BatchInUse | None = None
         # (generation, when applied) of the last window sent: where the next batch's step
         # time is counted from; the sender's only
         self.last_sent: tuple[int, float] | None = None
@@ -155,6 +177,7 @@ class Committer:
         last = self.last_sent
         since = last[1] if last is not None and last[0] == generation else None
         self.last_sent = (generation, applied[-1])
+        in_use = self.batch
         try:
             self.agent.client.commit(
                 self.agent.worker_id,
@@ -163,6 +186,7 @@ class Committer:
                 mean_step_time(since, applied),
                 noise=noise_message(self.noise),
                 retry=self.retry,
+                batch=None if in_use is None else in_use.message(),
             )
         except Fenced:
             LOG.info("commits of generation %d fenced; the next reconcile carries them", generation)

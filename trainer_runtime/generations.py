@@ -32,12 +32,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from trainer_runtime.adaptive import CARRIED, AdaptiveBatch, Decision
+from edl_gradients.goodput import MeasuredSteps, fitting
+from trainer_runtime.adaptive import CARRIED, AdaptiveBatch, Decision, usable
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
 from trainer_runtime.checkpoints import Checkpoint, Keeper
 from trainer_runtime.client import Fenced
-from trainer_runtime.committing import AHEAD_WINDOWS, WINDOWS_KEPT, Committer
+from trainer_runtime.committing import AHEAD_WINDOWS, WINDOWS_KEPT, BatchInUse, Committer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.lifecycle import WorkerSession
 from trainer_runtime.noise import NoiseEstimator
@@ -149,9 +150,28 @@ class Member(WorkerSession):
     def deciding_batch(self, world_size: int) -> None:
         """Rank 0, as a generation forms, before its state is sent: an adaptive policy
         decides the batch for the generation's size (every rank adopts it with the
-        state)."""
+        state). The committer reports it from the first commit on (any policy)."""
         if isinstance(self.policy, AdaptiveBatch):
             self.policy.deciding(world_size, self.noise.estimate(), time.monotonic())
+        self.committer.batch = self.batch_in_use(world_size)
+
+    def batch_in_use(self, world_size: int) -> BatchInUse:
+        """What this job runs at with `world_size` workers, as rank 0 reports it: an
+        adaptive policy's decision and the goodput it predicts there by its own fitted step
+        times and the gradient noise (0 until both are measured); another policy's batch,
+        its accumulation (1 unless it says) and no goodput (it predicts none)."""
+        policy = self.policy
+        if not isinstance(policy, AdaptiveBatch):
+            accumulation = getattr(policy, "accumulation", lambda _: 1)(world_size)
+            return BatchInUse(policy.global_batch(world_size), int(accumulation), 0.0)
+        chosen = policy.decision(world_size)
+        batch = chosen.local * chosen.accumulation * world_size
+        noise, fitted = usable(self.noise.estimate()), fitting(policy.measured())
+        if noise is None or fitted is None:
+            return BatchInUse(batch, chosen.accumulation, 0.0)
+        model = MeasuredSteps(fitted, tuple(policy.measured()))
+        goodput = policy.goodput(model, noise, world_size, chosen)
+        return BatchInUse(batch, chosen.accumulation, goodput)
 
     def proposing_batch(self) -> tuple[float, ...]:
         """What this rank adds to the step's vote on the batch: rank 0 an adaptive policy's
@@ -169,6 +189,9 @@ class Member(WorkerSession):
         if decision is not None and isinstance(self.policy, AdaptiveBatch):
             self.policy.adopting_decision(decision)
             self.shape_steps = 0
+            rank, world_size = self.placing()
+            if rank == 0:
+                self.committer.batch = self.batch_in_use(world_size)
 
     def timing_step(self) -> None:
         """Rank 0, at each step boundary: the last step's wall time, to an adaptive policy

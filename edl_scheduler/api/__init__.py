@@ -41,6 +41,7 @@ from edl_scheduler.api.spec import (
     TrainingJobSpec,
 )
 from edl_scheduler.api.status import (
+    BatchInUse,
     Condition,
     ConditionStatus,
     GradientStatistics,
@@ -72,6 +73,7 @@ __all__ = [
     "SINGULAR",
     "VERSION",
     "Affinity",
+    "BatchInUse",
     "BatchMode",
     "BatchPolicy",
     "Condition",

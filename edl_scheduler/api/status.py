@@ -24,6 +24,7 @@ from edl_gradients import FieldNames, statistics_problem
 from edl_scheduler.api.meta import ApiModel
 
 __all__ = [
+    "BatchInUse",
     "Condition",
     "ConditionStatus",
     "GradientStatistics",
@@ -167,6 +168,9 @@ class ThroughputSample(ApiModel):
     """Samples trained per second by the whole group."""
     step_seconds: float | None = Field(default=None, gt=0)
     """Seconds per step, when known."""
+    batch: int = Field(default=0, ge=0)
+    """The global batch the rate was measured at (0: not reported); the planner weighs the
+    rate by this batch's statistical efficiency."""
 
 
 class GradientStatistics(ApiModel):
@@ -189,6 +193,20 @@ class GradientStatistics(ApiModel):
         """Why the planner cannot use these values (naming the field), or None."""
         names = FieldNames("efficiency.initBatch", "efficiency.gradSqr", "gradVar")
         return statistics_problem(self.init_batch, self.grad_sqr, self.grad_var, names)
+
+
+class BatchInUse(ApiModel):
+    """What the job's rank 0 runs at, as it reported last: the runtime's own numbers, shown
+    beside the planner's. Kept as reported, like ``GradientStatistics``: nothing plans on
+    them, so no bound of ours makes a TrainingJob unreadable."""
+
+    global_batch: int
+    """Samples per optimizer step, over every worker and accumulation step."""
+    accumulation: int = 1
+    """Forward and backward passes per optimizer step (1: none accumulated)."""
+    goodput: float = 0.0
+    """Samples per second at the initial batch's efficiency that the job's batch policy
+    predicts at this batch (0: it predicts none, or cannot yet)."""
 
 
 class TrainingJobStatus(ApiModel):
@@ -230,6 +248,8 @@ class TrainingJobStatus(ApiModel):
     """Measured speed by (nodes, workers), for the planner's throughput model."""
     efficiency: GradientStatistics | None = None
     """The gradient statistics the runtime measured last, for the planner's goodput model."""
+    batch: BatchInUse | None = None
+    """The batch the job runs at and the goodput its runtime predicts there, as reported."""
     progress: dict[str, Any] = Field(default_factory=dict)
     """The runtime's progress report (epoch, step, ...), kept as reported."""
     restarts: int = Field(default=0, ge=0)

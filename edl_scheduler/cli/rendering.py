@@ -36,11 +36,28 @@ def age(seconds: float) -> str:
     return f"{seconds // 86400}d"
 
 
+def goodput_text(goodput: float | None) -> str:
+    """A reported goodput; "-" where none was reported or the policy predicts none (0)."""
+    return f"{goodput:.1f}" if goodput else "-"
+
+
+def batch_text(j: JobSummary) -> str:
+    """The batch in use, for ``edlctl describe``: global batch, accumulation, goodput."""
+    if j.global_batch is None:
+        return "-"
+    return (
+        f"global {j.global_batch}, accumulation {j.accumulation or 1}, "
+        f"goodput {goodput_text(j.goodput)} samples/s"
+    )
+
+
 def jobs_table(jobs: list[JobSummary], speeds: bool = False) -> Table:
-    """One row per job; with ``speeds``, how far each is and how fast it trains."""
+    """One row per job; with ``speeds``, how far each is, how fast it trains, and the
+    batch it runs at (global batch, accumulation steps) with its predicted goodput."""
     table = Table(box=None, header_style="bold")
     columns = ["NAME", "QUEUE", "PRIO", "MIN/MAX", "REPLICAS", "PHASE", "AGE"]
-    for column in columns + (["DONE", "SAMPLES/S"] if speeds else []):
+    measured = ["DONE", "SAMPLES/S", "BATCH", "ACCUM", "GOODPUT/S"]
+    for column in columns + (measured if speeds else []):
         table.add_column(column)
     for j in jobs:
         row: list[str | Text] = [
@@ -55,6 +72,9 @@ def jobs_table(jobs: list[JobSummary], speeds: bool = False) -> Table:
         if speeds:
             row.append("-" if j.done is None else f"{100 * j.done:.0f}%")
             row.append("-" if j.samples_per_second is None else f"{j.samples_per_second:.1f}")
+            row.append("-" if j.global_batch is None else str(j.global_batch))
+            row.append("-" if j.accumulation is None else str(j.accumulation))
+            row.append(goodput_text(j.goodput))
         table.add_row(*row)
     return table
 
@@ -82,6 +102,8 @@ def details_panel(d: JobDetails, why_only: bool = False) -> Group:
                 f"epoch {p.get('epoch', '?')}/{p.get('epochs', '?')}, step "
                 f"{p.get('committedStep', '?')}, samples {p.get('samplesDone', '?')}",
             )
+        if s.global_batch is not None:
+            head.add_row("Batch", batch_text(s))
         if d.logs:
             head.add_row("Logs", Text(f"{', '.join(d.logs)} (edlctl logs NAME --worker LOG)"))
     parts: list[Table | Panel] = [head]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import grpc
 
-from edl_scheduler.api import GradientStatistics
+from edl_scheduler.api import BatchInUse, GradientStatistics
 from trainer_runtime.protocol import METHODS, TOKEN_HEADER, pb
 from trainer_runtime.protocol.tls import JobTls, opening_channel
 
@@ -41,6 +41,7 @@ class SizeThroughput:
     workers: int
     samples_per_second: float
     step_seconds: float
+    batch: int = 0  # the global batch the rate was measured at (0: not reported)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,7 @@ class Progress:
     draining: tuple[str, ...]
     throughput: tuple[SizeThroughput, ...]
     efficiency: GradientStatistics | None = None  # the gradient statistics, once measured
+    batch: BatchInUse | None = None  # what rank 0 runs at, once it reported it
 
     def as_status(self) -> dict[str, Any]:
         """The ``status.progress`` block."""
@@ -146,7 +148,11 @@ class GrpcCoordinator:
             draining=tuple(str(d) for d in reply.draining),
             throughput=tuple(
                 SizeThroughput(
-                    int(t.nodes), int(t.workers), float(t.samples_per_s), float(t.step_time_s)
+                    int(t.nodes),
+                    int(t.workers),
+                    float(t.samples_per_s),
+                    float(t.step_time_s),
+                    int(t.batch),
                 )
                 for t in reply.throughput
             ),
@@ -157,6 +163,13 @@ class GrpcCoordinator:
                 steps=int(reply.noise.steps),
             )
             if reply.HasField("noise")
+            else None,
+            batch=BatchInUse(
+                global_batch=int(reply.batch.global_batch),
+                accumulation=int(reply.batch.accumulation),
+                goodput=float(reply.batch.goodput),
+            )
+            if reply.HasField("batch")
             else None,
         )
 

@@ -174,12 +174,15 @@ def compute_status(
                 "workers": max(1, t.workers),
                 "samplesPerSecond": t.samples_per_second,
                 **({"stepSeconds": t.step_seconds} if t.step_seconds > 0 else {}),
+                **({"batch": t.batch} if t.batch > 0 else {}),
             }
             for t in progress.throughput
             if t.workers > 0
         ]
         if progress.efficiency is not None and progress.efficiency.problem() is None:
             status["efficiency"] = progress.efficiency.model_dump(mode="json", by_alias=True)
+        if progress.batch is not None:
+            status["batch"] = progress.batch.model_dump(mode="json", by_alias=True)
     elapsed = attained_due(tj.key) if phase.active else 0.0
     if elapsed > 0:
         last = float(status.get("attainedGpuSeconds", 0.0))

@@ -120,6 +120,7 @@ def job_from_training_job(
         last_resize_time=last_resize_time,
         attained_gpu_seconds=status.attained_gpu_seconds,
         throughput=tuple(
-            ThroughputSample(t.nodes, t.workers, t.samples_per_second) for t in status.throughput
+            ThroughputSample(t.nodes, t.workers, t.samples_per_second, t.batch)
+            for t in status.throughput
         ),
     )

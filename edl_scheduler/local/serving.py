@@ -52,6 +52,7 @@ from edl_scheduler.local.wire import (
     ShutdownRequest,
     SubmitRequest,
     WorkerView,
+    batch_of,
     progress_of,
 )
 
@@ -78,6 +79,9 @@ def summary_of(row: JobRow, now: float) -> JobSummary:
         restarts=job.status.restarts,
         done=done,
         samples_per_second=speed,
+        **batch_of(
+            None if job.status.batch is None else job.status.batch.model_dump(by_alias=True)
+        ),
     )
 
 

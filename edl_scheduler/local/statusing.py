@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from edl_scheduler.api import (
+    BatchInUse,
     GradientStatistics,
     JobPhase,
     LastResize,
@@ -111,12 +112,14 @@ def progress_fields(progress: Any) -> dict[str, Any]:
             "finished": bool(progress.finished),
         },
         **efficiency_fields(progress),
+        **batch_fields(progress),
         "throughput": [
             ThroughputSample(
                 nodes=max(1, int(t.nodes)),
                 workers=max(1, int(t.workers)),
                 samples_per_second=max(0.0, float(t.samples_per_s)),
                 step_seconds=float(t.step_time_s) if t.step_time_s > 0 else None,
+                batch=max(0, int(t.batch)),
             )
             for t in progress.throughput
             if t.workers > 0
@@ -140,6 +143,20 @@ def efficiency_fields(progress: Any) -> dict[str, Any]:
         LOG.warning("the coordinator's gradient statistics dropped: %s", problem)
         return {}
     return {"efficiency": stats}
+
+
+def batch_fields(progress: Any) -> dict[str, Any]:
+    """What rank 0 reported it runs at, when it did (the status keeps the last report)."""
+    if not progress.HasField("batch"):
+        return {}
+    m = progress.batch
+    return {
+        "batch": BatchInUse(
+            global_batch=int(m.global_batch),
+            accumulation=int(m.accumulation),
+            goodput=float(m.goodput),
+        )
+    }
 
 
 def planned_efficiency(status: TrainingJobStatus) -> Efficiency | None:

@@ -47,6 +47,13 @@ class JobSummary(BaseModel):
     """The share of the job's samples (all epochs) committed, 0 to 1 (None: not reported)."""
     samples_per_second: float | None = None
     """The throughput last measured at its current size (None: not measured)."""
+    global_batch: int | None = None
+    """The global batch the job runs at, as its rank 0 reported it (None: not reported)."""
+    accumulation: int | None = None
+    """Its accumulation steps per optimizer step (None: not reported)."""
+    goodput: float | None = None
+    """The goodput its batch policy predicts there, samples per second at the initial
+    batch's efficiency (None: not reported; 0: the policy predicts none)."""
 
 
 def progress_of(
@@ -63,6 +70,18 @@ def progress_of(
         if int(sample.get("workers") or 0) == replicas:
             speed = float(sample.get("samplesPerSecond") or 0.0)
     return done, speed
+
+
+def batch_of(batch: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``JobSummary``'s batch fields from a status's ``batch`` block (camelCase, as either
+    backend writes it); none when the job has not reported one."""
+    if not batch:
+        return {}
+    return {
+        "global_batch": int(batch.get("globalBatch") or 0),
+        "accumulation": int(batch.get("accumulation") or 1),
+        "goodput": float(batch.get("goodput") or 0.0),
+    }
 
 
 class WorkerView(BaseModel):

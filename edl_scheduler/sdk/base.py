@@ -19,6 +19,7 @@ from edl_scheduler.local.wire import (
     LogChunk,
     ResizeView,
     WorkerView,
+    batch_of,
     progress_of,
 )
 
@@ -31,6 +32,7 @@ __all__ = [
     "LogChunk",
     "ResizeView",
     "WorkerView",
+    "batch_of",
     "progress_of",
     "split_name",
 ]

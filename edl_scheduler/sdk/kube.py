@@ -30,6 +30,7 @@ from edl_scheduler.sdk.base import (
     LogChunk,
     ResizeView,
     WorkerView,
+    batch_of,
     progress_of,
     split_name,
 )
@@ -69,6 +70,7 @@ def summary_of(obj: dict[str, Any], now: float) -> JobSummary:
         restarts=int(status.get("restarts", 0)),
         done=done,
         samples_per_second=speed,
+        **batch_of(status.get("batch")),
     )
 
 

@@ -49,9 +49,10 @@ STATUS: dict[str, Any] = {
     "startTime": "2024-05-01T12:00:00Z",
     "attainedGpuSeconds": 7200.5,
     "throughput": [
-        {"nodes": 1, "workers": 2, "samplesPerSecond": 410.0, "stepSeconds": 0.31},
+        {"nodes": 1, "workers": 2, "samplesPerSecond": 410.0, "stepSeconds": 0.31, "batch": 64},
         {"nodes": 1, "workers": 4, "samplesPerSecond": 790.5},
     ],
+    "batch": {"globalBatch": 128, "accumulation": 2, "goodput": 300.0},
     "progress": {"epoch": 3, "step": 1200, "committedStep": 1199},
     "restarts": 1,
 }

@@ -1,7 +1,8 @@
 """The TrainingJob status and its phase machine.
 
 Aspects tested:
-- a full status round-trips through YAML with RFC 3339 times and the `from`/`to` aliases;
+- a full status round-trips through YAML with RFC 3339 times and the `from`/`to` aliases,
+  the batch of each throughput sample and the batch in use;
 - times without a zone are rejected with a fix; `message` is folded to one line;
 - condition shape (status enum, CamelCase reason) and lookup by type;
 - `JobPhase.can_become` follows the documented diagram: final phases are final, the
@@ -38,6 +39,10 @@ def test_full_status_round_trips() -> None:
     assert status.submit_time == datetime(2024, 5, 1, 11, 59, tzinfo=UTC)
     assert status.throughput[0].samples_per_second == 410.0
     assert status.throughput[1].step_seconds is None
+    assert [t.batch for t in status.throughput] == [64, 0]  # 0: not reported
+    assert status.batch is not None
+    assert (status.batch.global_batch, status.batch.accumulation) == (128, 2)
+    assert status.batch.goodput == 300.0
     assert status.conditions[0].status is ConditionStatus.TRUE
     assert job.to_dict(as_written=True)["status"] == STATUS
     assert load_training_job(job.to_yaml()) == job
@@ -104,6 +109,10 @@ def test_negative_counts_are_refused() -> None:
     with pytest.raises(ValidationError):
         TrainingJobStatus.model_validate(
             {"throughput": [{"nodes": 1, "workers": 0, "samplesPerSecond": 1}]}
+        )
+    with pytest.raises(ValidationError, match="batch"):
+        TrainingJobStatus.model_validate(
+            {"throughput": [{"nodes": 1, "workers": 1, "samplesPerSecond": 1, "batch": -8}]}
         )
 
 

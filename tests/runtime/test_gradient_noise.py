@@ -30,8 +30,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer_runtime.client import CoordinatorClient
+from trainer_runtime.coordinator.records import NoiseRecord
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
-from trainer_runtime.coordinator.state import CoordinatorState, NoiseRecord
+from trainer_runtime.coordinator.state import CoordinatorState
 from trainer_runtime.coordinator.storing import MemoryStore
 from trainer_runtime.noise import NoiseEstimator, NoiseSample
 from trainer_runtime.protocol import pb
@@ -325,9 +326,12 @@ def test_two_gloo_workers_report_their_gradient_statistics(cluster: Cluster) -> 
         waiting_for(lambda: client.progress().HasField("noise"), 90, "gradient statistics")
         for name in ("w0", "w1"):
             assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
-        noise = client.progress().noise
+        progress = client.progress()
+        noise = progress.noise
     finally:
         client.close()
+    # rank 0 reports what it runs at with the statistics: a fixed batch predicts no goodput
+    assert progress.batch == pb.BatchInUse(global_batch=batch, accumulation=1, goodput=0.0)
     assert noise.init_batch == batch
     assert noise.steps >= 1
     assert math.isfinite(noise.grad_sqr) and noise.grad_sqr >= 0

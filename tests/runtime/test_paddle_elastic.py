@@ -156,6 +156,8 @@ def test_fixed_global_batch_matches_a_fixed_size_run(cluster: Cluster) -> None:
     # the allreduce that carried the gradient statistics left the trained parameters exact
     noise = client.progress().noise
     assert noise.init_batch == batch and noise.steps >= 1, noise
+    in_use = client.progress().batch  # what rank 0 runs at, sent with the statistics
+    assert (in_use.global_batch, in_use.accumulation, in_use.goodput) == (batch, 1, 0.0)
     assert noise.grad_var > 0 and math.isfinite(noise.grad_sqr + noise.grad_var), noise
     matching_reference(out, ("w0", "w2"), (samples, epochs, batch), rtol=1e-9, atol=1e-10)
 

@@ -12,8 +12,9 @@ from typing import Any
 
 from trainer_runtime.coordinator.ledger import Ledger
 from trainer_runtime.coordinator.membership import WorkerPhase
+from trainer_runtime.coordinator.records import BatchRecord, NoiseRecord
 from trainer_runtime.coordinator.recovering import ReportError, TrainedRange
-from trainer_runtime.coordinator.state import CoordinatorState, NoiseRecord, Rejoin
+from trainer_runtime.coordinator.state import CoordinatorState, Rejoin
 from trainer_runtime.protocol import pb
 from trainer_runtime.sharding import SampleRange, StepWindow
 
@@ -65,6 +66,14 @@ def noise_from(request: Any) -> NoiseRecord | None:
     return NoiseRecord(int(m.init_batch), float(m.grad_sqr), float(m.grad_var), int(m.steps))
 
 
+def batch_from(request: Any) -> BatchRecord | None:
+    """What rank 0 runs at, as a commit reports it, if it does."""
+    if not request.HasField("batch"):
+        return None
+    m = request.batch
+    return BatchRecord(int(m.global_batch), int(m.accumulation), float(m.goodput))
+
+
 def ledger_message(ledger: Ledger) -> Any:
     return pb.LedgerView(
         epoch=ledger.epoch,
@@ -99,6 +108,7 @@ def progress_message(state: CoordinatorState) -> Any:
                 samples_per_s=t.samples_per_s,
                 step_time_s=t.step_time_s,
                 steps=t.steps,
+                batch=t.batch,
             )
             for t in state.throughput.values()
         ],
@@ -109,5 +119,12 @@ def progress_message(state: CoordinatorState) -> Any:
             grad_sqr=state.noise.grad_sqr,
             grad_var=state.noise.grad_var,
             steps=state.noise.steps,
+        ),
+        batch=None
+        if state.batch is None
+        else pb.BatchInUse(
+            global_batch=state.batch.global_batch,
+            accumulation=state.batch.accumulation,
+            goodput=state.batch.goodput,
         ),
     )

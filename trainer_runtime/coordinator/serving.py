@@ -39,6 +39,7 @@ from google.protobuf.message import Message
 from trainer_runtime.coordinator.membership import WorkerPhase
 from trainer_runtime.coordinator.messages import (
     PHASE_STATUS,
+    batch_from,
     ledger_message,
     member_messages,
     noise_from,
@@ -341,6 +342,7 @@ class CoordinatorService:
                 request.step_time_s,
                 noise_from(request),
                 incarnation=request.incarnation,
+                batch=batch_from(request),
             )
             self.saving()
             return pb.CommitReply(

@@ -25,9 +25,9 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from edl_gradients import statistics_problem
 from trainer_runtime.coordinator.ledger import Ledger, LedgerError, ShardLease
 from trainer_runtime.coordinator.membership import Membership, WorkerPhase
+from trainer_runtime.coordinator.records import BatchRecord, NoiseRecord, ThroughputRecord
 from trainer_runtime.coordinator.recovering import (
     Recovery,
     ReportError,
@@ -39,8 +39,6 @@ from trainer_runtime.protocol.statuses import Replaced, Stale
 from trainer_runtime.sharding import DatasetPlan, StepWindow, counting
 
 LOG = logging.getLogger(__name__)
-
-SMOOTHING = 0.2
 
 
 class FencedError(Stale, PermissionError):
@@ -68,48 +66,6 @@ class Rejoin:
     last_lease_id: int = 0
 
 
-@dataclass(slots=True)
-class ThroughputRecord:
-    """Smoothed throughput of the job at one size (distinct nodes, workers)."""
-
-    nodes: int
-    workers: int
-    samples_per_s: float = 0.0
-    step_time_s: float = 0.0
-    steps: int = 0
-
-    def recording(self, samples: int, step_time_s: float) -> None:
-        if step_time_s <= 0:
-            return
-        rate = samples / step_time_s
-        if self.steps == 0:
-            self.samples_per_s, self.step_time_s = rate, step_time_s
-        else:
-            self.samples_per_s += SMOOTHING * (rate - self.samples_per_s)
-            self.step_time_s += SMOOTHING * (step_time_s - self.step_time_s)
-        self.steps += 1
-
-
-@dataclass(frozen=True, slots=True)
-class NoiseRecord:
-    """The gradient statistics rank 0 reported last (see `GradientNoise` in the proto):
-    what the planner weighs the job's throughput by. Only valid records are kept."""
-
-    init_batch: int
-    grad_sqr: float
-    grad_var: float
-    steps: int
-
-    def problem(self) -> str | None:
-        """Why the record is unusable (the planner's rule, then at least one step), or None."""
-        problem = statistics_problem(self.init_batch, self.grad_sqr, self.grad_var)
-        if problem is not None:
-            return problem
-        if self.steps < 1:
-            return f"steps is {self.steps}: a reported estimate rests on at least one step"
-        return None
-
-
 @dataclass(frozen=True, slots=True)
 class GenerationView:
     """What one worker learns when it asks for the current generation."""
@@ -131,6 +87,7 @@ class CoordinatorState:
     throughput: dict[tuple[int, int], ThroughputRecord] = field(default_factory=dict)
     worker_rates: dict[str, float] = field(default_factory=dict)
     noise: NoiseRecord | None = None
+    batch: BatchRecord | None = None  # what rank 0 runs at, as it last reported
     #: This process's name, given in every reply; not saved (a replacement has its own).
     incarnation: str = field(default_factory=new_incarnation)
     #: Open, unless this state was loaded from a document (``from_json``).
@@ -357,17 +314,37 @@ class CoordinatorState:
         step_time_s: float,
         noise: NoiseRecord | None = None,
         incarnation: str | None = None,
+        batch: BatchRecord | None = None,
     ) -> None:
-        """Commit rank 0's windows; `incarnation`, when given, must be this one."""
+        """Commit rank 0's windows; `incarnation`, when given, must be this one.
+
+        The size's throughput is recorded at the global batch of the last fresh window that
+        does not end its epoch: a window's samples are its step's global batch, except an
+        epoch's last window, which holds what was left (shorter): counted, it would start
+        the record again at a batch the job does not run at."""
         if incarnation is not None:
             self.checking_incarnation(incarnation)
         self.checking_rank0(worker_id, generation)
         fresh = [w for w in windows if w.step > self.ledger.committed_step]
         self.ledger.committing_windows(fresh)
-        if fresh:
-            self.recording_throughput(counting(fresh[-1].ranges), step_time_s)
+        after = [w.epoch for w in fresh[1:]] + [self.ledger.epoch]  # the next step's epoch
+        whole = [w for w, then in zip(fresh, after[: len(fresh)], strict=True) if then == w.epoch]
+        if whole:
+            size = counting(whole[-1].ranges)
+            self.recording_throughput(size, step_time_s, batch=size)
         if noise is not None:
             self.recording_noise(noise)
+        if batch is not None:
+            self.recording_batch(batch)
+
+    def recording_batch(self, batch: BatchRecord) -> None:
+        """Keep the latest valid report of what rank 0 runs at; an invalid one is dropped
+        with a warning (the previous one stays), never refusing the commit it came with."""
+        problem = batch.problem()
+        if problem is not None:
+            LOG.warning("batch in use dropped: %s", problem)
+            return
+        self.batch = batch
 
     def recording_noise(self, noise: NoiseRecord) -> None:
         """Keep the latest valid gradient statistics; an invalid record is dropped with a
@@ -431,10 +408,12 @@ class CoordinatorState:
 
     # ----- throughput -----
 
-    def recording_throughput(self, samples: float, step_time_s: float) -> None:
+    def recording_throughput(self, samples: float, step_time_s: float, batch: int = 0) -> None:
+        """One step of `samples` in `step_time_s` at the current size, at global `batch`
+        (0: not known)."""
         key = (self.membership.nodes(), len(self.membership.ranked))
         record = self.throughput.setdefault(key, ThroughputRecord(*key))
-        record.recording(round(samples), step_time_s)
+        record.recording(round(samples), step_time_s, batch)
 
     # ----- persistence -----
 
@@ -446,9 +425,12 @@ class CoordinatorState:
                 "ledger": self.ledger.to_dict(),
                 "membership": self.membership.to_dict(),
                 "throughput": [
-                    [r.nodes, r.workers, r.samples_per_s, r.step_time_s, r.steps]
+                    [r.nodes, r.workers, r.samples_per_s, r.step_time_s, r.steps, r.batch]
                     for r in self.throughput.values()
                 ],
+                "batch": None
+                if self.batch is None
+                else [self.batch.global_batch, self.batch.accumulation, self.batch.goodput],
                 "noise": None
                 if self.noise is None
                 else [
@@ -470,10 +452,18 @@ class CoordinatorState:
             raise ValueError(f"the document is a JSON {type(data).__name__}, not an object")
         if data.get("format") != 1:
             raise ValueError(f"unknown coordinator state format {data.get('format')!r}")
-        throughput = {
-            (int(n), int(w)): ThroughputRecord(int(n), int(w), float(rate), float(t), int(s))
-            for n, w, rate, t, s in data["throughput"]
+        throughput = {  # a row saved before the batch was kept has 5 numbers: batch 0
+            (int(row[0]), int(row[1])): ThroughputRecord(
+                int(row[0]),
+                int(row[1]),
+                float(row[2]),
+                float(row[3]),
+                int(row[4]),
+                int(row[5]) if len(row) > 5 else 0,
+            )
+            for row in data["throughput"]
         }
+        batch = data.get("batch")  # absent in states saved before it was reported
         membership = Membership.from_dict(data["membership"], now)
         membership.restoring_after_restart(now)
         noise = data.get("noise")  # absent in states saved before it was measured
@@ -486,6 +476,9 @@ class CoordinatorState:
             noise=None
             if noise is None
             else NoiseRecord(int(noise[0]), float(noise[1]), float(noise[2]), int(noise[3])),
+            batch=None
+            if batch is None
+            else BatchRecord(int(batch[0]), int(batch[1]), float(batch[2])),
             incarnation=new_incarnation() if incarnation is None else incarnation,
             # The document may be older than what the last incarnation answered: hear
             # from the workers it knew (each has a full lease timeout to reconnect).

@@ -176,20 +176,32 @@ class StepWindow(_message.Message):
     def __init__(self, step: _Optional[int] = ..., epoch: _Optional[int] = ..., ranges: _Optional[_Iterable[_Union[SampleRange, _Mapping[str, object]]]] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("worker_id", "generation", "windows", "step_time_s", "noise", "incarnation")
+    __slots__ = ("worker_id", "generation", "windows", "step_time_s", "noise", "incarnation", "batch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     NOISE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     generation: int
     windows: _containers.RepeatedCompositeFieldContainer[StepWindow]
     step_time_s: float
     noise: GradientNoise
     incarnation: str
-    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ..., incarnation: _Optional[str] = ...) -> None: ...
+    batch: BatchInUse
+    def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ..., incarnation: _Optional[str] = ..., batch: _Optional[_Union[BatchInUse, _Mapping[str, object]]] = ...) -> None: ...
+
+class BatchInUse(_message.Message):
+    __slots__ = ("global_batch", "accumulation", "goodput")
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    ACCUMULATION_FIELD_NUMBER: _ClassVar[int]
+    GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    global_batch: int
+    accumulation: int
+    goodput: float
+    def __init__(self, global_batch: _Optional[int] = ..., accumulation: _Optional[int] = ..., goodput: _Optional[float] = ...) -> None: ...
 
 class GradientNoise(_message.Message):
     __slots__ = ("init_batch", "grad_sqr", "grad_var", "steps")
@@ -276,21 +288,23 @@ class Empty(_message.Message):
     def __init__(self) -> None: ...
 
 class Throughput(_message.Message):
-    __slots__ = ("nodes", "workers", "samples_per_s", "step_time_s", "steps")
+    __slots__ = ("nodes", "workers", "samples_per_s", "step_time_s", "steps", "batch")
     NODES_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_PER_S_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     nodes: int
     workers: int
     samples_per_s: float
     step_time_s: float
     steps: int
-    def __init__(self, nodes: _Optional[int] = ..., workers: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
+    batch: int
+    def __init__(self, nodes: _Optional[int] = ..., workers: _Optional[int] = ..., samples_per_s: _Optional[float] = ..., step_time_s: _Optional[float] = ..., steps: _Optional[int] = ..., batch: _Optional[int] = ...) -> None: ...
 
 class Progress(_message.Message):
-    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput", "servers", "noise")
+    __slots__ = ("generation", "epoch", "epochs", "committed_step", "samples_done", "samples_per_epoch", "finished", "members", "draining", "throughput", "servers", "noise", "batch")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
@@ -303,6 +317,7 @@ class Progress(_message.Message):
     THROUGHPUT_FIELD_NUMBER: _ClassVar[int]
     SERVERS_FIELD_NUMBER: _ClassVar[int]
     NOISE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     generation: int
     epoch: int
     epochs: int
@@ -315,7 +330,8 @@ class Progress(_message.Message):
     throughput: _containers.RepeatedCompositeFieldContainer[Throughput]
     servers: _containers.RepeatedCompositeFieldContainer[Member]
     noise: GradientNoise
-    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ...) -> None: ...
+    batch: BatchInUse
+    def __init__(self, generation: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., committed_step: _Optional[int] = ..., samples_done: _Optional[int] = ..., samples_per_epoch: _Optional[int] = ..., finished: _Optional[bool] = ..., members: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., draining: _Optional[_Iterable[str]] = ..., throughput: _Optional[_Iterable[_Union[Throughput, _Mapping[str, object]]]] = ..., servers: _Optional[_Iterable[_Union[Member, _Mapping[str, object]]]] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ..., batch: _Optional[_Union[BatchInUse, _Mapping[str, object]]] = ...) -> None: ...
 
 class Snapshot(_message.Message):
     __slots__ = ("state_json",)

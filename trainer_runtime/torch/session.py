@@ -303,6 +303,7 @@ class ElasticSession(generations.Member):
                 settling(self.device)  # NCCL: the allreduces ended, and whole
             if self.meter.keeping() and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
+                self.committer.batch = self.batch_in_use(self.world_size)
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
         except RuntimeError as error:
