@@ -159,11 +159,11 @@ class Member(WorkerSession):
         """What this job runs at with `world_size` workers, as rank 0 reports it: an
         adaptive policy's decision and the goodput it predicts there by its own fitted step
         times and the gradient noise (0 until both are measured); another policy's batch,
-        its accumulation (1 unless it says) and no goodput (it predicts none)."""
+        its accumulation and no goodput (it predicts none)."""
         policy = self.policy
         if not isinstance(policy, AdaptiveBatch):
-            accumulation = getattr(policy, "accumulation", lambda _: 1)(world_size)
-            return BatchInUse(policy.global_batch(world_size), int(accumulation), 0.0)
+            accumulation = policy.accumulation(world_size)
+            return BatchInUse(policy.global_batch(world_size), accumulation, 0.0)
         chosen = policy.decision(world_size)
         batch = chosen.local * chosen.accumulation * world_size
         noise, fitted = usable(self.noise.estimate()), fitting(policy.measured())

@@ -80,6 +80,10 @@ class NoiseEstimate:
     grad_sqr: float
     grad_var: float
     steps: int
+    #: The standard error of `grad_sqr` (how far the smoothed per-step estimates scatter,
+    #: over the steps the average rests on): one step's |G|^2 is the small difference of
+    #: two large numbers when the noise dominates, and a few dozen steps leave it uncertain.
+    sqr_error: float = 0.0
 
 
 class NoiseEstimator:
@@ -95,6 +99,8 @@ class NoiseEstimator:
         self.biased_sqr = 0.0
         self.biased_var = 0.0
         self.weight = 0.0  # 1 - the product of the thetas so far: the debiasing divisor
+        self.biased_sqr2 = 0.0  # the same average of each step's |G|^2 squared
+        self.weight2 = 0.0  # the sum of the squared weights: the average's support
         self.steps = 0
 
     def observing(self, sample: NoiseSample) -> bool:
@@ -107,6 +113,8 @@ class NoiseEstimator:
         self.biased_sqr = theta * self.biased_sqr + (1.0 - theta) * sqr
         self.biased_var = theta * self.biased_var + (1.0 - theta) * variance
         self.weight = theta * self.weight + (1.0 - theta)
+        self.biased_sqr2 = theta * self.biased_sqr2 + (1.0 - theta) * sqr * sqr
+        self.weight2 = theta * theta * self.weight2 + (1.0 - theta) ** 2
         self.steps += 1
         return True
 
@@ -119,7 +127,16 @@ class NoiseEstimator:
         var = max(self.biased_var / self.weight, 0.0) / self.init_batch
         if not (math.isfinite(sqr) and math.isfinite(var)) or sqr + var <= 0:
             return None
-        return NoiseEstimate(self.init_batch, sqr, var, self.steps)
+        return NoiseEstimate(self.init_batch, sqr, var, self.steps, self.sqr_error())
+
+    def sqr_error(self) -> float:
+        """The standard error of the smoothed |G|^2: the weighted spread of the per-step
+        estimates times the square root of the weights' sum of squares (1/n for n equal
+        weights), over the debiasing divisor."""
+        mean = self.biased_sqr / self.weight
+        spread = max(self.biased_sqr2 / self.weight - mean * mean, 0.0)
+        error = math.sqrt(spread * self.weight2) / self.weight
+        return error if math.isfinite(error) else 0.0
 
     def shared_state(self) -> dict[str, Any]:
         return {
@@ -127,6 +144,8 @@ class NoiseEstimator:
             "biased_sqr": self.biased_sqr,
             "biased_var": self.biased_var,
             "weight": self.weight,
+            "biased_sqr2": self.biased_sqr2,
+            "weight2": self.weight2,
             "steps": self.steps,
         }
 
@@ -135,6 +154,8 @@ class NoiseEstimator:
         self.biased_sqr = float(state["biased_sqr"])
         self.biased_var = float(state["biased_var"])
         self.weight = float(state["weight"])
+        self.biased_sqr2 = float(state.get("biased_sqr2", 0.0))
+        self.weight2 = float(state.get("weight2", 0.0))
         self.steps = int(state["steps"])
 
 

@@ -110,6 +110,7 @@ def estimate_fields(estimate: NoiseEstimate | None) -> dict[str, Any] | None:
         "grad_sqr": estimate.grad_sqr,
         "grad_var": estimate.grad_var,
         "steps": estimate.steps,
+        "sqr_error": estimate.sqr_error,
     }
 
 

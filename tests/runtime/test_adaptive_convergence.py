@@ -3,14 +3,15 @@ what the job really measured (real processes, gloo on CPU).
 
 Aspects:
 - a small classifier (`adaptive_job.py`: 8 classes, 30% label noise) trained with the
-  adaptive batch through the resize schedule 1 -> 3 -> 2 workers reaches, after the same
-  epochs over the same data, the validation loss of the fixed-batch run within 2%; and the
-  adaptive run really changed its batch (otherwise this proves nothing);
-- at that decision the rate factor adopted is `gain(init, sqr, var, B)` of the estimate
-  the decision came from (to float32's rounding: the decision travels in the step's float32
-  vote), and that estimate is close to |G|^2 and the per-sample gradient variance computed
-  offline, from per-sample gradients over the whole training set, of the model saved at
-  the decision (tolerances at `offline_statistics`).
+  adaptive batch through the resize schedule 1 -> 3 -> 2 workers reaches the validation
+  loss of the fixed-batch run (same data, 2 epochs) within 2%, where its AdaScale progress
+  reaches the fixed run's steps; and the adaptive run really changed its batch
+  (otherwise this proves nothing);
+- at that decision the rate factor adopted is `gain(init, sqr, var, B)` of the cautious
+  estimate the decision came from (to float32's rounding: the decision travels in the
+  step's float32 vote), and it matches the gain computed offline, from per-sample
+  gradients over the whole training set, of the model saved at the decision (tolerances
+  at the assertions).
 
 Bounded: every wait has a timeout; no assertion on time.
 """
@@ -143,17 +144,20 @@ def test_adaptive_batch_converges_as_the_fixed_one_through_resizes(cluster: Clus
     at_par = next(e for e in evaluations if e["progress"] >= fixed_steps)
     assert at_par["samples"] < SAMPLES * ADAPTIVE_EPOCHS  # reached before the job's end
     adaptive = at_par["val_loss"]
-    assert abs(adaptive - fixed) <= 0.02 * fixed, (adaptive, fixed, at_par, decisions)
+    assert adaptive <= 1.02 * fixed, (adaptive, fixed, at_par, decisions)  # reached, to 2%
 
     saved = [torch.load(path) for path in sorted(out.glob("decision-*.pt"))]
     at = next(s for s in saved if informed(s["decision"]) and s["decision"]["lr_factor"] > 1)
     decision, used = at["decision"], at["decision"]["decided_with"]
-    expected = gain(
-        used["init_batch"], used["grad_sqr"], used["grad_var"], decision["global_batch"]
-    )
+    cautious = used["grad_sqr"] + used["sqr_error"]  # what the policy decides by (`usable`)
+    expected = gain(used["init_batch"], cautious, used["grad_var"], decision["global_batch"])
     assert decision["lr_factor"] == pytest.approx(expected, rel=1e-6)
     sqr, sigma2 = offline_statistics(at["model"])
-    early_sqr, early_sigma2 = offline_statistics(torch.load(out / "first-noise.pt")["model"])
-    print("decision", decision, "offline", sqr, sigma2, early_sqr, early_sigma2)
+    # The variance hardly moves as training goes (label noise): the estimate is within a
+    # quarter of the offline value. |G|^2 falls as the model learns, and the estimate is a
+    # moving average over the way there, made cautious by a standard error (`usable`): so
+    # the gain the job took is compared, within a fifth, with the offline gain at the
+    # decision's model (measured: 4-6% below it).
     assert used["grad_var"] * used["init_batch"] == pytest.approx(sigma2, rel=0.25)
-    assert sqr / 2 <= used["grad_sqr"] <= 2 * max(early_sqr, sqr)
+    offline = gain(used["init_batch"], sqr, sigma2 / used["init_batch"], decision["global_batch"])
+    assert decision["lr_factor"] == pytest.approx(offline, rel=0.2), (decision, sqr, sigma2)
