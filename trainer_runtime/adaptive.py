@@ -5,11 +5,12 @@
 policy = AdaptiveBatch(initial_batch=128, max_batch=4096, max_local=256, base_lr=0.1)
 ```
 At every generation's formation, and then each time its gradient-noise estimate has news
-while the generation trains, rank 0 asks the one decision rule (`edl_gradients.goodput.choosing`)
-for the per-GPU batch and the accumulation steps that maximize throughput times
-statistical efficiency, from this job's own measurements: the step times it ran at (as
-measured between measured batches, fitted by `edl_gradients.goodput.fitting` elsewhere:
-`MeasuredSteps`) and its gradient noise (`trainer_runtime.noise`). The
+while the generation trains, rank 0 asks the one decision rule
+(`edl_gradients.goodput.choosing`) for the per-GPU batch and the accumulation steps that
+maximize throughput times statistical efficiency, from this job's own measurements: the
+step times it ran at (as measured between measured batches, fitted by
+`edl_gradients.goodput.fitting` elsewhere: `MeasuredSteps`) and its gradient noise
+(`trainer_runtime.noise`, with |G|^2 taken one standard error up: `usable`). The
 learning rate follows the global batch by `lr` (`LrScaling`): AdaScale by default (the
 rate is multiplied by the gain of the batch, Johnson et al., ICML'20), or the square-root
 or linear rule; every change of the rate is ramped over `warmup_steps` and compensated in
@@ -131,6 +132,10 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     _since_change: int = field(default=0, init=False)
     _progress: float = field(default=0.0, init=False)
     _measures: dict[tuple[int, int, int], float] = field(default_factory=dict, init=False)
+    # derived once: the bounds, and the initial batch's shape at each world size (every
+    # step asks for the decision in force: a hot path)
+    _limits: BatchLimits = field(init=False, repr=False)
+    _initial: dict[int, Decision] = field(default_factory=dict, init=False, repr=False)
     # rank 0's own: when it last decided, on how many measured noise steps, and how many
     # steps it timed at the batch in force since
     _decided_at: float = field(default=-math.inf, init=False)
@@ -138,7 +143,9 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     _timed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
-        BatchLimits(self.initial_batch, self.max_batch, self.max_local, self.min_local)
+        self._limits = BatchLimits(
+            self.initial_batch, self.max_batch, self.max_local, self.min_local
+        )
         if not self.base_lr > 0:
             raise ValueError(f"AdaptiveBatch.base_lr is {self.base_lr}: it must be > 0")
         if self.warmup_steps < 0:
@@ -157,7 +164,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
 
     @property
     def limits(self) -> BatchLimits:
-        return BatchLimits(self.initial_batch, self.max_batch, self.max_local, self.min_local)
+        return self._limits
 
     # ----- what every rank reads -----
 
@@ -165,8 +172,16 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         """The decision in force at `world_size` (the initial batch before any)."""
         if self._decision is not None and self._workers == world_size:
             return self._decision
-        local, accumulation = shaping(self.initial_batch / world_size, self.limits)
-        return Decision(local, accumulation, self.lr_factor(local * accumulation * world_size))
+        return self.initial(world_size)
+
+    def initial(self, world_size: int) -> Decision:
+        """The initial batch split over `world_size` workers, at its rate."""
+        initial = self._initial.get(world_size)
+        if initial is None:
+            local, accumulation = shaping(self.initial_batch / world_size, self.limits)
+            factor = self.lr_factor(local * accumulation * world_size)
+            initial = self._initial[world_size] = Decision(local, accumulation, factor)
+        return initial
 
     def global_batch(self, world_size: int) -> int:
         chosen = self.decision(world_size)
@@ -283,8 +298,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         informed = usable(noise)
         fitted = fitting(self.measured())
         if informed is None or fitted is None:
-            local, accumulation = shaping(self.initial_batch / world_size, self.limits)
-            return Decision(local, accumulation, self.lr_factor(local * accumulation * world_size))
+            return self.initial(world_size)
         model = MeasuredSteps(fitted, tuple(self.measured()))
         before = self._decision
         also: list[tuple[int, int]] = []

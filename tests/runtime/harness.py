@@ -165,3 +165,48 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     job = Cluster(tmp_path)
     yield job
     job.stopping_all()
+
+
+#: The global batches `changing_batch` cycles through, and the windows they make at 2 or 3
+#: workers with at most 3 samples a rank at once.
+BATCH_CYCLE = "6,20,9,14"
+CYCLE_WINDOWS = frozenset({6, 20, 9, 14, 21, 12, 10, 15, 16})
+
+
+def changing_batch(
+    cluster: Cluster, worker_args: list[str], coordinator_args: list[str], startup_s: float
+) -> list[str]:
+    """Run a ledger job whose batch goes through `BATCH_CYCLE` (`elastic_job.cycling`),
+    through a join 2 -> 3, a SIGKILL 3 -> 2 and a coordinator restart, each a few steps
+    after the last; the survivors, once they exited 0. The coordinator was started by the
+    caller with a join window that waits for `set_target`'s workers; `coordinator_args`
+    start its replacement."""
+    client = cluster.client()
+    client.set_target(2)
+
+    def advancing(by: int) -> None:
+        target = int(client.progress().committed_step) + by
+        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+
+    def members() -> list[str]:
+        return [m.worker_id for m in client.progress().members]
+
+    args = [*worker_args, "--batch-cycle", BATCH_CYCLE, "--max-local", "3"]
+    for name in ("w0", "w1", "w2"):  # the third waits for the target (its imports paid)
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(members()) == 2, startup_s, "two workers")
+    advancing(6)
+    client.set_target(3)  # 2 -> 3
+    waiting_for(lambda: len(members()) == 3, 90, "a third to join")
+    advancing(6)
+    killed = members()[1]
+    cluster.killing(killed)  # 3 -> 2
+    advancing(6)
+    assert not client.progress().finished, "the restart should land mid-job"
+    cluster.killing("coordinator")
+    time.sleep(0.5)
+    cluster.starting_coordinator(*coordinator_args)
+    survivors = [name for name in ("w0", "w1", "w2") if name != killed]
+    for name in survivors:
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    return survivors
