@@ -254,8 +254,13 @@ class ElasticSession(generations.Member):
             self.meter.arming(self.window.step, self.last_micro_batch)
             if self.world_size > 1 and self.micro_batch == 0:
                 # every rank votes once a step, at the same point: its first micro-batch
-                news = (1.0 if self.agent.changed() else 0.0, *self.proposing_batch())
-                self.vote.copy_(torch.tensor(news, dtype=self.vote.dtype))
+                changed, decision = self.agent.changed(), self.proposing_batch()
+                if any(decision):  # rare: a host copy (on a GPU, a synchronous one)
+                    news = (1.0 if changed else 0.0, *decision)
+                    self.vote.copy_(torch.tensor(news, dtype=self.vote.dtype))
+                else:  # every other step: kernels only, as the vote alone was
+                    self.vote.zero_()
+                    self.vote[:1].fill_(1.0 if changed else 0.0)
                 self.voting = dist.all_reduce(self.vote, async_op=True)
             yield self.fetching(mine.ranges)
 
