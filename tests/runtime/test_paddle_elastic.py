@@ -16,6 +16,8 @@ Aspects:
 - with a batch that changes at every formation and every few steps inside a generation
   (an adaptive policy's own paths: the state sent with the model, the gradient allreduce),
   through a join, a SIGKILL and a coordinator restart, the ledger is still exact;
+- the adaptive batch sets a decision's rate on a Paddle optimizer and compensates its
+  velocities, as PyTorch's does;
 - bad input: an unreachable coordinator is a clear error within the timeout; a policy
   that cannot drive the optimizer names the fix.
 """
@@ -32,9 +34,10 @@ import paddle
 import pytest
 from paddle import nn
 
+from trainer_runtime.adaptive import Decision
 from trainer_runtime.client import CoordinatorUnreachable
 from trainer_runtime.environment import WorkerContract
-from trainer_runtime.paddle import KeepGlobalBatch, ScaleBatch, session
+from trainer_runtime.paddle import AdaptiveBatch, KeepGlobalBatch, ScaleBatch, session
 from trainer_runtime.sharding import DatasetPlan, Walk
 
 from .harness import CYCLE_WINDOWS, TOKEN, Cluster, changing_batch, waiting_for
@@ -261,6 +264,36 @@ def test_scale_batch_refuses_a_scheduler_and_compensates_momentum() -> None:
     assert optimizer.get_lr() == pytest.approx(0.2)
     for name, velocity in optimizer._accumulators["velocity"].items():
         assert float(velocity.numpy().sum()) == pytest.approx(before[name] / 2)
+
+
+def test_the_adaptive_batch_sets_a_paddle_rate_and_compensates_momentum() -> None:
+    """The same policy object as PyTorch's (`trainer_runtime.adaptive`), through Paddle's
+    hooks: a decision's rate factor is set on the optimizer and its velocities are
+    rescaled; a scheduler-owned rate is refused with the fix named."""
+    model = nn.Linear(2, 1)
+    scheduler = paddle.optimizer.lr.StepDecay(learning_rate=0.1, step_size=10)
+    scheduled = paddle.optimizer.Momentum(learning_rate=scheduler, parameters=model.parameters())
+    policy = AdaptiveBatch(initial_batch=8, max_batch=64, max_local=8, base_lr=0.1)
+    with pytest.raises(TypeError, match="float learning_rate"):
+        policy.adjusting(scheduled, 2)
+    optimizer = paddle.optimizer.Momentum(
+        learning_rate=0.1, momentum=0.9, parameters=model.parameters()
+    )
+    policy.adjusting(optimizer, 2)
+    assert optimizer.get_lr() == pytest.approx(0.1) and policy.accumulation(2) == 1
+    model(paddle.ones([3, 2])).mean().backward()
+    optimizer.step()
+    optimizer.clear_grad()
+    before = {
+        name: float(v.numpy().sum()) for name, v in optimizer._accumulators["velocity"].items()
+    }
+    policy.adopting_decision(Decision(8, 2, 2.5))  # 8 x 2 micro-batches on each of 2 ranks
+    policy._workers = 2
+    assert policy.global_batch(2) == 32 and policy.accumulation(2) == 2
+    policy.adjusting(optimizer, 2)
+    assert optimizer.get_lr() == pytest.approx(0.25)
+    for name, velocity in optimizer._accumulators["velocity"].items():
+        assert float(velocity.numpy().sum()) == pytest.approx(before[name] / 2.5)
 
 
 @pytest.mark.slow
