@@ -2,7 +2,7 @@
 steps that maximize goodput, throughput times statistical efficiency (Pollux's model).
 
 Two callers ask it and must agree: the runtime's adaptive batch policy
-(``trainer_runtime.batching.AdaptiveBatch``), which decides the batch a job really trains
+(``trainer_runtime.adaptive.AdaptiveBatch``), which decides the batch a job really trains
 at from its own measured step times and gradient noise, and the simulator's model of that
 policy (``simulations.profiles``), which decides from an application's measured profile.
 Each passes its step-time function and its gain function; the candidates, the objective
@@ -34,9 +34,11 @@ by least squares toward a prior, so one measured batch already gives a usable mo
 
 What must stay true: pure and deterministic (the same inputs choose the same batch on
 every rank and in the simulator); the chosen global batch is within
-``[init_batch, max(init_batch, max_batch)]`` (a caller's own candidate aside) and its
-per-GPU micro-batch within ``[min_local, max_local]``; this module imports nothing of the
-project and does no I/O.
+``[init_batch, max(init_batch, max_batch)]``, but for a caller's own candidate and two
+cases the bounds cannot hold: ``min_local`` on every worker may already exceed
+``max_batch``, and the smallest candidate is kept even when shaping it into whole
+micro-batches overshoots; its per-GPU micro-batch is within ``[min_local, max_local]``;
+this module imports nothing of the project and does no I/O.
 """
 
 from __future__ import annotations
@@ -188,6 +190,10 @@ class MeasuredSteps:
 
     model: StepTimes
     measures: tuple[StepMeasure, ...]
+
+    # Outside the measured batches the model takes over, and may undercut the largest
+    # measurement (a step there looks cheaper than measured): `AdaptiveBatch` moves the
+    # batch at most 2x a decision, and measures each batch it adopts before going on.
 
     def step_time(self, workers: int, local: float, accumulation: int) -> float:
         points = sorted(

@@ -136,6 +136,8 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
     # step asks for the decision in force: a hot path)
     _limits: BatchLimits = field(init=False, repr=False)
     _initial: dict[int, Decision] = field(default_factory=dict, init=False, repr=False)
+    # the decision every rank adopted last, and its world: what one decision may move 2x
+    _basis: tuple[Decision | None, int] = field(default=(None, 0), init=False, repr=False)
     # rank 0's own: when it last decided, on how many measured noise steps, and how many
     # steps it timed at the batch in force since
     _decided_at: float = field(default=-math.inf, init=False)
@@ -233,6 +235,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         """Every rank, at the same step boundary: take the decision a step's vote carried
         (for the world the current one is for)."""
         self._decision, self._timed = decision, 0
+        self._basis = (decision, self._workers)
 
     # ----- rank 0 -----
 
@@ -290,24 +293,25 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         after = self.goodput(model, informed, world_size, best)
         return best if after >= self.min_speedup * before else None
 
-    def best(self, world_size: int, noise: NoiseEstimate | None) -> Decision:
+    def best(self, world_size: int, noise: NoiseEstimate | None, bounded: bool = True) -> Decision:
         """The decision with the most goodput at `world_size` by this job's measurements,
-        within a factor `MAX_CHANGE` of the global batch in force (so that one noisy
-        estimate cannot swing the batch, and the rate, far); the initial batch where the
-        job has measured no usable noise or no step yet."""
+        within a factor `MAX_CHANGE` of the global batch every rank adopted last (the
+        initial batch before any), so that one noisy estimate cannot swing the batch, and
+        the rate, far; the initial batch where the job has measured no usable noise or no
+        step yet. Not `bounded`: the rule's own choice (what the simulator models)."""
         informed = usable(noise)
         fitted = fitting(self.measured())
         if informed is None or fitted is None:
             return self.initial(world_size)
         model = MeasuredSteps(fitted, tuple(self.measured()))
-        before = self._decision
-        also: list[tuple[int, int]] = []
-        within = None
-        if before is not None and self._workers > 0:
-            in_force = before.local * before.accumulation * self._workers
-            within = (in_force / MAX_CHANGE, in_force * MAX_CHANGE)
-            if self._workers == world_size:
-                also.append((before.local, before.accumulation))
+        # the basis is what every rank adopted: a failed formation's decision, made
+        # again for its retry, does not move the bound
+        before, workers = self._basis
+        if before is None or workers <= 0:
+            before, workers = self.initial(world_size), world_size
+        in_force = before.local * before.accumulation * workers
+        within = (in_force / MAX_CHANGE, in_force * MAX_CHANGE) if bounded else None
+        also = [(before.local, before.accumulation)] if workers == world_size else []
         choice = choosing(
             self.limits,
             world_size,
@@ -347,7 +351,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         }
 
     def adopting(self, state: dict[str, Any]) -> None:
-        if not state:  # a checkpoint of another policy, or none
+        if "measures" not in state:  # none, or another policy's (a checkpoint of it)
             return
         carried = state.get("decision")
         self._decision = None if carried is None else Decision.read(carried)
@@ -356,6 +360,7 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         self._from_lr = float(state["from_lr"])
         self._since_change = int(state["since_change"])
         self._progress = float(state.get("progress", 0.0))
+        self._basis = (self._decision, self._workers)
         self._measures = {
             (int(w), int(local), int(steps)): float(s) for w, local, steps, s in state["measures"]
         }

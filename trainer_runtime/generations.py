@@ -162,7 +162,7 @@ class Member(WorkerSession):
         its accumulation and no goodput (it predicts none)."""
         policy = self.policy
         if not isinstance(policy, AdaptiveBatch):
-            accumulation = policy.accumulation(world_size)
+            accumulation = accumulation_of(policy, world_size)
             return BatchInUse(policy.global_batch(world_size), accumulation, 0.0)
         chosen = policy.decision(world_size)
         batch = chosen.local * chosen.accumulation * world_size
@@ -257,7 +257,9 @@ class Member(WorkerSession):
                 if self.finishing():
                     return
                 continue
-            parts = micro_slicing(window, world_size, rank, self.policy.accumulation(world_size))
+            parts = micro_slicing(
+                window, world_size, rank, accumulation_of(self.policy, world_size)
+            )
             self.window, self.window_size = window, parts[0].window_size
             self.local_samples = sum(part.samples for part in parts)
             self.micro_batches = len(parts)
@@ -347,6 +349,13 @@ class Member(WorkerSession):
                     error,
                 )
         raise RuntimeError(f"no generation formed after {self.max_failed_formations} attempts")
+
+
+def accumulation_of(policy: BatchPolicy[Any], world_size: int) -> int:
+    """The micro-batches a step of `policy` takes at `world_size`: 1 for a job's own
+    policy written before accumulation was (it has no `accumulation`)."""
+    counting_micro_batches = getattr(policy, "accumulation", None)
+    return 1 if counting_micro_batches is None else int(counting_micro_batches(world_size))
 
 
 def handover(

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from edl_gradients.goodput import BatchLimits, shaping
 from trainer_runtime.client import CoordinatorClient
 from trainer_runtime.coordinator.serving import CoordinatorServer, CoordinatorService
 from trainer_runtime.coordinator.state import ConsumptionMode, CoordinatorState
@@ -167,10 +168,22 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     job.stopping_all()
 
 
-#: The global batches `changing_batch` cycles through, and the windows they make at 2 or 3
-#: workers with at most 3 samples a rank at once.
+#: The global batches `changing_batch` cycles through, with at most 3 samples a rank at once.
 BATCH_CYCLE = "6,20,9,14"
-CYCLE_WINDOWS = frozenset({6, 20, 9, 14, 21, 12, 10, 15, 16})
+
+
+def cycle_windows(workers: tuple[int, ...] = (2, 3)) -> frozenset[int]:
+    """The windows `BATCH_CYCLE` makes at those world sizes: each batch shaped into whole
+    micro-batches of at most 3 (`edl_gradients.goodput.shaping`, as the policy does), so
+    20 on 2 workers is 4 micro-batches of 3 each, a window of 24."""
+    batches = [int(b) for b in BATCH_CYCLE.split(",")]
+    limits = BatchLimits(min(batches), max(batches), max_local=3)
+    windows = set()
+    for batch in batches:
+        for world in workers:
+            local, steps = shaping(batch / world, limits)
+            windows.add(local * steps * world)
+    return frozenset(windows)
 
 
 def changing_batch(

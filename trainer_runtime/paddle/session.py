@@ -236,7 +236,8 @@ class ElasticSession(generations.Member):
         self.adopting_batch(decision)
         if probe is not None and probe.sample is not None and self.noise.observing(probe.sample):
             self.committer.noise = self.noise.estimate() if self.group.rank == 0 else None
-            self.committer.batch = self.batch_in_use(self.world_size)  # sent by rank 0 only
+            if self.group.rank == 0:  # only rank 0 sends it (a fit: not on every rank)
+                self.committer.batch = self.batch_in_use(self.world_size)
         if self.group.rank == 0:
             self.committer.enqueue(self.group.generation, self.window, time.monotonic())
 

@@ -117,7 +117,7 @@ class ElasticSession(generations.Member):
         # all of them leave at the boundary after a step whose sum is not 0. The vote also
         # carries rank 0's re-decision of an adaptive batch (`generations.proposing_batch`),
         # which every rank adopts at that boundary.
-        self.vote = torch.zeros(1 + CARRIED, device=self.device)
+        self.vote = torch.zeros(1 + CARRIED, dtype=torch.float32, device=self.device)
         self.voting: dist.Work | None = None
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
 
