@@ -285,10 +285,9 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         if (best.local, best.accumulation) == (current.local, current.accumulation):
             moved = abs(math.log(best.lr_factor / current.lr_factor))
             return best if moved >= math.log(self.min_speedup) else None
-        fitted = fitting(self.measured())
-        if fitted is None:
+        model = self.step_model()
+        if model is None:
             return None
-        model = MeasuredSteps(fitted, tuple(self.measured()))
         before = self.goodput(model, informed, world_size, current)
         after = self.goodput(model, informed, world_size, best)
         return best if after >= self.min_speedup * before else None
@@ -299,11 +298,9 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         initial batch before any), so that one noisy estimate cannot swing the batch, and
         the rate, far; the initial batch where the job has measured no usable noise or no
         step yet. Not `bounded`: the rule's own choice (what the simulator models)."""
-        informed = usable(noise)
-        fitted = fitting(self.measured())
-        if informed is None or fitted is None:
+        informed, model = usable(noise), self.step_model()
+        if informed is None or model is None:
             return self.initial(world_size)
-        model = MeasuredSteps(fitted, tuple(self.measured()))
         # the basis is what every rank adopted: a failed formation's decision, made
         # again for its retry, does not move the bound
         before, workers = self._basis
@@ -323,6 +320,21 @@ class AdaptiveBatch(abc.ABC, Generic[OptimizerT]):
         return Decision(
             choice.local, choice.accumulation, self.lr_factor(choice.global_batch, informed)
         )
+
+    def step_model(self) -> MeasuredSteps | None:
+        """Step times as this job measured them, fitted between and beyond; None before
+        the first measured step."""
+        measured = self.measured()
+        fitted = fitting(measured)
+        return None if fitted is None else MeasuredSteps(fitted, tuple(measured))
+
+    def predicted_goodput(self, world_size: int, noise: NoiseEstimate | None) -> float:
+        """The goodput the decision in force at `world_size` should give, by this job's
+        step times and its noise as it decides by (`usable`); 0 until both are measured."""
+        informed, model = usable(noise), self.step_model()
+        if informed is None or model is None:
+            return 0.0
+        return self.goodput(model, informed, world_size, self.decision(world_size))
 
     def goodput(
         self, model: MeasuredSteps, noise: NoiseEstimate, world_size: int, chosen: Decision

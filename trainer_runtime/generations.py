@@ -32,8 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
-from edl_gradients.goodput import MeasuredSteps, fitting
-from trainer_runtime.adaptive import CARRIED, AdaptiveBatch, Decision, usable
+from trainer_runtime.adaptive import CARRIED, AdaptiveBatch, Decision
 from trainer_runtime.agent import Assignment, Outcome, WorkerAgent
 from trainer_runtime.batching import BatchPolicy, initial_batch
 from trainer_runtime.checkpoints import Checkpoint, Keeper
@@ -164,14 +163,9 @@ class Member(WorkerSession):
         if not isinstance(policy, AdaptiveBatch):
             accumulation = accumulation_of(policy, world_size)
             return BatchInUse(policy.global_batch(world_size), accumulation, 0.0)
-        chosen = policy.decision(world_size)
-        batch = chosen.local * chosen.accumulation * world_size
-        noise, fitted = usable(self.noise.estimate()), fitting(policy.measured())
-        if noise is None or fitted is None:
-            return BatchInUse(batch, chosen.accumulation, 0.0)
-        model = MeasuredSteps(fitted, tuple(policy.measured()))
-        goodput = policy.goodput(model, noise, world_size, chosen)
-        return BatchInUse(batch, chosen.accumulation, goodput)
+        goodput = policy.predicted_goodput(world_size, self.noise.estimate())
+        accumulation = policy.accumulation(world_size)
+        return BatchInUse(policy.global_batch(world_size), accumulation, goodput)
 
     def proposing_batch(self) -> tuple[float, ...]:
         """What this rank adds to the step's vote on the batch: rank 0 an adaptive policy's

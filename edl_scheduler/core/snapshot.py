@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Final
 
 from edl_gradients import FieldNames, statistics_problem
+from edl_gradients.goodput import gain
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
 
 
@@ -211,8 +212,7 @@ class Efficiency:
             raise ValueError(f"{problem}: report the gradient statistics the job measured")
 
     def gain(self, batch: float) -> float:
-        scale = batch / self.init_batch
-        return (self.grad_var + self.grad_sqr) / (self.grad_var / scale + self.grad_sqr)
+        return gain(self.init_batch, self.grad_sqr, self.grad_var, batch)  # the one rule
 
 
 @dataclass(slots=True, init=False)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from edl_gradients.goodput import MeasuredSteps, StepTimes, fitting
+from edl_gradients.goodput import StepTimes, gain
 from trainer_runtime import adaptive, generations
 from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.client import CoordinatorClient
@@ -208,11 +208,15 @@ def test_a_worker_reports_its_policys_batch_and_goodput() -> None:
         policy.observing(4, model.step_time(4, 16, 1))
     policy.deciding(4, noise, now=0.0)
     chosen = policy.decision(4)
-    fitted = fitting(policy.measured())
-    assert fitted is not None
-    expected = policy.goodput(MeasuredSteps(fitted, tuple(policy.measured())), noise, 4, chosen)
+    seconds = model.step_time(4, chosen.local, chosen.accumulation)
+    for _ in range(3):  # measured at the batch in force: the prediction is the measurement
+        policy.observing(4, seconds)
+    batch = chosen.local * chosen.accumulation * 4
+    expected = 64 * gain(64, 1.0, 50.0, batch) / seconds  # samples/s at the initial batch
     reported = batch_in_use(policy, noise, 4)
-    assert reported == BatchInUse(policy.global_batch(4), chosen.accumulation, expected)
+    assert reported.global_batch == policy.global_batch(4) == batch
+    assert reported.accumulation == chosen.accumulation
+    assert reported.goodput == pytest.approx(expected)
     assert reported.global_batch > 64 and reported.goodput > 0
     few = NoiseEstimate(64, 1.0, 50.0, steps=adaptive.MIN_NOISE_STEPS - 1)
     assert batch_in_use(policy, few, 4).goodput == 0.0  # noise the policy does not use yet
