@@ -45,7 +45,24 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument(
         "--trace", type=Path, help="append 'ready TIME WORKER' and 'step TIME gGEN WORLD PID'"
     )
+    parser.add_argument(
+        "--gate",
+        type=Path,
+        help="wait (up to 300 s) for this file before joining: a test starts a newcomer "
+        "early, so that its imports are paid before the moment it joins",
+    )
     return parser
+
+
+def waiting_for_gate(args: argparse.Namespace) -> None:
+    """With `--gate`, return once the file exists (a test's signal to join)."""
+    if not args.gate:
+        return
+    deadline = time.monotonic() + 300
+    while not args.gate.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{args.gate} did not appear within 300 s")
+        time.sleep(0.02)
 
 
 def policy(args: argparse.Namespace, adaptive: type[AdaptiveBatch[Any]]) -> Any:

@@ -168,6 +168,12 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     job.stopping_all()
 
 
+def gated(args: list[str], gate: Path) -> list[str]:
+    """A newcomer started with the others, that joins once `gate` exists: its imports
+    must not decide whether it joins before the job ends (`elastic_job.waiting_for_gate`)."""
+    return [*args, "--gate", str(gate)]
+
+
 #: The global batches `changing_batch` cycles through, with at most 3 samples a rank at once.
 BATCH_CYCLE = "6,20,9,14"
 
@@ -205,11 +211,16 @@ def changing_batch(
         return [m.worker_id for m in client.progress().members]
 
     args = [*worker_args, "--batch-cycle", BATCH_CYCLE, "--max-local", "3"]
-    for name in ("w0", "w1", "w2"):  # the third waits for the target (its imports paid)
+    # The target closes the join window, it does not cap the generation: a third worker
+    # that registered with the first two would be in the first generation, so it waits.
+    gate = cluster.root / "w2-joins"
+    for name in ("w0", "w1"):
         cluster.starting_worker(name, args)
+    cluster.starting_worker("w2", gated(args, gate))
     waiting_for(lambda: len(members()) == 2, startup_s, "two workers")
     advancing(6)
     client.set_target(3)  # 2 -> 3
+    gate.touch()
     waiting_for(lambda: len(members()) == 3, 90, "a third to join")
     advancing(6)
     killed = members()[1]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +19,7 @@ from paddle import nn
 
 if not __package__:  # run as a script: the repository's root is where `tests` is found
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.runtime.elastic_job import arguments, policy, training
+from tests.runtime.elastic_job import arguments, policy, training, waiting_for_gate
 from trainer_runtime.paddle import AdaptiveBatch, session
 
 
@@ -56,14 +55,7 @@ def momentum(model: nn.Layer) -> paddle.optimizer.Momentum:
 
 
 def main() -> None:
-    parser = arguments()
-    parser.add_argument(
-        "--gate",
-        type=Path,
-        help="wait (up to 300 s) for this file before joining: a test starts a newcomer "
-        "early, so that its imports are paid before the moment it joins",
-    )
-    args = parser.parse_args()
+    args = arguments().parse_args()
     paddle.set_device("cpu")
     worker = os.environ["EDL_WORKER_ID"]
     model: nn.Layer
@@ -78,12 +70,7 @@ def main() -> None:
         optimizer = momentum(model)
         dataset = mlp_data(args.samples)
     trace = args.trace.open("a", buffering=1) if args.trace else None
-    if args.gate:
-        deadline = time.monotonic() + 300
-        while not args.gate.exists():
-            if time.monotonic() > deadline:
-                raise SystemExit(f"{args.gate} did not appear within 300 s")
-            time.sleep(0.02)
+    waiting_for_gate(args)
     with session(model, optimizer, dataset, policy(args, AdaptiveBatch)) as s:
         summary = training(s, args, nn.functional.cross_entropy, trace)
     args.out.mkdir(parents=True, exist_ok=True)

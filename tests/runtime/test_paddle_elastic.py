@@ -40,7 +40,7 @@ from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle import AdaptiveBatch, KeepGlobalBatch, ScaleBatch, session
 from trainer_runtime.sharding import DatasetPlan, Walk
 
-from .harness import TOKEN, Cluster, changing_batch, cycle_windows, waiting_for
+from .harness import TOKEN, Cluster, changing_batch, cycle_windows, gated, waiting_for
 from .paddle_job import mlp, mlp_arrays, momentum
 
 JOB = str(Path(__file__).with_name("paddle_job.py"))
@@ -56,12 +56,6 @@ def job_args(kind: str, samples: int, out: Path, batch: int, sleep_s: float) -> 
         JOB, "--kind", kind, "--samples", str(samples), "--global-batch", str(batch),
         "--step-sleep-s", str(sleep_s), "--out", str(out),
     ]  # fmt: skip
-
-
-def gated(args: list[str], gate: Path) -> list[str]:
-    """A newcomer started with the others, that joins once `gate` exists: its imports
-    must not decide whether it joins before the job ends."""
-    return [*args, "--gate", str(gate)]
 
 
 def coordinator_args(samples: int, epochs: int) -> list[str]:

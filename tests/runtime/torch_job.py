@@ -24,7 +24,7 @@ from torch.utils.data import TensorDataset
 
 if not __package__:  # run as a script: the repository's root is where `tests` is found
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.runtime.elastic_job import arguments, policy, training
+from tests.runtime.elastic_job import arguments, policy, training, waiting_for_gate
 from trainer_runtime.torch import AdaptiveBatch, session
 
 
@@ -102,6 +102,7 @@ def main() -> None:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         dataset = mlp_data(args.samples)
     trace = args.trace.open("a", buffering=1) if args.trace else None
+    waiting_for_gate(args)
     with session(model, optimizer, dataset, policy(args, AdaptiveBatch)) as s:
         if args.deaf_steps:
             deafened(s.agent, args.deaf_steps)
