@@ -1,6 +1,6 @@
-"""When running jobs' cool-downs and minimum run times end, and when profiled jobs enter a
-new epoch: the instants at which a plan may grow or shrink a job that the last plan had to
-leave alone (``Engine._next_wake``).
+"""When running jobs' cool-downs, ramp intervals (``Policy.ramp_s``) and minimum run times
+end, and when profiled jobs enter a new epoch: the instants at which a plan may grow or
+shrink a job that the last plan had to leave alone (``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable
 
 from edl_scheduler.core import Policy
-from edl_scheduler.core.stability import cooldown_end, min_run_end
+from edl_scheduler.core.stability import cooldown_end, min_run_end, ramp_end
 from simulations.runs import Run
 
 
@@ -31,6 +31,7 @@ class GrowthWakes:
     def __init__(self, policy: Policy) -> None:
         self.cooldown_s = policy.cooldown_s
         self.min_run_s = policy.min_run_s
+        self.ramp_s = policy.ramp_s
         self.heap: list[tuple[float, int, str]] = []
 
     def push(self, run: Run) -> None:
@@ -41,6 +42,10 @@ class GrowthWakes:
             at = cooldown_end(run.last_resize_time, run.start_time, self.cooldown_s)
             if at is not None:
                 heapq.heappush(self.heap, (at, run.version, job.name))
+            if self.ramp_s is not None:
+                at = ramp_end(run.last_resize_time, run.start_time, self.ramp_s)
+                if at is not None:
+                    heapq.heappush(self.heap, (at, run.version, job.name))
         if workers > job.min_workers:
             at = min_run_end(run.start_time, self.min_run_s)
             if at is not None:

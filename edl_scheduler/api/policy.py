@@ -53,6 +53,10 @@ class PolicyConfig(ApiModel):
     """Least time between two resizes of a job."""
     min_run_seconds: float | None = Field(default=None, ge=0)
     """Least run time before a voluntary shrink."""
+    ramp_seconds: float | None = Field(default=None, ge=0)
+    """Growth on evidence: no job grows past twice the largest size it measured, and one on
+    its way up (its last step up measured worth the pause) may grow again this long after
+    its last resize, within its cool-down. Unset: growth trusts the model at any size."""
     suspend_cost_seconds: float | None = Field(default=None, ge=0)
     """What one suspension and resume costs a job (checkpoint save, restart, restore): a job
     of the waiting job's own level is suspended only after ten times that of run."""
@@ -75,6 +79,7 @@ class PolicyConfig(ApiModel):
         """The fields set in the file, by the planner's field names."""
         names = {
             "cooldown_seconds": "cooldown_s",
+            "ramp_seconds": "ramp_s",
             "min_run_seconds": "min_run_s",
             "suspend_cost_seconds": "suspend_cost_s",
             "reservation_timeout_seconds": "reservation_timeout_s",

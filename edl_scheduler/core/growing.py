@@ -5,6 +5,10 @@ throughput gain (the job's fitted model, or the prior where it measured nothing;
 the least fulfilled) or by fulfillment alone. One worker is handed out at a time and the
 winner is scored again, so GPUs spread the way the scaling curves say they pay.
 
+Where the policy grows on evidence (``Policy.ramp_s``), no job grows past twice the largest
+size it measured, and a job on its way up may grow again before its cool-down ends
+(``stability.may_ramp``).
+
 A job may be held back, and its decision says why (``plan.HOLD_REASONS``): its cool-down,
 a gain over the horizon smaller than the resize pause (``stability``), the policy's load
 threshold, or, for a job that cannot be preempted, a higher-ranked job still waiting (GPUs
@@ -21,6 +25,7 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
+from edl_scheduler.core.margins import explored_limit
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
@@ -30,6 +35,7 @@ from edl_scheduler.core.snapshot import Role
 from edl_scheduler.core.stability import (
     cooldown_end,
     cooling_until,
+    may_ramp,
     resize_gain,
     worth_the_pause,
 )
@@ -104,6 +110,7 @@ class Grower:
         waiting job), which nothing before rebalancing takes back."""
         s = self.s
         cooldown, now = s.policy.cooldown_s, s.now
+        ramps = s.policy.ramp_s is not None
         # The highest-ranked waiting job, found on the way: jobs come in rank order, and a
         # job's reason is read before this loop changes it, so this is the rank the whole
         # list would give wherever it is compared with a lower-ranked job's.
@@ -134,6 +141,8 @@ class Grower:
             # its cool-down starts after this cycle, and it may take leftover idle GPUs.
             if until is not None and ((js.started and not live) or js.removed_w):
                 until = None  # (``newly_started``, or shrunk)
+            if until is not None and ramps and may_ramp(s, js):
+                until = None  # on its way up, on evidence
             if until is not None:
                 if js.reason is Reason.COOLING_DOWN:
                     pass  # held so in an earlier round (``hold`` would return at once)
@@ -180,7 +189,7 @@ class Grower:
                 if all_gpu:
                     break  # no GPU is left, and none comes back here: the rest pass
             _, i, js = heapq.heappop(heap)
-            if js.size() >= js.hi:
+            if js.size() >= self._limit(js):
                 continue
             gpu = js.resources(Role.WORKER).gpu
             if gpu and s.cluster.free_in(js.classes) < gpu:
@@ -196,8 +205,15 @@ class Grower:
             stmt = self.statements.setdefault(js.name, s.statement())
             if not place(s, stmt, js, Role.WORKER, 1):
                 continue
-            if js.size() < js.hi:
+            if js.size() < self._limit(js):
                 heapq.heappush(heap, (_score(js, s), i, js))
+
+    def _limit(self, js: JobState) -> int:
+        """The most workers growth gives ``js``: its maximum, or, where the policy grows on
+        evidence, twice the largest size it measured (``explored_limit``)."""
+        if self.s.policy.ramp_s is None:
+            return js.hi
+        return explored_limit(js.job, js.lo, js.hi)
 
     def settle(self) -> None:
         """Make this round's growth final, so that admission may take part of it back (a
@@ -221,15 +237,35 @@ class Grower:
             if not reverted:
                 break
             jobs = [js for js in jobs if js not in reverted]
+        ramps = s.policy.ramp_s is not None
         for js in jobs:
             if js.job.pserver is not None:
                 self._grow_pservers(js)
+            if ramps:
+                self._say_if_unmeasured(js)
             if s.cluster.holds:  # (with no hold there is nothing to say)
                 self._say_if_held(js)
         self._servers_to_their_rule()
         if not self.rebalanced:  # once per cycle, after the first round's growth
             self.rebalanced = True
             Rebalancer(s, self.pool).run()
+
+    def _say_if_unmeasured(self, js: JobState) -> None:
+        """A job that growth on evidence stopped at twice the largest size it measured,
+        while a GPU it could use is idle, says so: invariant 5 allows only stated holds."""
+        size, limit = js.size(), self._limit(js)
+        if size >= js.hi or size < limit or js.reason in HOLD_REASONS:
+            return
+        gpu = js.resources(Role.WORKER).gpu
+        if gpu and self.s.cluster.free_in(js.classes) < gpu:
+            return  # no room anyway
+        before = len(js.live_w)
+        grew = f"grew {before}->{size} into idle GPUs; " if before and size > before else ""
+        js.hold(
+            Reason.AWAITING_MEASUREMENT,
+            f"{grew}below maximum, held at {limit} workers, twice the largest size it "
+            "measured, until its runtime measures the size it runs at",
+        )
 
     def _say_if_held(self, js: JobState) -> None:
         """A job left below its maximum although a node it may use has room, because that

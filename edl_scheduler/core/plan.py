@@ -51,6 +51,9 @@ class Reason(Enum):
     NO_ROOM = "NoRoom"
     COOLING_DOWN = "CoolingDown"
     GAIN_BELOW_PAUSE = "GainBelowPause"
+    #: At twice the largest size it measured, where the policy grows on evidence
+    #: (``Policy.ramp_s``): it grows further once its runtime measures the size it runs at.
+    AWAITING_MEASUREMENT = "AwaitingMeasurement"
     HELD_FOR_WAITING = "HeldForWaitingJob"
     LOAD_THRESHOLD = "LoadThreshold"
     RIGID = "Rigid"
@@ -74,6 +77,7 @@ HOLD_REASONS: Final = frozenset(
     {
         Reason.COOLING_DOWN,
         Reason.GAIN_BELOW_PAUSE,
+        Reason.AWAITING_MEASUREMENT,
         Reason.HELD_FOR_WAITING,
         Reason.LOAD_THRESHOLD,
         Reason.RIGID,

@@ -109,6 +109,12 @@ class Policy:
     ``suspend_cost_s``: what the planner takes one suspension and its resume to cost a job
     (the checkpoint saved, the job restarted, the checkpoint restored: measured by
     ``benchmarks/suspend_cost.py``); 0 where the policy counts no cost.
+    ``ramp_s``: growth on evidence (``stability.may_ramp``). Set, growth never takes a job
+    past twice the largest size its runtime measured (its minimum when it measured none),
+    and a job on its way up (at the largest size it measured, its last growth's measured
+    speed-up worth the pause) may grow again ``ramp_s`` after its last resize instead of
+    after its cool-down. None: growth trusts the fitted model or the prior at any size,
+    once per cool-down.
     """
 
     name: str
@@ -130,6 +136,7 @@ class Policy:
     las_running_first: bool = False
     suspend_equal_priority: bool = False
     suspend_cost_s: float = 0.0
+    ramp_s: float | None = None
     promises: frozenset[Invariant] = field(default=ALL_INVARIANTS)
 
     def promised(self, invariant: Invariant) -> bool:

@@ -5,8 +5,10 @@ has run its minimum time, and not grown when the expected gain over the policy's
 smaller than the pause the resize costs. Invariant 4 overrides all of this: admitting a
 higher-ranked job's gang never asks these functions (see ``preempting.may_shrink``).
 
-The time arithmetic is here and nowhere else: when a cool-down ends (``cooldown_end``) and
-when a minimum run ends (``min_run_end``, ``has_run_minimum``), on the job's times alone.
+The time arithmetic is here and nowhere else: when a cool-down ends (``cooldown_end``), when
+a job on its way up may grow again (``ramp_end``, ``may_ramp``: growth on evidence, where the
+policy ramps) and when a minimum run ends (``min_run_end``, ``has_run_minimum``), on the
+job's times alone.
 The planner's steps ask them, and so does a driver that must know when a plan could next
 change a job for time alone (the simulator's wake-ups, ``simulations/wakes.py``).
 """
@@ -14,6 +16,7 @@ change a job for time alone (the simulator's wake-ups, ``simulations/wakes.py``)
 from __future__ import annotations
 
 from edl_scheduler.core.session import JobState, Session
+from edl_scheduler.core.snapshot import Job
 
 
 def cooldown_end(
@@ -44,6 +47,45 @@ def cooling_until(session: Session, js: JobState) -> float | None:
     job = js.job
     end = cooldown_end(job.last_resize_time, job.start_time, session.policy.cooldown_s)
     return end if end is not None and end > session.now else None
+
+
+def ramp_end(
+    last_resize_time: float | None, start_time: float | None, ramp_s: float
+) -> float | None:
+    """When a job on its way up may grow again (``may_ramp``): ``ramp_s`` after its last
+    resize, or after its start (None: it has neither)."""
+    return cooldown_end(last_resize_time, start_time, ramp_s)
+
+
+def on_its_way_up(job: Job, workers: int, pause_s: float, horizon_s: float) -> bool:
+    """Whether ``job``, now at ``workers``, measured that size, measured none larger, and
+    its last step up (from the largest smaller size it measured) was worth its pause by
+    what it measured: the speed-up held, so the next doubling is worth trying."""
+    rates: dict[int, float] = {}
+    for sample in job.throughput:
+        if sample.samples_per_second > 0:
+            rates[sample.workers] = max(rates.get(sample.workers, 0.0), sample.samples_per_second)
+    if not rates or max(rates) != workers:
+        return False
+    below = [w for w in rates if w < workers]
+    if not below:
+        return True
+    gained = rates[workers] / rates[max(below)] - 1.0
+    return gained * horizon_s > pause_s
+
+
+def may_ramp(session: Session, js: JobState) -> bool:
+    """Whether a running job within its cool-down may grow now on evidence: the policy
+    ramps (``Policy.ramp_s``), ``ramp_s`` has passed since the job's last resize, and the
+    job is ``on_its_way_up``. Growth then stops at ``margins.explored_limit``."""
+    policy = session.policy
+    if policy.ramp_s is None:
+        return False
+    job = js.job
+    end = ramp_end(job.last_resize_time, job.start_time, policy.ramp_s)
+    if end is None or end > session.now:
+        return False
+    return on_its_way_up(job, len(js.live_w), policy.resize_pause_s, policy.gain_horizon_s)
 
 
 def may_shrink_voluntarily(session: Session, js: JobState) -> bool:

@@ -358,8 +358,14 @@ def check_stable_step(
         floor = max(current, effective_min(job, policy))
         # A job shrunk for another in this plan may take idle GPUs in that same resize.
         shrunk_now = bool(d.workers.remove) and d.for_job is not None
-        if d.action is Action.GROW and d.workers.target > floor and cooling and not shrunk_now:
+        held = cooling and not shrunk_now and not _ramps(job, current, policy, now, last)
+        if d.action is Action.GROW and d.workers.target > floor and held:
             out.append(f"{d.job} grown to {d.workers.target} at t={now:g}, within its cool-down")
+        if policy.ramp_s is not None and d.workers.target > floor:
+            measured = [t.workers for t in job.throughput if t.samples_per_second > 0]
+            limit = max(effective_min(job, policy), 1, 2 * max(measured, default=0))
+            if d.workers.target > limit:
+                out.append(f"{d.job} grown to {d.workers.target}, past twice what it measured")
         if d.action is Action.GROW and current >= effective_min(job, policy):
             model = fit(job.throughput)
             was = model.throughput(_distinct_nodes(job), current)
@@ -394,6 +400,25 @@ def check_stable_step(
         if held != NONE and (free[replica.node] - held).is_negative():
             out.append(f"{job.name} placed {replica.name} on {replica.node} into held capacity")
     return sorted(set(out))
+
+
+def _ramps(job: Job, current: int, policy: Policy, now: float, last: float | None) -> bool:
+    """Growth on evidence (``Policy.ramp_s``), written from its rule: ``ramp_s`` after the
+    last resize, a job at the largest size it measured whose last step up measured a
+    speed-up worth the pause may grow within its cool-down."""
+    if policy.ramp_s is None or last is None or now - last < policy.ramp_s:
+        return False
+    best: dict[int, float] = {}
+    for t in job.throughput:
+        if t.samples_per_second > 0:
+            best[t.workers] = max(best.get(t.workers, 0.0), t.samples_per_second)
+    if not best or max(best) != current:
+        return False
+    smaller = sorted(w for w in best if w < current)
+    if not smaller:
+        return True
+    speedup = best[current] / best[smaller[-1]]
+    return (speedup - 1.0) * policy.gain_horizon_s > policy.resize_pause_s
 
 
 def directions(plan: Plan) -> dict[str, str]:

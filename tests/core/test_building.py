@@ -42,9 +42,10 @@ def test_policy_file_overrides_a_preset() -> None:
     cfg = load_policy_config(
         "base: edl\ncooldownSeconds: 30\npreemption: shrink\ngrowth: fulfillment\n"
         "suspendEqualPriority: false\nlasRunningFirst: false\nordering: fifo\n"
-        "suspendCostSeconds: 90\n"
+        "suspendCostSeconds: 90\nrampSeconds: 45\n"
     )
     policy = policy_from_config(cfg)
+    assert policy.ramp_s == 45 and preset("edl").ramp_s is None
     assert policy.cooldown_s == 30
     assert policy.preemption is Preemption.SHRINK
     assert policy.growth is Growth.FULFILLMENT
@@ -61,6 +62,8 @@ def test_policy_file_errors_name_the_field() -> None:
         load_policy_config("base: fastest\n")
     with pytest.raises(TrainingJobError, match="suspendCostSeconds"):
         load_policy_config("suspendCostSeconds: -1\n")
+    with pytest.raises(TrainingJobError, match="rampSeconds"):
+        load_policy_config("rampSeconds: -5\n")
 
 
 def test_training_job_becomes_a_planner_job_with_its_constraints() -> None:

@@ -49,8 +49,13 @@ STARVING = with_overrides(
 )
 
 
+#: ``edl`` growing on evidence: growth's bound and the ramp read each job's measurements.
+RAMPING = with_overrides(preset("edl"), name="edl-ramp", ramp_s=60.0)
+VARIANTS = {"starving": STARVING, "edl-ramp": RAMPING}
+
+
 def _policy(name: str) -> Policy:
-    return STARVING if name == "starving" else preset(name)
+    return VARIANTS[name] if name in VARIANTS else preset(name)
 
 
 def _recorded(policy_name: str, monkeypatch: pytest.MonkeyPatch) -> list[tuple[Snapshot, float]]:
@@ -68,11 +73,11 @@ def _same(got: Plan, full: Plan) -> bool:
     return got.decisions == full.changes and got.reservations == full.reservations
 
 
-@pytest.mark.parametrize("policy_name", sorted(PRESETS))
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "edl-ramp"])
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataObject) -> None:
-    policy = preset(policy_name)
+    policy = _policy(policy_name)
     scenario = data.draw(scenarios(rigid=not policy.elastic, max_events=8), label="scenario")
     planner = IncrementalPlanner(policy)
     snap, now = scenario.snapshot, scenario.now
@@ -85,7 +90,7 @@ def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataOb
         snap = apply_plan(snap, full)
 
 
-@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving"])
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving", "edl-ramp"])
 def test_recorded_sequences_plan_as_plan_does(
     policy_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

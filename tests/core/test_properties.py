@@ -62,7 +62,8 @@ from tests.core.strategies import (
 )
 from tests.core.strategies import _Usage as Usage
 
-POLICIES = list(PRESETS.values())
+#: Every preset, and ``edl`` growing on evidence (``Policy.ramp_s``).
+POLICIES = [*PRESETS.values(), replace(PRESETS["edl"], name="edl-ramp", ramp_s=60.0)]
 
 
 def promising(invariant: Invariant) -> list[object]:

@@ -14,6 +14,8 @@ taken) and with entries not after ``now`` kept.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from edl_scheduler.core import Growth, Policy
@@ -22,6 +24,9 @@ from simulations.runs import Run
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 _INF = float("inf")
+#: The presets and variants of ``test_settled``, and ``edl`` growing on evidence, whose
+#: jobs on their way up wake a plan at the end of their ramp interval (``Policy.ramp_s``).
+WAKE_POLICIES = {**POLICIES, "edl-ramp": replace(POLICIES["edl"], name="edl-ramp", ramp_s=60.0)}
 
 
 def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
@@ -38,6 +43,10 @@ def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
             at = run.last_resize_time + policy.cooldown_s
             if now < at < wake:
                 wake = at
+            if policy.ramp_s is not None:
+                at = run.last_resize_time + policy.ramp_s
+                if now < at < wake:
+                    wake = at
         if workers > job.min_workers and run.start_time is not None:
             at = run.start_time + policy.min_run_s
             if now < at < wake:
@@ -61,9 +70,9 @@ class _Checked(Engine):
 
 
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("name", sorted(WAKE_POLICIES))
 def test_the_heap_gives_the_loops_wake(name: str, config: str) -> None:
-    policy = POLICIES[name]
+    policy = WAKE_POLICIES[name]
     _Checked.asked = _Checked.found = 0
     _Checked(_jobs(policy), CLUSTER, policy, CONFIGS[config]).run()
     assert _Checked.asked > 0
