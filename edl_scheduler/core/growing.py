@@ -13,7 +13,10 @@ A job may be held back, and its decision says why (``plan.HOLD_REASONS``): its c
 a gain over the horizon smaller than the resize pause (``stability``), the policy's load
 threshold, or, for a job that cannot be preempted, a higher-ranked job still waiting (GPUs
 it took could not be given back). A grown job's whole increment is checked against the
-pause once; a job that fails is reverted and its GPUs offered to the others.
+pause once; a job that fails is reverted and its GPUs offered to the others. Admission in
+a later round may take back part of a growth that was made final (``settle``); what is
+left of it is then checked again, from the workers admission left the job, and reverted
+the same way where it no longer pays (``_recheck_cut_growth``).
 
 After the first round's growth, policies that grow by marginal gain also rebalance
 (``rebalancing``): workers move from running jobs that use them poorly to running jobs that
@@ -94,6 +97,12 @@ class Grower:
         self.rebalanced = False
         #: The jobs rebalancing may find eligible, in rank order (``candidates``).
         self.pool: list[JobState] = []
+        #: Each job whose growth an earlier round made final, with its size and node count
+        #: then (``settle``): admission may take part of that growth back before the next
+        #: round (``_recheck_cut_growth``).
+        self.settled: dict[str, tuple[JobState, int, int]] = {}
+        #: The job states that grew in this round, by name (``start``'s keys).
+        self.grown: dict[str, JobState] = {}
 
     def candidates(self) -> list[JobState]:
         """The running jobs that may grow now, in rank order; holds the others for their
@@ -202,6 +211,7 @@ class Grower:
                 continue
             if js.name not in self.start:
                 self.start[js.name] = (js.node_count(s.cluster), js.size())
+                self.grown[js.name] = js
             stmt = self.statements.setdefault(js.name, s.statement())
             if not place(s, stmt, js, Role.WORKER, 1):
                 continue
@@ -220,15 +230,74 @@ class Grower:
         later round judges only its own growth against the pause)."""
         for stmt in self.statements.values():
             stmt.commit()
+        cluster = self.s.cluster
+        for name in self.start:
+            js = self.grown[name]
+            self.settled[name] = (js, js.size(), js.node_count(cluster))
         self.statements.clear()
         self.start.clear()
+        self.grown.clear()
+
+    def _recheck_cut_growth(self) -> list[JobState]:
+        """Jobs whose growth made final in an earlier round admission has since cut (taken
+        back workers it added, or live workers the growth had lifted above the minimum):
+        the growth they keep must still pay for its pause, measured from the workers
+        admission left them (``stability.resize_gain``), as ``_revert_if_unpaid`` measures
+        a round's growth. One that no longer pays gives back every worker growth added (what
+        admission left it is at least its minimum) and is held; returns those. Without
+        this a job could end the cycle grown across more nodes and slower than it ran (its
+        growth judged whole, then cut)."""
+        s = self.s
+        cluster = s.cluster
+        reverted = []
+        for name, (js, size, nodes) in list(self.settled.items()):
+            now_size, now_nodes = js.size(), js.node_count(cluster)
+            if (now_size, now_nodes) == (size, nodes):
+                continue  # untouched since its growth was judged
+            self.settled[name] = (js, now_size, now_nodes)
+            if not js.added_w or js.newly_started:
+                continue
+            removed = js.removed_w
+            kept = [r for r in js.live_w if r not in removed] if removed else js.live_w
+            if len(kept) < js.lo:
+                continue  # what growth added is what keeps it at its minimum
+            base = (len({r.node for r in kept}), len(kept))
+            gain = resize_gain(js, (base[0], now_nodes), (base[1], now_size))
+            if worth_the_pause(s, gain):
+                continue
+            stmt = s.statement()
+            for node in reversed(list(js.added_w)):
+                stmt.cancel(js, Role.WORKER, node)
+            ps = js.job.pserver
+            if ps is not None:
+                added = js.added[Role.PSERVER]
+                while added and js.size(Role.PSERVER) > _servers_wanted(js):
+                    stmt.cancel(js, Role.PSERVER, added[-1])
+            stmt.commit()
+            self.settled[name] = (js, js.size(), js.node_count(cluster))
+            if not removed and js.for_job is not None:
+                # Admission took only workers growth had added: the job keeps what it ran
+                # with, so it was not shrunk for anyone.
+                js.for_job, js.reason, js.message = None, None, ""
+            pause = s.policy.resize_pause_s
+            js.hold(
+                Reason.GAIN_BELOW_PAUSE,
+                f"below maximum, held: predicted gain {gain:.1%} over "
+                f"{s.policy.gain_horizon_s:g}s of what admission left of its growth does "
+                f"not pay the {pause:g}s pause",
+            )
+            reverted.append(js)
+        return reverted
 
     def run(self) -> None:
         """Hand out idle GPUs; may be called again after admission changed the picture."""
         s = self.s
         if not s.policy.grows:
             return
+        cut = self._recheck_cut_growth() if self.settled else []
         jobs = self.candidates()
+        if cut:
+            jobs = [js for js in jobs if js not in cut]
         while True:
             self._hand_out(jobs)
             # (only a job that grew in this round can be reverted: no call for the others)
@@ -297,6 +366,7 @@ class Grower:
             return False
         self.statements.pop(js.name).discard()
         del self.start[js.name]
+        del self.grown[js.name]
         pause = self.s.policy.resize_pause_s
         js.hold(
             Reason.GAIN_BELOW_PAUSE,

@@ -332,8 +332,8 @@ def check_work_conserving(
 # Invariant 7 ----------------------------------------------------------------------------
 
 
-def _distinct_nodes(job: Job) -> int:
-    return len({r.node for r in live(job)})
+def _distinct_nodes(replicas: Iterable[Replica]) -> int:
+    return len({r.node for r in replicas})
 
 
 def check_stable_step(
@@ -345,7 +345,12 @@ def check_stable_step(
     reservations keep their capacity from jobs ranked below their holder.
 
     A job below its minimum (failures) may be restored to it within its cool-down, but not
-    grown past it; the pause is checked for growth of jobs at or above their minimum."""
+    grown past it; the pause is checked for growth of jobs at or above their minimum. The
+    growth that must pay is measured from the workers the plan leaves the job: one shrunk
+    for another in this plan may take idle GPUs in the same resize (or keep those growth
+    gave it in an earlier round, which is what made the shrink possible), and that growth
+    is judged against the shrunk size, as the planner judges it, not against the size
+    before the plan, which admitting the other job has already taken away."""
     out = []
     rank = ranks(before, policy, now)
     jobs = {j.name: j for j in before.jobs}
@@ -368,10 +373,12 @@ def check_stable_step(
                 out.append(f"{d.job} grown to {d.workers.target}, past twice what it measured")
         if d.action is Action.GROW and current >= effective_min(job, policy):
             model = fit(job.throughput)
-            was = model.throughput(_distinct_nodes(job), current)
-            new_job = jobs_after[d.job]
-            now_thr = model.throughput(_distinct_nodes(new_job), len(live(new_job)))
-            gain = now_thr / was - 1.0
+            removed = set(d.workers.remove)
+            kept = [r for r in live(job) if r.name not in removed]
+            was = model.throughput(_distinct_nodes(kept), len(kept))
+            new_live = live(jobs_after[d.job])
+            now_thr = model.throughput(_distinct_nodes(new_live), len(new_live))
+            gain = now_thr / was - 1.0 if was > 0 else float("inf")
             if gain * policy.gain_horizon_s <= policy.resize_pause_s:
                 out.append(f"{d.job} grown for a gain of {gain:.3%}, not worth its pause")
         if d.action in (Action.SHRINK, Action.SUSPEND) and not job.suspended:  # not by its user

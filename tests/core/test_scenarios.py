@@ -37,6 +37,7 @@ from edl_scheduler.core import (
     preset,
 )
 from edl_scheduler.core.policy import SUSPEND_PAYBACK, with_overrides
+from tests.core import oracles
 from tests.core.builders import JobBuilder, job, node, nodes, snapshot
 
 EDL = preset("edl")
@@ -650,6 +651,72 @@ def test_a_job_shrunk_for_another_may_take_idle_gpus_in_the_same_resize_and_says
     assert low.reason is Reason.SHRUNK_TO_ADMIT and low.for_job == "high"
     assert low.workers.add_nodes == ("n1", "n1") and len(low.workers.remove) == 1
     assert "in the same resize it took 2 workers on idle GPUs elsewhere" in low.message
+
+
+def _costly_across_nodes(name: str, two_on_two: float) -> JobBuilder:
+    """A job whose fitted curve makes two workers on two nodes no faster than one worker,
+    while four across two nodes (or two on one node) run much faster."""
+    return (
+        job(name)
+        .attained(100_000)  # the last attained-service queue: ranked below a newcomer
+        .measured(1, 1, 100.0)
+        .measured(1, 2, 190.0)
+        .measured(2, 2, two_on_two)
+        .measured(2, 4, 250.0)
+    )
+
+
+def test_growth_that_admission_cuts_back_in_a_later_round_must_still_pay() -> None:
+    # Invariant 7's counterexample (the property test once failed with "grown for a gain of
+    # -8.9%"): "j" (1 worker on a) and "k" (2 on a, its minimum) grow into idle GPUs in the
+    # first round, j by one worker on a and one on b. "w" needs two workers on a, which it
+    # could not have before (k was at its minimum); in the next round admission takes back
+    # j's worker on a and one of k's, and j was left with one worker on a and one on b:
+    # grown 1->2 across two nodes for a predicted gain of -13%. What admission leaves of a
+    # growth is judged again, and j gives the rest back: it keeps what it ran with.
+    now = 10_000.0
+    snap = snapshot(
+        [node("a").gpus(4).labels(zone="x"), node("b").gpus(2)],
+        [
+            _costly_across_nodes("j", 80.0).min(1).max(3).started(now - 400).running(("a", 1)),
+            job("k").min(2).max(3).attained(100_000).started(now - 400).running(("a", 2)),
+            job("w").min(2).max(2).node_selector(zone="x").submitted(now - 10),
+        ],
+    )
+    p = plan(snap, EDL, now)
+    after = apply_plan(snap, p)
+    assert oracles.check_stable_step(snap, p, after, EDL, now) == []
+    assert p.decision("w").action is Action.START
+    j = p.decision("j")
+    assert j.action is Action.KEEP and j.workers.target == 1 and j.for_job is None
+    assert j.reason is Reason.GAIN_BELOW_PAUSE and "what admission left" in j.message
+    assert p.decision("k").workers.target == 3  # j's GPU on b went to k
+    assert plan(after, EDL, now).is_empty
+
+
+def test_growth_of_a_job_shrunk_for_another_is_judged_from_what_it_kept() -> None:
+    # A job shrunk for an arrival may take idle GPUs in the same resize: the growth is
+    # judged from its shrunk size (2 workers on a), where 4 across a and b pay; invariant 7's
+    # oracle once judged it from its size before the plan (3 on a), which the arrival had
+    # already taken, and called it "grown for a gain of -26%".
+    now = 10_000.0
+    snap = snapshot(
+        [node("a").gpus(3).labels(zone="x"), node("b").gpus(2)],
+        [
+            _costly_across_nodes("j", 100.0)
+            .measured(1, 3, 270.0)
+            .min(2)
+            .max(5)
+            .started(now - 400)
+            .running(("a", 3)),
+            job("w").min(1).max(1).node_selector(zone="x").submitted(now - 10),
+        ],
+    )
+    p = plan(snap, EDL, now)
+    j = p.decision("j")
+    assert j.for_job == "w" and len(j.workers.remove) == 1
+    assert j.action is Action.GROW and j.workers.add_nodes == ("b", "b")
+    assert oracles.check_stable_step(snap, p, apply_plan(snap, p), EDL, now) == []
 
 
 def test_a_node_gives_only_the_victims_it_needs_so_the_budget_reaches_other_nodes() -> None:
