@@ -32,9 +32,12 @@ def coordinator_args(samples: int, epochs: int) -> list[str]:
     ]  # fmt: skip
 
 
-def job_args(cluster: Cluster, kind: str, samples: int, **options: str) -> list[str]:
+def job_args(
+    cluster: Cluster, kind: str, samples: int, job: str = JOB, **options: str
+) -> list[str]:
+    """A worker's command line: `job` (the PyTorch worker by default) with `options`."""
     args = [
-        JOB, "--kind", kind, "--samples", str(samples), "--out", str(cluster.root / "out"),
+        job, "--kind", kind, "--samples", str(samples), "--out", str(cluster.root / "out"),
         "--snapshot-dir", str(cluster.root / "snapshots"),
     ]  # fmt: skip
     for key, value in options.items():
