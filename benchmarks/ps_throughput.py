@@ -22,8 +22,9 @@ their gradients by row (`PushRows`), applies, and pulls those rows back (`PullRo
 calls `paddle.ps` makes. Bytes counted: the touched rows' elements pushed plus pulled (the
 8-byte row numbers travel beside them, uncounted). The socket peer moves the same bytes,
 alternated with it in the same run. It also times, apart, the Paddle worker's own copies of
-those rows (`paddle_copy_s`: gather the gradient rows of an `nn.Embedding`'s weight, scatter
-the pulled rows into it).
+those rows (`paddle_rows_copy_s`: gather the gradient rows of an `nn.Embedding`'s weight,
+scatter the pulled rows into it) and of a dense parameter of the same bytes
+(`paddle_dense_copy_s`: `set_value`, then the gradient copied out).
 
 Prints one JSON line per case (`--case all`, the default, prints both):
 `{"model_mb": 100, "ps_gb_s": ..., "socket_gb_s": ..., "ratio": ...}` (GB = 1e9 bytes),
@@ -235,25 +236,36 @@ def dense_case(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def paddle_copy_s(table: Table, rows: np.ndarray, values: np.ndarray, rounds: int) -> float:
-    """The Paddle worker's own copies of the touched rows, as `paddle.ps` makes them: gather
-    the gradient rows of an embedding's weight, scatter the pulled rows into it."""
+def paddle_copies_s(table: Table, rows: np.ndarray, rounds: int) -> tuple[float, float]:
+    """The Paddle worker's own copies per step, as `paddle.ps` makes them (medians, s): of
+    the touched rows (gather their gradient rows from an embedding's weight, scatter the
+    pulled rows into it), and of a dense parameter of the same bytes (`set_value` from the
+    flat buffer, its gradient copied out)."""
     import paddle
 
-    paddle.set_device("cpu")
+    paddle.device.set_device("cpu")
     embedding = paddle.nn.Embedding(table.rows, table.row_length)
     embedding(paddle.to_tensor(rows)).sum().backward()
     weight = embedding.weight
     assert weight.grad is not None
-    times = []
+    dense = paddle.create_parameter([rows.size, table.row_length], "float32")
+    (dense * 2.0).sum().backward()
+    assert dense.grad is not None
+    values = np.empty((rows.size, table.row_length), dtype=np.float32)
+    flat = np.ones(values.size, dtype=np.float32)
+    rows_times, dense_times = [], []
     for _ in range(rounds):
         started = time.perf_counter()
         index = paddle.to_tensor(rows)
         values[:] = paddle.gather(weight.grad, index).numpy()
         with paddle.no_grad():
             paddle.scatter_(weight, index, paddle.to_tensor(values), overwrite=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        middle = time.perf_counter()
+        dense.set_value(flat.reshape(dense.shape))
+        flat[:] = dense.grad.numpy().reshape(-1)
+        dense_times.append(time.perf_counter() - middle)
+        rows_times.append(middle - started)
+    return statistics.median(rows_times), statistics.median(dense_times)
 
 
 def sparse_case(args: argparse.Namespace) -> dict[str, object]:
@@ -307,7 +319,7 @@ def sparse_case(args: argparse.Namespace) -> dict[str, object]:
     ps_rate = moved / statistics.median(push + pull for push, _, pull in phases) / 1e9
     socket_rate = moved / statistics.median(socket_times) / 1e9
     sample = np.sort(rng.choice(table.rows, touched, replace=False)).astype(np.int64)
-    copying = paddle_copy_s(table, sample, np.empty((touched, table.row_length), np.float32), 3)
+    rows_copy, dense_copy = paddle_copies_s(table, sample, 3)
     return {
         "case": "paddle-sparse",
         "table_rows": table.rows,
@@ -324,7 +336,8 @@ def sparse_case(args: argparse.Namespace) -> dict[str, object]:
         "apply_s": round(statistics.median(p[1] for p in phases), 4),
         "pull_s": round(statistics.median(p[2] for p in phases), 4),
         "socket_round_s": round(statistics.median(socket_times), 4),
-        "paddle_copy_s": round(copying, 4),
+        "paddle_rows_copy_s": round(rows_copy, 4),
+        "paddle_dense_copy_s": round(dense_copy, 4),
     }
 
 
@@ -348,7 +361,8 @@ def main() -> None:
     if args.role == "server":
         numbers = args.tables
         tables = tuple(Table(*numbers[i : i + 3]) for i in range(0, len(numbers), 3))
-        serving(*args.range, tables)
+        start, stop, size = args.range
+        serving(start, stop, size, tables)
         return
     if args.role == "echo":
         echoing(args.echo_bytes)

@@ -123,6 +123,17 @@ def test_row_pushes_are_summed_and_untouched_rows_stay() -> None:
     np.testing.assert_array_equal(again.params[2:17], np.arange(2, 17))
 
 
+def test_rows_take_the_rate_whatever_buffer_they_came_in() -> None:
+    part = adopted()
+    part.lr = 0.5
+    part.adding(1, 0, 1, 0, np.ones(2).tobytes())
+    part.adding(1, 0, 1, 17, np.ones(1).tobytes())
+    numbers = np.array([1], dtype="<i8").tobytes()
+    part.adding_rows(1, 0, 1, 2, 17, numbers, 1, np.full(3, 2.0).tobytes())  # read-only bytes
+    assert part.deciding(1)
+    np.testing.assert_array_equal(part.params[5:8], [4, 5, 6])
+
+
 def test_momentum_is_lazy_on_table_rows() -> None:
     part = adopted(momentum=0.5)
     for step in (1, 2):

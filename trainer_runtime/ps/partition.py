@@ -109,12 +109,15 @@ class StepBuffer:
         parts = sorted(self.rows.get(segment.start, ()), key=lambda part: part[:2])
         if not parts:
             return None
+        if len(parts) == 1:
+            _, first, numbers, values = parts[0]
+            if not numbers.size:
+                return None
+            return first + numbers, values if values.flags.writeable else values.copy()
         rows = np.concatenate([first + numbers for _, first, numbers, _ in parts])
         values = np.concatenate([part[3] for part in parts])
         if not rows.size:
             return None
-        if len(parts) == 1:
-            return rows, values
         order = np.argsort(rows, kind="stable")
         rows, values = rows[order], values[order]
         heads = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
@@ -330,7 +333,7 @@ class Partition:
         stop: int,
         numbers: bytes,
         count: int,
-        data: bytes,
+        data: bytes | bytearray,
     ) -> None:
         """Add a row push (see the module docstring) to step `step` (no-op if applied)."""
         segment, rows = self.row_numbers(numbers, count, start, stop)
@@ -352,7 +355,7 @@ class Partition:
         segment, rows = self.row_numbers(numbers, len(numbers) // 8, start, stop)
         table = self.segment_view(self.params, segment)
         first = (start - segment.start) // segment.table.row_length
-        found: Array = table[rows + first]
+        found: Array = np.take(table, rows + first, axis=0)
         return found
 
     def segment_view(self, array: Array, segment: Segment) -> Array:
@@ -399,7 +402,8 @@ class Partition:
             rows, gradient = pushed
             params = self.segment_view(self.params, segment)
             velocity = self.segment_view(self.velocity, segment)
-            moved, speed = params[rows], velocity[rows]
+            moved = np.take(params, rows, axis=0)
+            speed = np.take(velocity, rows, axis=0) if self.momentum else moved
             self.descending(gradient, moved, speed)
             params[rows] = moved
             if self.momentum:

@@ -305,7 +305,7 @@ class ParameterService:
     def pushing_rows(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
         header = self.opening(context, ROWS_HEADER, ps.RowsHeader)
         numbers = next(requests, b"")
-        data = b"".join(requests)
+        data = bytearray().join(requests)  # writable: the step scales it in place
         with self.changed:
             self.partition.serving(header.generation)
             self.partition.adding_rows(

@@ -47,6 +47,9 @@ from trainer_runtime.protocol.tls import JobTls, opening_channel
 from trainer_runtime.ps.layout import Piece, Segment, Table, splitting
 
 CHUNK_BYTES = 1024 * 1024
+#: A segment's rows take one more parallel stream per this many bytes: a stream's fixed
+#: cost outweighs its parallelism on a batch's few MB of rows (measured on loopback).
+ROW_STREAM_BYTES = 16 * 1024 * 1024
 CALL_TIMEOUT_S = 60.0
 T = TypeVar("T")
 Rows = Mapping[Table, npt.NDArray[np.int64]]  # table -> ascending unique row numbers
@@ -172,18 +175,9 @@ class ServerLink:
             header = self.opened(stream)
             if header is None:
                 return None
-            position = start
-            for chunk in stream:
-                values = np.frombuffer(chunk, dtype=into.dtype)
-                into[position : position + values.size] = values
-                position += values.size
+            self.filling(stream, into[start:stop])
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
-        if position != stop:
-            raise ServerError(
-                f"parameter server {self.address} sent {position - start} of "
-                f"{stop - start} elements"
-            )
         return int(header.watermark)
 
     def opened(self, stream: Any) -> Any:
@@ -210,7 +204,7 @@ class ServerLink:
         length = segment.table.row_length
         start, stop = segment.start + span[0] * length, segment.start + span[1] * length
         numbers = rows - span[0]
-        values = gradient[start:stop].reshape(-1, length)[numbers].reshape(-1)
+        values = np.take(gradient[start:stop].reshape(-1, length), numbers, axis=0).reshape(-1)
         step = chunk_elements(values.itemsize)
 
         def messages() -> Iterator[bytes]:
@@ -254,32 +248,45 @@ class ServerLink:
             header = self.opened(stream)
             if header is None:
                 return None
-            data = b"".join(stream)
+            received = np.empty(rows.size * length, dtype=into.dtype)
+            self.filling(stream, received)
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
-        values = np.frombuffer(data, dtype=into.dtype)
-        if values.size != rows.size * length:
-            raise ServerError(
-                f"parameter server {self.address} sent {values.size} elements for "
-                f"{rows.size} rows of {length}"
-            )
-        into[start:stop].reshape(-1, length)[rows] = values.reshape(-1, length)
+        into[start:stop].reshape(-1, length)[rows] = received.reshape(-1, length)
         return int(header.watermark)
+
+    def filling(self, stream: Any, target: npt.NDArray[Any]) -> None:
+        """Copy a pull's raw chunks into `target`, which they must fill exactly."""
+        position = 0
+        for chunk in stream:
+            values = np.frombuffer(chunk, dtype=target.dtype)
+            if position + values.size > target.size:
+                break
+            target[position : position + values.size] = values
+            position += values.size
+        else:
+            if position == target.size:
+                return
+        raise ServerError(
+            f"parameter server {self.address} sent more or less than the "
+            f"{target.size} elements asked for"
+        )
 
 
 def row_lanes(
-    segment: Segment, touched: Rows, parts: int
+    segment: Segment, touched: Rows, parts: int, itemsize: int
 ) -> list[tuple[int, npt.NDArray[np.int64], tuple[int, int]]]:
     """The streams of one segment's row push or pull: (lane, rows, row span), at most
-    `parts`, the spans tiling the segment's rows, the touched rows (counted from the
-    segment's first row) shared about evenly."""
+    `parts` and one per `ROW_STREAM_BYTES` of rows, the spans tiling the segment's rows, the
+    touched rows (counted from the segment's first row) shared about evenly."""
     found = touched.get(segment.table)
     total = (segment.stop - segment.start) // segment.table.row_length
     rows = np.zeros(0, dtype=np.int64)
     if found is not None:
         low, high = np.searchsorted(found, [segment.first_row, segment.first_row + total])
         rows = found[low:high] - segment.first_row
-    parts = max(1, min(parts, rows.size))
+    row_bytes = segment.table.row_length * itemsize
+    parts = max(1, min(parts, rows.size, -(-rows.size * row_bytes // ROW_STREAM_BYTES)))
     cuts = [0, *(int(rows[rows.size * k // parts]) for k in range(1, parts)), total]
     lanes = []
     for lane, (a, b) in enumerate((a, b) for a, b in itertools.pairwise(cuts) if b > a):
@@ -337,7 +344,9 @@ class Links:
                         )
                     )
             for segment in segments:
-                for lane, rows, span in row_lanes(segment, touched or {}, len(link.channels)):
+                for lane, rows, span in row_lanes(
+                    segment, touched or {}, len(link.channels), gradient.itemsize
+                ):
                     tasks.append(
                         lambda link=link, lane=lane, s=segment, r=rows, span=span: (  # type: ignore[misc]
                             link.pushing_rows(lane, header, gradient, s, r, span)
@@ -369,7 +378,9 @@ class Links:
                         )
                     )
             for segment in segments:
-                for lane, rows, span in row_lanes(segment, touched or {}, len(link.channels)):
+                for lane, rows, span in row_lanes(
+                    segment, touched or {}, len(link.channels), into.itemsize
+                ):
                     tasks.append(
                         lambda link=link, lane=lane, s=segment, r=rows, span=span: (  # type: ignore[misc]
                             link.pulling_rows(
