@@ -237,11 +237,14 @@ def dense_case(args: argparse.Namespace) -> dict[str, object]:
 
 
 def paddle_copies_s(table: Table, rows: np.ndarray, rounds: int) -> tuple[float, float]:
-    """The Paddle worker's own copies per step, as `paddle.ps` makes them (medians, s): of
-    the touched rows (gather their gradient rows from an embedding's weight, scatter the
-    pulled rows into it), and of a dense parameter of the same bytes (`set_value` from the
-    flat buffer, its gradient copied out)."""
+    """The Paddle worker's own copies per step, with its functions (`paddle.ps`; medians, s):
+    of the touched rows (their gradient rows gathered from an embedding's weight and copied
+    into the flat gradient, the pulled rows taken from the flat values and scattered into
+    the weight), and of a dense parameter of the same bytes (`set_value` from the flat
+    values, its gradient copied out)."""
     import paddle
+
+    from trainer_runtime.paddle.ps import gradient_rows, viewing, writing_rows
 
     paddle.device.set_device("cpu")
     embedding = paddle.nn.Embedding(table.rows, table.row_length)
@@ -251,18 +254,16 @@ def paddle_copies_s(table: Table, rows: np.ndarray, rounds: int) -> tuple[float,
     dense = paddle.create_parameter([rows.size, table.row_length], "float32")
     (dense * 2.0).sum().backward()
     assert dense.grad is not None
-    values = np.empty((rows.size, table.row_length), dtype=np.float32)
-    flat = np.ones(values.size, dtype=np.float32)
+    flat = np.ones(table.stop, dtype=np.float32).reshape(-1, table.row_length)
+    dense_flat = np.ones(rows.size * table.row_length, dtype=np.float32)
     rows_times, dense_times = [], []
     for _ in range(rounds):
         started = time.perf_counter()
-        index = paddle.to_tensor(rows)
-        values[:] = paddle.gather(weight.grad, index).numpy()
-        with paddle.no_grad():
-            paddle.scatter_(weight, index, paddle.to_tensor(values), overwrite=True)
+        flat[rows] = gradient_rows(weight.grad, rows)
+        writing_rows(weight, rows, np.take(flat, rows, axis=0))
         middle = time.perf_counter()
-        dense.set_value(flat.reshape(dense.shape))
-        flat[:] = dense.grad.numpy().reshape(-1)
+        dense.set_value(dense_flat.reshape(dense.shape))
+        dense_flat[:] = viewing(dense.grad).reshape(-1)
         dense_times.append(time.perf_counter() - middle)
         rows_times.append(middle - started)
     return statistics.median(rows_times), statistics.median(dense_times)

@@ -12,9 +12,10 @@ modes, resizes), with Paddle's calls. Paddle parameters cannot be views of a sha
 so the worker keeps the flat numpy vectors and copies: after each pull it writes the dense
 parameters with `set_value` and, of each embedding table, only the pulled rows (an in-place
 `scatter_`); after each backward it copies the dense gradients and, of each table, only the
-gradient rows of the batch's ids (`gather`), then clears the gradients. Tables are the
-`sparse` parameters: 2-D (a row per id), trained with a dense gradient in Paddle
-(`nn.Embedding(sparse=False)`), moved by row between worker and servers.
+gradient rows of the batch's ids (`gather`), then clears the gradients. Tensors and numpy
+arrays meet through DLPack (`viewing`, `wrapping`), which shares memory instead of copying.
+Tables are the `sparse` parameters: 2-D (a row per id), trained with a dense gradient in
+Paddle (`nn.Embedding(sparse=False)`), moved by row between worker and servers.
 
 What must stay true: the model's parameters equal `values` for every dense parameter and
 every table row the current batch looks up; `gradient` holds the batch's gradient there.
@@ -36,6 +37,29 @@ from trainer_runtime.ps.working import Array, Consistency, Flat, PsConfig, PsWor
 from trainer_runtime.sharding import SampleRange
 
 DTYPES = {paddle.float32: "float32", paddle.float64: "float64"}
+
+
+def viewing(tensor: Any) -> Array:
+    """A numpy view of a CPU tensor's memory (DLPack: no copy)."""
+    found: Array = np.from_dlpack(tensor.detach())
+    return found
+
+
+def wrapping(array: Array) -> paddle.Tensor:
+    """A tensor over a numpy array's memory (DLPack: no copy); the array must outlive it."""
+    wrapped: paddle.Tensor = paddle.utils.dlpack.from_dlpack(np.ascontiguousarray(array))
+    return wrapped
+
+
+def gradient_rows(grad: paddle.Tensor, rows: Array) -> Array:
+    """The rows `rows` of a table's gradient, gathered by Paddle, viewed by numpy."""
+    return viewing(paddle.gather(grad, wrapping(rows)))
+
+
+def writing_rows(parameter: paddle.Tensor, rows: Array, values: Array) -> None:
+    """Overwrite the rows `rows` of a table in place with `values`."""
+    with paddle.no_grad():
+        paddle.scatter_(parameter, wrapping(rows), wrapping(values), overwrite=True)
 
 
 def flat_values(parameters: Sequence[Any]) -> Array:
@@ -89,10 +113,8 @@ class PaddlePsSession(PsWorker):
                 rows = touched.get(table)
                 if rows is None or not rows.size:
                     continue
-                pulled = self.values[start:stop].reshape(-1, table.row_length)[rows]
-                paddle.scatter_(
-                    parameter, paddle.to_tensor(rows), paddle.to_tensor(pulled), overwrite=True
-                )
+                table_values = self.values[start:stop].reshape(-1, table.row_length)
+                writing_rows(parameter, rows, np.take(table_values, rows, axis=0))
 
     def step(self, loss: paddle.Tensor) -> None:
         """Backpropagate `loss` (a mean over this worker's batch) into `gradient`."""
@@ -100,14 +122,14 @@ class PaddlePsSession(PsWorker):
         for parameter, start, stop, table in self.spans:
             grad = parameter.grad
             if table is None:
-                self.gradient[start:stop] = 0.0 if grad is None else grad.numpy().reshape(-1)
+                self.gradient[start:stop] = 0.0 if grad is None else viewing(grad).reshape(-1)
             else:
                 rows = self.touched.get(table, np.zeros(0, np.int64))
                 view = self.gradient[start:stop].reshape(-1, table.row_length)
                 if grad is None or not rows.size:
                     view[rows] = 0.0
                 else:
-                    view[rows] = paddle.gather(grad, paddle.to_tensor(rows)).numpy()
+                    view[rows] = gradient_rows(grad, rows)
             parameter.clear_gradient(False)
         self.loss_taken = True
 
