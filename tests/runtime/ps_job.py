@@ -2,7 +2,9 @@
 
 `--kind ledger`: the model is the ledger, a per-sample counter `c` whose gradient is one-hot;
 SGD with rate 1 on the servers adds exactly 1 to `c[i]` each time sample i is trained, so
-after the job `c` must equal the number of epochs everywhere. `--kind mlp`: a small float64
+after the job `c` must equal the number of epochs everywhere. `--kind sparse-ledger`: the
+same counter as an embedding table (a row per sample) declared sparse, so each step pulls
+and pushes only its samples' rows. `--kind mlp`: a small float64
 MLP with momentum, for the fixed-global-batch equivalence test.
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
@@ -16,6 +18,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,9 +30,24 @@ from tests.runtime.torch_job import Counter, mlp, mlp_data
 from trainer_runtime.ps.session import Consistency, PsConfig, ps_session
 
 
+class SparseCounter(nn.Module):
+    """The per-sample counter as an embedding table; `counts` is its one column."""
+
+    def __init__(self, samples: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(samples, 1, dtype=torch.float64)
+        nn.init.zeros_(self.table.weight)
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        return self.table(index)[:, 0]
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        return {"counts": self.table.weight.detach()[:, 0]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--kind", choices=["ledger", "mlp"], required=True)
+    parser.add_argument("--kind", choices=["ledger", "sparse-ledger", "mlp"], required=True)
     parser.add_argument("--samples", type=int, required=True)
     parser.add_argument("--global-batch", type=int, default=8)
     parser.add_argument("--consistency", choices=[c.value for c in Consistency], default="sync")
@@ -41,8 +59,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     worker = os.environ["EDL_WORKER_ID"]
-    if args.kind == "ledger":
+    sparse = {}
+    if args.kind in ("ledger", "sparse-ledger"):
         model: nn.Module = Counter(args.samples)
+        if args.kind == "sparse-ledger":
+            model = SparseCounter(args.samples)
+            sparse = {"table.weight": lambda batch: batch[0]}
         dataset = TensorDataset(torch.arange(args.samples))
         lr, momentum = 1.0, 0.0
     else:
@@ -60,9 +82,9 @@ def main() -> None:
     )
     steps = 0
     worlds: set[int] = set()
-    with ps_session(model, dataset, config) as s:
+    with ps_session(model, dataset, config, sparse=sparse) as s:
         for batch in s.batches():
-            if args.kind == "ledger":
+            if args.kind != "mlp":
                 (index,) = batch
                 loss = (-float(s.window_size) * model(index)).mean()
             else:

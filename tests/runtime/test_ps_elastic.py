@@ -9,7 +9,9 @@ Aspects:
 - the same in async mode with bounded staleness, through a worker SIGKILL and a server
   SIGKILL;
 - sync mode equals one process training with the same global batch and momentum, through
-  a worker join and a server join.
+  a worker join and a server join;
+- the counter as a row-sparse embedding table (`sparse=`: each step moves only its
+  samples' rows) stays exact through a worker join, a server join and a worker SIGKILL.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ def coordinator_args(samples: int, epochs: int) -> list[str]:
     ]  # fmt: skip
 
 
-def job_args(cluster: Cluster, kind: str, samples: int, **options: str) -> list[str]:
+def job_args(
+    cluster: Cluster, kind: str, samples: int, job: str = JOB, **options: str
+) -> list[str]:
+    """A worker's command line: `job` (the PyTorch worker by default) with `options`."""
     args = [
-        JOB, "--kind", kind, "--samples", str(samples), "--out", str(cluster.root / "out"),
+        job, "--kind", kind, "--samples", str(samples), "--out", str(cluster.root / "out"),
         "--snapshot-dir", str(cluster.root / "snapshots"),
     ]  # fmt: skip
     for key, value in options.items():
@@ -185,3 +190,34 @@ def test_sync_mode_equals_one_process_with_the_same_global_batch(cluster: Cluste
     # The leader's commits carry step times, so the job's throughput is measured.
     measured = {t.workers: t.samples_per_s for t in client.progress().throughput}
     assert measured.get(3, 0.0) > 0.0, measured
+
+
+@pytest.mark.slow
+def test_sparse_table_ledger_is_exact_through_joins_and_a_worker_kill(cluster: Cluster) -> None:
+    samples, epochs = 400, 2
+    cluster.starting_coordinator(*coordinator_args(samples, epochs))
+    client = cluster.client()
+    args = job_args(cluster, "sparse-ledger", samples, global_batch="6", step_sleep_s="0.05")
+
+    def advancing(by: int) -> None:
+        target = int(client.progress().committed_step) + by
+        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+
+    cluster.starting_worker("ps0", server_args(cluster))
+    for name in ("w0", "w1"):
+        cluster.starting_worker(name, args)
+    waiting_for(lambda: len(client.progress().members) == 2, 90, "two workers")
+    advancing(5)
+    cluster.starting_worker("w2", args)
+    cluster.starting_worker("ps1", server_args(cluster))  # the table straddles both now
+    waiting_for(lambda: len(client.progress().members) == 3, 90, "w2 to join")
+    waiting_for(lambda: len(client.progress().servers) == 2, 90, "ps1 to join")
+    advancing(5)
+    assert not client.progress().finished, "the kill should land mid-job"
+    cluster.killing("w1")
+    for name in ("w0", "w2"):
+        assert cluster.waiting_exit(name, 120) == 0, cluster.log(name)[-3000:]
+    expected = torch.full((samples,), float(epochs), dtype=torch.float64)
+    for name in ("w0", "w2"):
+        assert torch.equal(counts_of(cluster, name), expected), name
+    assert client.progress().finished

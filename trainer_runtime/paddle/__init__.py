@@ -2,6 +2,7 @@
 
 `session(model, optimizer, dataset, batch_policy=...)` is the whole API; see `session.py`.
 Each generation forms its own process group inside the running process (`grouping.py`).
+Parameter-server mode has its own worker, `trainer_runtime.paddle.ps.ps_session` (`ps.py`).
 """
 
 from trainer_runtime.adaptive import LrScaling

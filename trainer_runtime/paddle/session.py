@@ -68,6 +68,15 @@ LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 5
 
 
+def fetching(dataset: Sequence[Any], ranges: Sequence[SampleRange]) -> Any:
+    """The samples `ranges` of `dataset` as one batch: fresh tensors (a copy, never a view
+    of the dataset)."""
+    if isinstance(dataset, TensorDataset):  # ranges are contiguous: copy slices
+        return tuple(paddle.concat([t[r.start : r.stop] for r in ranges]) for t in dataset.tensors)
+    collating: Any = default_collate_fn
+    return collating([dataset[i] for r in ranges for i in r.indices()])
+
+
 class ElasticSession(generations.Member):
     """One worker's membership of an elastic data-parallel Paddle job (see the module
     docstring)."""
@@ -183,13 +192,8 @@ class ElasticSession(generations.Member):
     # ----- steps -----
 
     def fetching(self, ranges: Sequence[SampleRange]) -> Any:
-        """This rank's batch: fresh tensors (a copy, never a view of the dataset)."""
-        if isinstance(self.dataset, TensorDataset):  # ranges are contiguous: copy slices
-            return tuple(
-                paddle.concat([t[r.start : r.stop] for r in ranges]) for t in self.dataset.tensors
-            )
-        collating: Any = default_collate_fn
-        return collating([self.dataset[i] for r in ranges for i in r.indices()])
+        """This rank's batch (see `fetching`)."""
+        return fetching(self.dataset, ranges)
 
     def placing(self) -> tuple[int, int]:
         return self.rank, self.world_size

@@ -24,6 +24,7 @@ from trainer_runtime.protocol import ps_pb2 as ps
 PS_SERVICE = "edl.ps.v1.ParameterServer"
 PUSH_HEADER = "x-edl-push-bin"  # a serialized ps.PushHeader, on every Push call
 PULL_HEADER = "x-edl-pull-bin"  # a serialized ps.PullHeader, in every Pull reply's metadata
+ROWS_HEADER = "x-edl-rows-bin"  # a serialized ps.RowsHeader, on every PushRows call
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = (
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -65,6 +66,8 @@ class PsMethod:
 PS_METHODS: dict[str, PsMethod] = {
     "Push": PsMethod(None, ps.PushReply, Shape.STREAMS_REQUESTS),
     "Pull": PsMethod(ps.PullRequest, None, Shape.STREAMS_REPLIES),
+    "PushRows": PsMethod(None, ps.PushReply, Shape.STREAMS_REQUESTS),
+    "PullRows": PsMethod(ps.PullRowsRequest, None, Shape.STREAMS_REPLIES),
     "Seal": PsMethod(ps.StepRequest, ps.StepReply),
     "Apply": PsMethod(ps.StepRequest, ps.StepReply),
     "Fence": PsMethod(ps.FenceRequest, ps.Status),
@@ -81,6 +84,7 @@ __all__ = [
     "PS_SERVICE",
     "PULL_HEADER",
     "PUSH_HEADER",
+    "ROWS_HEADER",
     "PsMethod",
     "Shape",
     "ps",

@@ -24,39 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!trainer_runtime/protocol/ps.proto\x12\tedl.ps.v1\"i\n\nPushHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0b\x63ontributor\x18\x03 \x01(\x05\x12\x14\n\x0c\x63ontributors\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"\x1d\n\tPushReply\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\"c\n\x0bPullRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x10\n\x08\x61t_least\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0c\n\x04stop\x18\x05 \x01(\x03\".\n\nPullHeader\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x11\n\twatermark\x18\x02 \x01(\x03\"B\n\x0bStepRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\",\n\tStepReply\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x11\n\twatermark\x18\x02 \x01(\x03\"\"\n\x0c\x46\x65nceRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"\xb7\x01\n\x06Status\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12#\n\x07holding\x18\x02 \x01(\x0e\x32\x12.edl.ps.v1.Holding\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0c\n\x04stop\x18\x04 \x01(\x03\x12\x11\n\twatermark\x18\x05 \x01(\x03\x12\x16\n\x0e\x63omplete_steps\x18\x06 \x03(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64opted\x18\t \x01(\x03\"4\n\rSettleRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07through\x18\x02 \x01(\x03\"\xb7\x01\n\x0c\x41\x64optRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\n\n\x02lr\x18\x06 \x01(\x01\x12\x10\n\x08momentum\x18\x07 \x01(\x01\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x15\n\rfrom_snapshot\x18\t \x01(\x08\x12\x16\n\x0esnapshot_every\x18\n \x01(\x03\"\x07\n\x05\x45mpty\"\x1b\n\x0bRawElements\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c*1\n\x07Holding\x12\x13\n\x0fHOLDING_NOTHING\x10\x00\x12\x11\n\rHOLDING_RANGE\x10\x01\x32\xff\x03\n\x0fParameterServer\x12\x36\n\x04Push\x12\x16.edl.ps.v1.RawElements\x1a\x14.edl.ps.v1.PushReply(\x01\x12\x38\n\x04Pull\x12\x16.edl.ps.v1.PullRequest\x1a\x16.edl.ps.v1.RawElements0\x01\x12\x34\n\x04Seal\x12\x16.edl.ps.v1.StepRequest\x1a\x14.edl.ps.v1.StepReply\x12\x35\n\x05\x41pply\x12\x16.edl.ps.v1.StepRequest\x1a\x14.edl.ps.v1.StepReply\x12\x33\n\x05\x46\x65nce\x12\x17.edl.ps.v1.FenceRequest\x1a\x11.edl.ps.v1.Status\x12\x35\n\x06Settle\x12\x18.edl.ps.v1.SettleRequest\x1a\x11.edl.ps.v1.Status\x12\x36\n\x08Snapshot\x12\x17.edl.ps.v1.FenceRequest\x1a\x11.edl.ps.v1.Status\x12\x33\n\x05\x41\x64opt\x12\x17.edl.ps.v1.AdoptRequest\x1a\x11.edl.ps.v1.Status\x12\x34\n\x07Release\x12\x17.edl.ps.v1.FenceRequest\x1a\x10.edl.ps.v1.Emptyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!trainer_runtime/protocol/ps.proto\x12\tedl.ps.v1\"i\n\nPushHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0b\x63ontributor\x18\x03 \x01(\x05\x12\x14\n\x0c\x63ontributors\x18\x04 \x01(\x05\x12\x0e\n\x06offset\x18\x05 \x01(\x03\"\x1d\n\tPushReply\x12\x10\n\x08\x63omplete\x18\x01 \x01(\x08\"c\n\x0bPullRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x10\n\x08\x61t_least\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0c\n\x04stop\x18\x05 \x01(\x03\"\x84\x01\n\nRowsHeader\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0b\x63ontributor\x18\x03 \x01(\x05\x12\x14\n\x0c\x63ontributors\x18\x04 \x01(\x05\x12\r\n\x05start\x18\x05 \x01(\x03\x12\x0c\n\x04stop\x18\x06 \x01(\x03\x12\x0c\n\x04rows\x18\x07 \x01(\x03\"u\n\x0fPullRowsRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x10\n\x08\x61t_least\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0c\n\x04stop\x18\x05 \x01(\x03\x12\x0c\n\x04rows\x18\x06 \x01(\x0c\".\n\nPullHeader\x12\r\n\x05ready\x18\x01 \x01(\x08\x12\x11\n\twatermark\x18\x02 \x01(\x03\"B\n\x0bStepRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\",\n\tStepReply\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\x11\n\twatermark\x18\x02 \x01(\x03\"\"\n\x0c\x46\x65nceRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"\xb7\x01\n\x06Status\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12#\n\x07holding\x18\x02 \x01(\x0e\x32\x12.edl.ps.v1.Holding\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0c\n\x04stop\x18\x04 \x01(\x03\x12\x11\n\twatermark\x18\x05 \x01(\x03\x12\x16\n\x0e\x63omplete_steps\x18\x06 \x03(\x03\x12\x0c\n\x04size\x18\x07 \x01(\x03\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x0f\n\x07\x61\x64opted\x18\t \x01(\x03\"4\n\rSettleRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\x0f\n\x07through\x18\x02 \x01(\x03\"\xd9\x01\n\x0c\x41\x64optRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\x12\x0c\n\x04size\x18\x04 \x01(\x03\x12\r\n\x05\x64type\x18\x05 \x01(\t\x12\n\n\x02lr\x18\x06 \x01(\x01\x12\x10\n\x08momentum\x18\x07 \x01(\x01\x12\x0c\n\x04step\x18\x08 \x01(\x03\x12\x15\n\rfrom_snapshot\x18\t \x01(\x08\x12\x16\n\x0esnapshot_every\x18\n \x01(\x03\x12 \n\x06tables\x18\x0b \x03(\x0b\x32\x10.edl.ps.v1.Table\"8\n\x05Table\x12\r\n\x05start\x18\x01 \x01(\x03\x12\x0c\n\x04rows\x18\x02 \x01(\x03\x12\x12\n\nrow_length\x18\x03 \x01(\x03\"\x07\n\x05\x45mpty\"\x1b\n\x0bRawElements\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c*1\n\x07Holding\x12\x13\n\x0fHOLDING_NOTHING\x10\x00\x12\x11\n\rHOLDING_RANGE\x10\x01\x32\xfd\x04\n\x0fParameterServer\x12\x36\n\x04Push\x12\x16.edl.ps.v1.RawElements\x1a\x14.edl.ps.v1.PushReply(\x01\x12\x38\n\x04Pull\x12\x16.edl.ps.v1.PullRequest\x1a\x16.edl.ps.v1.RawElements0\x01\x12:\n\x08PushRows\x12\x16.edl.ps.v1.RawElements\x1a\x14.edl.ps.v1.PushReply(\x01\x12@\n\x08PullRows\x12\x1a.edl.ps.v1.PullRowsRequest\x1a\x16.edl.ps.v1.RawElements0\x01\x12\x34\n\x04Seal\x12\x16.edl.ps.v1.StepRequest\x1a\x14.edl.ps.v1.StepReply\x12\x35\n\x05\x41pply\x12\x16.edl.ps.v1.StepRequest\x1a\x14.edl.ps.v1.StepReply\x12\x33\n\x05\x46\x65nce\x12\x17.edl.ps.v1.FenceRequest\x1a\x11.edl.ps.v1.Status\x12\x35\n\x06Settle\x12\x18.edl.ps.v1.SettleRequest\x1a\x11.edl.ps.v1.Status\x12\x36\n\x08Snapshot\x12\x17.edl.ps.v1.FenceRequest\x1a\x11.edl.ps.v1.Status\x12\x33\n\x05\x41\x64opt\x12\x17.edl.ps.v1.AdoptRequest\x1a\x11.edl.ps.v1.Status\x12\x34\n\x07Release\x12\x17.edl.ps.v1.FenceRequest\x1a\x10.edl.ps.v1.Emptyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'trainer_runtime.protocol.ps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_HOLDING']._serialized_start=949
-  _globals['_HOLDING']._serialized_end=998
+  _globals['_HOLDING']._serialized_start=1295
+  _globals['_HOLDING']._serialized_end=1344
   _globals['_PUSHHEADER']._serialized_start=48
   _globals['_PUSHHEADER']._serialized_end=153
   _globals['_PUSHREPLY']._serialized_start=155
   _globals['_PUSHREPLY']._serialized_end=184
   _globals['_PULLREQUEST']._serialized_start=186
   _globals['_PULLREQUEST']._serialized_end=285
-  _globals['_PULLHEADER']._serialized_start=287
-  _globals['_PULLHEADER']._serialized_end=333
-  _globals['_STEPREQUEST']._serialized_start=335
-  _globals['_STEPREQUEST']._serialized_end=401
-  _globals['_STEPREPLY']._serialized_start=403
-  _globals['_STEPREPLY']._serialized_end=447
-  _globals['_FENCEREQUEST']._serialized_start=449
-  _globals['_FENCEREQUEST']._serialized_end=483
-  _globals['_STATUS']._serialized_start=486
-  _globals['_STATUS']._serialized_end=669
-  _globals['_SETTLEREQUEST']._serialized_start=671
-  _globals['_SETTLEREQUEST']._serialized_end=723
-  _globals['_ADOPTREQUEST']._serialized_start=726
-  _globals['_ADOPTREQUEST']._serialized_end=909
-  _globals['_EMPTY']._serialized_start=911
-  _globals['_EMPTY']._serialized_end=918
-  _globals['_RAWELEMENTS']._serialized_start=920
-  _globals['_RAWELEMENTS']._serialized_end=947
-  _globals['_PARAMETERSERVER']._serialized_start=1001
-  _globals['_PARAMETERSERVER']._serialized_end=1512
+  _globals['_ROWSHEADER']._serialized_start=288
+  _globals['_ROWSHEADER']._serialized_end=420
+  _globals['_PULLROWSREQUEST']._serialized_start=422
+  _globals['_PULLROWSREQUEST']._serialized_end=539
+  _globals['_PULLHEADER']._serialized_start=541
+  _globals['_PULLHEADER']._serialized_end=587
+  _globals['_STEPREQUEST']._serialized_start=589
+  _globals['_STEPREQUEST']._serialized_end=655
+  _globals['_STEPREPLY']._serialized_start=657
+  _globals['_STEPREPLY']._serialized_end=701
+  _globals['_FENCEREQUEST']._serialized_start=703
+  _globals['_FENCEREQUEST']._serialized_end=737
+  _globals['_STATUS']._serialized_start=740
+  _globals['_STATUS']._serialized_end=923
+  _globals['_SETTLEREQUEST']._serialized_start=925
+  _globals['_SETTLEREQUEST']._serialized_end=977
+  _globals['_ADOPTREQUEST']._serialized_start=980
+  _globals['_ADOPTREQUEST']._serialized_end=1197
+  _globals['_TABLE']._serialized_start=1199
+  _globals['_TABLE']._serialized_end=1255
+  _globals['_EMPTY']._serialized_start=1257
+  _globals['_EMPTY']._serialized_end=1264
+  _globals['_RAWELEMENTS']._serialized_start=1266
+  _globals['_RAWELEMENTS']._serialized_end=1293
+  _globals['_PARAMETERSERVER']._serialized_start=1347
+  _globals['_PARAMETERSERVER']._serialized_end=1984
 # @@protoc_insertion_point(module_scope)

@@ -2,7 +2,7 @@ from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -47,6 +47,40 @@ class PullRequest(_message.Message):
     start: int
     stop: int
     def __init__(self, generation: _Optional[int] = ..., at_least: _Optional[int] = ..., timeout_s: _Optional[float] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
+
+class RowsHeader(_message.Message):
+    __slots__ = ("generation", "step", "contributor", "contributors", "start", "stop", "rows")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTOR_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    step: int
+    contributor: int
+    contributors: int
+    start: int
+    stop: int
+    rows: int
+    def __init__(self, generation: _Optional[int] = ..., step: _Optional[int] = ..., contributor: _Optional[int] = ..., contributors: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., rows: _Optional[int] = ...) -> None: ...
+
+class PullRowsRequest(_message.Message):
+    __slots__ = ("generation", "at_least", "timeout_s", "start", "stop", "rows")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    AT_LEAST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    at_least: int
+    timeout_s: float
+    start: int
+    stop: int
+    rows: bytes
+    def __init__(self, generation: _Optional[int] = ..., at_least: _Optional[int] = ..., timeout_s: _Optional[float] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., rows: _Optional[bytes] = ...) -> None: ...
 
 class PullHeader(_message.Message):
     __slots__ = ("ready", "watermark")
@@ -111,7 +145,7 @@ class SettleRequest(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., through: _Optional[int] = ...) -> None: ...
 
 class AdoptRequest(_message.Message):
-    __slots__ = ("generation", "start", "stop", "size", "dtype", "lr", "momentum", "step", "from_snapshot", "snapshot_every")
+    __slots__ = ("generation", "start", "stop", "size", "dtype", "lr", "momentum", "step", "from_snapshot", "snapshot_every", "tables")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +156,7 @@ class AdoptRequest(_message.Message):
     STEP_FIELD_NUMBER: _ClassVar[int]
     FROM_SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_EVERY_FIELD_NUMBER: _ClassVar[int]
+    TABLES_FIELD_NUMBER: _ClassVar[int]
     generation: int
     start: int
     stop: int
@@ -132,7 +167,18 @@ class AdoptRequest(_message.Message):
     step: int
     from_snapshot: bool
     snapshot_every: int
-    def __init__(self, generation: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., size: _Optional[int] = ..., dtype: _Optional[str] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., step: _Optional[int] = ..., from_snapshot: _Optional[bool] = ..., snapshot_every: _Optional[int] = ...) -> None: ...
+    tables: _containers.RepeatedCompositeFieldContainer[Table]
+    def __init__(self, generation: _Optional[int] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ..., size: _Optional[int] = ..., dtype: _Optional[str] = ..., lr: _Optional[float] = ..., momentum: _Optional[float] = ..., step: _Optional[int] = ..., from_snapshot: _Optional[bool] = ..., snapshot_every: _Optional[int] = ..., tables: _Optional[_Iterable[_Union[Table, _Mapping[str, object]]]] = ...) -> None: ...
+
+class Table(_message.Message):
+    __slots__ = ("start", "rows", "row_length")
+    START_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    ROW_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    rows: int
+    row_length: int
+    def __init__(self, start: _Optional[int] = ..., rows: _Optional[int] = ..., row_length: _Optional[int] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from trainer_runtime.client import CoordinatorClient
 from trainer_runtime.protocol.parameter_server import ps
-from trainer_runtime.ps.layout import Piece, laying_out, windows_between
+from trainer_runtime.ps.layout import Piece, Table, laying_out, windows_between
 from trainer_runtime.ps.snapshots import SnapshotDirectory
 from trainer_runtime.ps.transport import GroupChanged, Links, ServerError
 from trainer_runtime.sharding import DatasetPlan
@@ -56,8 +56,11 @@ class Optimizer:
 
 @dataclass(frozen=True, slots=True)
 class Model:
+    """The flattened parameters: `size` elements of `dtype`, with its embedding tables."""
+
     size: int
     dtype: str
+    tables: tuple[Table, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +128,7 @@ def forming(
             s.holding == ps.HOLDING_RANGE for s in statuses.values()
         )
         LOG.warning("generation %d starts from the snapshot of step %d", generation, cut)
-    pieces = laying_out(model.size, servers)
+    pieces = laying_out(model.size, servers, model.tables)
     moving = [p for p in pieces if (p.address, p.start, p.stop) not in keep]
     if moving and layout is not None and not directory.covers(cut, model.size):
         links.everywhere(
@@ -151,6 +154,10 @@ def forming(
                     step=cut,
                     from_snapshot=(piece.address, piece.start, piece.stop) not in keep,
                     snapshot_every=snapshot_every,
+                    tables=[
+                        ps.Table(start=t.start, rows=t.rows, row_length=t.row_length)
+                        for t in model.tables
+                    ],
                 ),
             )
             for piece in pieces

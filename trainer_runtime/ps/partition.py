@@ -20,6 +20,13 @@ snapshot can name by one number.
 Generations fence: a partition fenced at g refuses calls of older generations; it serves
 generation g once it adopted g's layout (`adopting`), which also drops every buffer.
 
+Embedding tables (`layout.Table`, declared at adoption) are pushed by row: a row push covers
+a whole-row range of one table segment and carries only the rows it names, the others count
+as zero gradient. A step then updates only the rows some contribution pushed (their
+gradients summed in contributor order): untouched rows keep their parameters and, with
+momentum, their velocity (lazy momentum: a row's velocity decays only on the steps that
+touch it). Dense pushes into a table segment are refused.
+
 What must stay true: a step is applied at most once, in order, only when complete; a
 contribution is counted once (a contributor's elements add up to the range, no more).
 """
@@ -35,6 +42,7 @@ import numpy as np
 import numpy.typing as npt
 
 from trainer_runtime.protocol.statuses import Conflict, Stale, Unready
+from trainer_runtime.ps.layout import Piece, Segment, Table, splitting
 
 Array = npt.NDArray[Any]
 DTYPES = ("float32", "float64")
@@ -74,6 +82,8 @@ class StepBuffer:
     touched: npt.NDArray[np.bool_]
     received: dict[int, int] = field(default_factory=dict)  # contributor -> elements
     decided: bool = False
+    #: segment start -> (contributor, first row in the segment, row numbers, row values)
+    rows: dict[int, list[tuple[int, int, Array, Array]]] = field(default_factory=dict)
 
     def adding(self, first: int, values: Array) -> None:
         last = first + values.size
@@ -92,6 +102,26 @@ class StepBuffer:
     def complete(self, length: int) -> bool:
         done = sum(1 for count in self.received.values() if count == length)
         return done >= self.expected
+
+    def summed_rows(self, segment: Segment) -> tuple[Array, Array] | None:
+        """The segment's pushed rows (numbers inside the segment, ascending) and their
+        gradients summed over contributions (in contributor order: deterministic)."""
+        parts = sorted(self.rows.get(segment.start, ()), key=lambda part: part[:2])
+        if not parts:
+            return None
+        if len(parts) == 1:
+            _, first, numbers, values = parts[0]
+            if not numbers.size:
+                return None
+            return first + numbers, values if values.flags.writeable else values.copy()
+        rows = np.concatenate([first + numbers for _, first, numbers, _ in parts])
+        values = np.concatenate([part[3] for part in parts])
+        if not rows.size:
+            return None
+        order = np.argsort(rows, kind="stable")
+        rows, values = rows[order], values[order]
+        heads = np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1])))
+        return rows[heads], np.add.reduceat(values, heads, axis=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +156,9 @@ class Partition:
     velocity: Array = field(default_factory=lambda: np.zeros(0, np.float32))
     buffers: dict[int, StepBuffer] = field(default_factory=dict)
     holding: bool = False
+    tables: tuple[Table, ...] = ()
+    segments: tuple[Segment, ...] = ()
+    dense: tuple[tuple[int, int], ...] = ()  # ranges outside every segment, from `start`
     on_snapshot: SnapshotHook | None = None
     spare: list[Array] = field(default_factory=list)  # step buffers to reuse (no page faults)
 
@@ -183,6 +216,7 @@ class Partition:
         step: int,
         snapshot_every: int,
         state: tuple[Array, Array] | None,
+        tables: tuple[Table, ...] = (),
     ) -> PartitionStatus:
         """Serve `[start, stop)` from cut `step` in `generation`: load `state`, or keep the
         range held (only if it is the same range at the same step)."""
@@ -192,8 +226,19 @@ class Partition:
             raise PartitionError(f"dtype {dtype!r} is not served; use one of {DTYPES}")
         if not 0 <= start < stop <= size:
             raise PartitionError(f"range {start}..{stop} is not inside a model of {size}")
+        try:
+            dense, segments = splitting(Piece("", "", start, stop), tables)
+        except ValueError as error:
+            raise PartitionError(f"tables: {error}") from error
+        for segment in segments:
+            if (segment.start - segment.table.start) % segment.table.row_length or (
+                segment.stop - segment.table.start
+            ) % segment.table.row_length:
+                raise PartitionError(f"range {start}..{stop} cuts a row of a table")
         if state is None:
-            same = (self.start, self.stop, self.size, self.dtype) == (start, stop, size, dtype)
+            same = (self.start, self.stop, self.size, self.dtype, self.tables) == (
+                start, stop, size, dtype, tables,
+            )  # fmt: skip
             if not (self.holding and same and self.watermark == step):
                 raise PartitionError(
                     f"cannot keep {start}..{stop} at step {step}: this server holds "
@@ -211,6 +256,8 @@ class Partition:
         self.watermark = step
         self.buffers = {}
         self.holding = True
+        self.tables, self.segments = tables, tuple(segments)
+        self.dense = tuple((a - start, b - start) for a, b in dense)
         return self.status()
 
     # ----- the step pipeline -----
@@ -225,6 +272,17 @@ class Partition:
             raise PartitionError(
                 f"chunk {offset}..{offset + values.size} is outside {self.start}..{self.stop}"
             )
+        for segment in self.segments:
+            if offset < segment.stop and segment.start < offset + values.size:
+                raise PartitionError(
+                    f"chunk {offset}..{offset + values.size} overlaps the table rows "
+                    f"{segment.start}..{segment.stop}: push them with PushRows"
+                )
+        buffer = self.counting(step, contributor, expected, values.size)
+        buffer.adding(first, values)
+
+    def counting(self, step: int, contributor: int, expected: int, elements: int) -> StepBuffer:
+        """Step `step`'s buffer, with `elements` more of `contributor`'s counted."""
         buffer = self.buffers.get(step)
         if buffer is None:
             cells = np.zeros(-(-self.length // CELL), dtype=np.bool_)
@@ -232,11 +290,77 @@ class Partition:
             self.buffers[step] = buffer
         if buffer.expected != expected:
             raise PartitionError(f"step {step} expects {buffer.expected} contributions")
-        count = buffer.received.get(contributor, 0) + values.size
+        count = buffer.received.get(contributor, 0) + elements
         if count > self.length:
             raise PartitionError(f"contributor {contributor} sent step {step} twice")
-        buffer.adding(first, values)
         buffer.received[contributor] = count
+        return buffer
+
+    def segment_of(self, start: int, stop: int) -> Segment:
+        """The segment holding the whole-row range `[start, stop)`, or a PartitionError
+        naming the field that is wrong."""
+        for segment in self.segments:
+            if segment.start <= start < segment.stop:
+                length = segment.table.row_length
+                if (start - segment.table.start) % length:
+                    raise PartitionError(f"start {start} is not a row boundary of its table")
+                if not start < stop <= segment.stop or (stop - segment.table.start) % length:
+                    raise PartitionError(
+                        f"stop {stop} is not a row boundary in {start}..{segment.stop}"
+                    )
+                return segment
+        raise PartitionError(f"start {start} is not inside a table segment of this partition")
+
+    def row_numbers(self, data: bytes, count: int, start: int, stop: int) -> tuple[Segment, Array]:
+        """Check a request's row numbers (unique, ascending, inside `[start, stop)`)."""
+        segment = self.segment_of(start, stop)
+        if len(data) != count * 8:
+            raise PartitionError(f"rows: {len(data)} bytes of row numbers, expected {count} x 8")
+        numbers = np.frombuffer(data, dtype="<i8")
+        inside = (stop - start) // segment.table.row_length
+        if numbers.size and (numbers[0] < 0 or numbers[-1] >= inside):
+            raise PartitionError(f"rows: row numbers must lie in 0..{inside - 1}")
+        if numbers.size > 1 and not bool(np.all(numbers[1:] > numbers[:-1])):
+            raise PartitionError("rows: row numbers must be unique and ascending")
+        return segment, numbers
+
+    def adding_rows(
+        self,
+        step: int,
+        contributor: int,
+        expected: int,
+        start: int,
+        stop: int,
+        numbers: bytes,
+        count: int,
+        data: bytes | bytearray,
+    ) -> None:
+        """Add a row push (see the module docstring) to step `step` (no-op if applied)."""
+        segment, rows = self.row_numbers(numbers, count, start, stop)
+        length = segment.table.row_length
+        values = np.frombuffer(data, dtype=self.dtype)
+        if values.size != rows.size * length:
+            raise PartitionError(
+                f"rows: {values.size} elements sent for {rows.size} rows of {length}"
+            )
+        if step <= self.watermark:
+            return
+        buffer = self.counting(step, contributor, expected, stop - start)
+        first = (start - segment.start) // length
+        part = (contributor, first, rows, values.reshape(rows.size, length))
+        buffer.rows.setdefault(segment.start, []).append(part)
+
+    def reading_rows(self, start: int, stop: int, numbers: bytes) -> Array:
+        """The rows `numbers` (raw int64, counted from `start`) of a table segment."""
+        segment, rows = self.row_numbers(numbers, len(numbers) // 8, start, stop)
+        table = self.segment_view(self.params, segment)
+        first = (start - segment.start) // segment.table.row_length
+        found: Array = np.take(table, rows + first, axis=0)
+        return found
+
+    def segment_view(self, array: Array, segment: Segment) -> Array:
+        low, high = segment.start - self.start, segment.stop - self.start
+        return array[low:high].reshape(-1, segment.table.row_length)
 
     def fresh_buffer(self) -> Array:
         while self.spare:
@@ -267,26 +391,45 @@ class Partition:
 
     def applying(self, step: int) -> None:
         buffer = self.buffers.pop(step)
-        gradient = buffer.total  # the buffer is dropped after this step: scale it in place
-        if self.momentum:
-            self.velocity *= self.momentum
-            self.velocity += gradient
-            gradient = self.velocity
-            if self.lr == 1.0:
-                self.params -= gradient
-            else:
-                np.multiply(gradient, self.lr, out=buffer.total)
-                self.params -= buffer.total
-        else:
-            if self.lr != 1.0:
-                gradient *= self.lr
-            self.params -= gradient
+        if not self.segments:
+            self.descending(buffer.total, self.params, self.velocity)
+        for a, b in self.dense if self.segments else ():
+            self.descending(buffer.total[a:b], self.params[a:b], self.velocity[a:b])
+        for segment in self.segments:
+            pushed = buffer.summed_rows(segment)
+            if pushed is None:
+                continue
+            rows, gradient = pushed
+            params = self.segment_view(self.params, segment)
+            velocity = self.segment_view(self.velocity, segment)
+            moved = np.take(params, rows, axis=0)
+            speed = np.take(velocity, rows, axis=0) if self.momentum else moved
+            self.descending(gradient, moved, speed)
+            params[rows] = moved
+            if self.momentum:
+                velocity[rows] = speed
         self.watermark = step
         if len(self.spare) < 2:
             self.spare.append(buffer.total)
         if self.on_snapshot and self.snapshot_every and step % self.snapshot_every == 0:
             copies = (self.params.copy(), self.velocity.copy())
             self.on_snapshot(step, self.start, self.stop, *copies, self.size)
+
+    def descending(self, gradient: Array, params: Array, velocity: Array) -> None:
+        """One step of SGD with momentum (PyTorch's formula) on `params`, in place;
+        `gradient` is a buffer dropped after the step, so it is scaled in place."""
+        if self.momentum:
+            velocity *= self.momentum
+            velocity += gradient
+            if self.lr == 1.0:
+                params -= velocity
+            else:
+                np.multiply(velocity, self.lr, out=gradient)
+                params -= gradient
+        else:
+            if self.lr != 1.0:
+                gradient *= self.lr
+            params -= gradient
 
     def settling(self, through: int) -> PartitionStatus:
         """Apply the complete steps up to `through` (decided elsewhere), drop the rest."""

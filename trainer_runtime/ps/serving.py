@@ -5,7 +5,9 @@ waits (a pull for a step not applied yet, a seal of a step still missing contrib
 call of a generation whose layout is not adopted yet) are bounded long polls on one
 condition. Pushes stream raw chunks straight into the step's buffer (`np.frombuffer` over
 the received bytes, then one in-place add); pulls stream the range as raw chunks (one copy
-of the numpy slice each); the headers ride in binary metadata. Snapshots are
+of the numpy slice each); the headers ride in binary metadata. Row pushes and pulls
+(`PushRows`, `PullRows`: the rows of an embedding table a batch touches) carry their row
+numbers as raw int64 bytes and the rows' elements as raw chunks. Snapshots are
 copied under the lock and written by a background thread, so a step's apply never waits for
 the disk.
 
@@ -36,11 +38,13 @@ from trainer_runtime.protocol.parameter_server import (
     PS_SERVICE,
     PULL_HEADER,
     PUSH_HEADER,
+    ROWS_HEADER,
     Shape,
     ps,
 )
 from trainer_runtime.protocol.statuses import refusing
 from trainer_runtime.protocol.tls import JobTls, listening
+from trainer_runtime.ps.layout import Table
 from trainer_runtime.ps.partition import (
     Array,
     Partition,
@@ -250,14 +254,42 @@ class ParameterService:
         finally:
             self.calling(False)
 
-    def pushing(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
-        found = dict(context.invocation_metadata()).get(PUSH_HEADER)
+    def PushRows(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        self.calling(True)
+        try:
+            return self.pushing_rows(requests, context)
+        finally:
+            self.calling(False)
+
+    def PullRows(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        self.calling(True)
+        try:
+            yield from self.pulling_rows(request, context)
+        finally:
+            self.calling(False)
+
+    def opening(self, context: grpc.ServicerContext, key: str, message: Any) -> Any:
+        """The push's header (`message` parsed from metadata `key`), once its generation is
+        served (a bounded wait)."""
+        found = dict(context.invocation_metadata()).get(key)
         if not isinstance(found, bytes):
-            raise PartitionError(f"a push needs the {PUSH_HEADER} metadata")
-        header = ps.PushHeader.FromString(found)
+            raise PartitionError(f"a push needs the {key} metadata")
+        header = message.FromString(found)
         with self.changed:
             if not self.awaiting(header.generation, 5.0):
                 self.partition.serving(header.generation)
+        return header
+
+    def replying(self, step: int) -> Any:
+        """Under `changed`: whether the step is complete here, waking its sealers if so."""
+        complete = self.partition.complete(step)
+        if complete:
+            self.changed.notify_all()
+        return ps.PushReply(complete=complete)
+
+    def pushing(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        header = self.opening(context, PUSH_HEADER, ps.PushHeader)
+        with self.changed:
             itemsize = np.dtype(self.partition.dtype).itemsize
         offset = header.offset
         for chunk in requests:
@@ -268,27 +300,45 @@ class ParameterService:
                 )
             offset += len(chunk) // itemsize
         with self.changed:
-            step = header.step
-            complete = self.partition.complete(step)
-            if complete:
-                self.changed.notify_all()
-            return ps.PushReply(complete=complete)
+            return self.replying(header.step)
+
+    def pushing_rows(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Any:
+        header = self.opening(context, ROWS_HEADER, ps.RowsHeader)
+        numbers = next(requests, b"")
+        data = bytearray().join(requests)  # writable: the step scales it in place
+        with self.changed:
+            self.partition.serving(header.generation)
+            self.partition.adding_rows(
+                header.step,
+                header.contributor,
+                header.contributors,
+                header.start,
+                header.stop,
+                numbers,
+                header.rows,
+                data,
+            )
+            return self.replying(header.step)
+
+    def ready_at(self, request: Any) -> Any:
+        """Under `changed`: wait (bounded) for the pull's step; the PullHeader to send."""
+        ready = self.awaiting(
+            request.generation,
+            request.timeout_s,
+            lambda: self.partition.watermark >= request.at_least,
+        )
+        if not ready:
+            self.partition.serving(request.generation)  # not adopted yet: UNAVAILABLE
+        return ps.PullHeader(ready=ready, watermark=self.partition.watermark)
 
     def pulling(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
         with self.changed:
-            ready = self.awaiting(
-                request.generation,
-                request.timeout_s,
-                lambda: self.partition.watermark >= request.at_least,
-            )
-            if not ready:
-                self.partition.serving(request.generation)  # not adopted yet: UNAVAILABLE
-            header = ps.PullHeader(ready=ready, watermark=self.partition.watermark)
+            header = self.ready_at(request)
             start = max(request.start, self.partition.start)
             stop = min(request.stop, self.partition.stop) if request.stop else self.partition.stop
             itemsize = np.dtype(self.partition.dtype).itemsize
         context.send_initial_metadata(((PULL_HEADER, header.SerializeToString()),))
-        if not ready:
+        if not header.ready:
             return
         step = max(1, CHUNK_BYTES // itemsize)
         for offset in range(start, stop, step):
@@ -296,6 +346,19 @@ class ParameterService:
                 self.partition.serving(request.generation)
                 data = self.partition.reading(offset, min(stop, offset + step)).tobytes()
             yield data
+
+    def pulling_rows(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
+        with self.changed:
+            header = self.ready_at(request)
+            rows = None
+            if header.ready:  # a copy, taken under the lock: a later apply cannot tear it
+                rows = self.partition.reading_rows(request.start, request.stop, request.rows)
+        context.send_initial_metadata(((PULL_HEADER, header.SerializeToString()),))
+        if rows is None or not rows.size:
+            return
+        step = max(1, CHUNK_BYTES // (rows.itemsize * rows.shape[1]))
+        for first in range(0, rows.shape[0], step):
+            yield rows[first : first + step].tobytes()
 
     def Seal(self, request: Any, context: grpc.ServicerContext) -> Any:
         with self.changed:
@@ -363,6 +426,7 @@ class ParameterService:
                 request.step,
                 request.snapshot_every,
                 state,
+                tuple(Table(t.start, t.rows, t.row_length) for t in request.tables),
             )
             self.changed.notify_all()
             return status_message(status)

@@ -12,14 +12,20 @@ Every call has a deadline. A refused generation (FAILED_PRECONDITION) or an unre
 not-yet-ready server (UNAVAILABLE) becomes `GroupChanged`: the caller looks at its
 generation again instead of retrying blindly, because a push is not idempotent.
 
-What must stay true: a push sends each element of a range exactly once; no call waits
-longer than its deadline.
+Embedding tables (`layout.Table`) travel by row when the caller names the rows a batch
+touches (`touched`: table -> ascending unique row numbers): a push sends those rows'
+gradients (`PushRows`, the others count as zero), a pull fetches those rows (`PullRows`),
+the dense rest as before. Without `touched` a pull fetches everything, tables included.
+
+What must stay true: a push sends each element of a range exactly once (a row push covers
+its segment's rows once); no call waits longer than its deadline.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from typing import Any, TypeVar
 
@@ -33,15 +39,20 @@ from trainer_runtime.protocol.parameter_server import (
     PS_METHODS,
     PULL_HEADER,
     PUSH_HEADER,
+    ROWS_HEADER,
     Shape,
     ps,
 )
 from trainer_runtime.protocol.tls import JobTls, opening_channel
-from trainer_runtime.ps.layout import Piece
+from trainer_runtime.ps.layout import Piece, Segment, Table, splitting
 
 CHUNK_BYTES = 1024 * 1024
+#: A segment's rows take one more parallel stream per this many bytes: a stream's fixed
+#: cost outweighs its parallelism on a batch's few MB of rows (measured on loopback).
+ROW_STREAM_BYTES = 16 * 1024 * 1024
 CALL_TIMEOUT_S = 60.0
 T = TypeVar("T")
+Rows = Mapping[Table, npt.NDArray[np.int64]]  # table -> ascending unique row numbers
 
 
 class GroupChanged(RuntimeError):
@@ -129,11 +140,15 @@ class ServerLink:
                 yield gradient[offset : min(stop, offset + step)].tobytes()
 
         described = ps.PushHeader(offset=start, **header).SerializeToString()
+        return self.streaming(lane, "Push", chunks(), (PUSH_HEADER, described))
+
+    def streaming(
+        self, lane: int, name: str, messages: Iterator[bytes], header: tuple[str, bytes]
+    ) -> bool:
+        """Send one push stream with its header; whether the step became complete."""
         try:
-            reply = self.calls[lane % len(self.calls)]["Push"](
-                chunks(),
-                timeout=CALL_TIMEOUT_S,
-                metadata=(*self.metadata, (PUSH_HEADER, described)),
+            reply = self.calls[lane % len(self.calls)][name](
+                messages, timeout=CALL_TIMEOUT_S, metadata=(*self.metadata, header)
             )
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
@@ -157,26 +172,127 @@ class ServerLink:
             stream = self.calls[lane % len(self.calls)]["Pull"](
                 request, timeout=timeout_s + CALL_TIMEOUT_S, metadata=self.metadata
             )
-            found = dict(stream.initial_metadata() or ()).get(PULL_HEADER)
-            if not isinstance(found, bytes):  # the call ended before the server answered
-                raise GroupChanged(f"parameter server {self.address} did not answer a pull")
-            header = ps.PullHeader.FromString(found)
-            if not header.ready:
-                stream.cancel()
+            header = self.opened(stream)
+            if header is None:
                 return None
-            position = start
-            for chunk in stream:
-                values = np.frombuffer(chunk, dtype=into.dtype)
-                into[position : position + values.size] = values
-                position += values.size
+            self.filling(stream, into[start:stop])
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
-        if position != stop:
-            raise ServerError(
-                f"parameter server {self.address} sent {position - start} of "
-                f"{stop - start} elements"
-            )
         return int(header.watermark)
+
+    def opened(self, stream: Any) -> Any:
+        """A pull's PullHeader, or None (the stream cancelled) if it was not ready."""
+        found = dict(stream.initial_metadata() or ()).get(PULL_HEADER)
+        if not isinstance(found, bytes):  # the call ended before the server answered
+            raise GroupChanged(f"parameter server {self.address} did not answer a pull")
+        header = ps.PullHeader.FromString(found)
+        if not header.ready:
+            stream.cancel()
+            return None
+        return header
+
+    def pushing_rows(
+        self,
+        lane: int,
+        header: dict[str, int],
+        gradient: npt.NDArray[Any],
+        segment: Segment,
+        rows: npt.NDArray[np.int64],
+        span: tuple[int, int],
+    ) -> bool:
+        """Push the gradients of `rows` (of the segment) inside the row span `span`."""
+        length = segment.table.row_length
+        start, stop = segment.start + span[0] * length, segment.start + span[1] * length
+        numbers = rows - span[0]
+        values = np.take(gradient[start:stop].reshape(-1, length), numbers, axis=0).reshape(-1)
+        step = chunk_elements(values.itemsize)
+
+        def messages() -> Iterator[bytes]:
+            yield numbers.astype("<i8", copy=False).tobytes()
+            for offset in range(0, values.size, step):
+                yield values[offset : offset + step].tobytes()
+
+        described = ps.RowsHeader(start=start, stop=stop, rows=numbers.size, **header)
+        return self.streaming(
+            lane, "PushRows", messages(), (ROWS_HEADER, described.SerializeToString())
+        )
+
+    def pulling_rows(
+        self,
+        lane: int,
+        generation: int,
+        at_least: int,
+        timeout_s: float,
+        into: npt.NDArray[Any],
+        segment: Segment,
+        rows: npt.NDArray[np.int64],
+        span: tuple[int, int],
+    ) -> int | None:
+        """Fill the segment's `rows` (numbers inside the segment, in the row span `span`)
+        of `into`; the partition's watermark, or None if it was not ready."""
+        length = segment.table.row_length
+        start, stop = segment.start + span[0] * length, segment.start + span[1] * length
+        rows = rows - span[0]
+        request = ps.PullRowsRequest(
+            generation=generation,
+            at_least=at_least,
+            timeout_s=timeout_s,
+            start=start,
+            stop=stop,
+            rows=rows.astype("<i8", copy=False).tobytes(),
+        )
+        try:
+            stream = self.calls[lane % len(self.calls)]["PullRows"](
+                request, timeout=timeout_s + CALL_TIMEOUT_S, metadata=self.metadata
+            )
+            header = self.opened(stream)
+            if header is None:
+                return None
+            received = np.empty(rows.size * length, dtype=into.dtype)
+            self.filling(stream, received)
+        except grpc.RpcError as error:
+            raise translating(error, self.address) from error
+        into[start:stop].reshape(-1, length)[rows] = received.reshape(-1, length)
+        return int(header.watermark)
+
+    def filling(self, stream: Any, target: npt.NDArray[Any]) -> None:
+        """Copy a pull's raw chunks into `target`, which they must fill exactly."""
+        position = 0
+        for chunk in stream:
+            values = np.frombuffer(chunk, dtype=target.dtype)
+            if position + values.size > target.size:
+                break
+            target[position : position + values.size] = values
+            position += values.size
+        else:
+            if position == target.size:
+                return
+        raise ServerError(
+            f"parameter server {self.address} sent more or less than the "
+            f"{target.size} elements asked for"
+        )
+
+
+def row_lanes(
+    segment: Segment, touched: Rows, parts: int, itemsize: int
+) -> list[tuple[int, npt.NDArray[np.int64], tuple[int, int]]]:
+    """The streams of one segment's row push or pull: (lane, rows, row span), at most
+    `parts` and one per `ROW_STREAM_BYTES` of rows, the spans tiling the segment's rows, the
+    touched rows (counted from the segment's first row) shared about evenly."""
+    found = touched.get(segment.table)
+    total = (segment.stop - segment.start) // segment.table.row_length
+    rows = np.zeros(0, dtype=np.int64)
+    if found is not None:
+        low, high = np.searchsorted(found, [segment.first_row, segment.first_row + total])
+        rows = found[low:high] - segment.first_row
+    row_bytes = segment.table.row_length * itemsize
+    parts = max(1, min(parts, rows.size, -(-rows.size * row_bytes // ROW_STREAM_BYTES)))
+    cuts = [0, *(int(rows[rows.size * k // parts]) for k in range(1, parts)), total]
+    lanes = []
+    for lane, (a, b) in enumerate((a, b) for a, b in itertools.pairwise(cuts) if b > a):
+        low, high = np.searchsorted(rows, [a, b])
+        lanes.append((lane, rows[low:high], (a, b)))
+    return lanes
 
 
 class Links:
@@ -205,20 +321,37 @@ class Links:
         return [task.result() for task in running]
 
     def pushing(
-        self, pieces: Sequence[Piece], header: dict[str, int], gradient: npt.NDArray[Any]
+        self,
+        pieces: Sequence[Piece],
+        header: dict[str, int],
+        gradient: npt.NDArray[Any],
+        tables: Sequence[Table] = (),
+        touched: Rows | None = None,
     ) -> bool:
-        """Push `gradient` (the flat vector) to every piece; True if all became complete."""
+        """Push `gradient` (the flat vector) to every piece, the tables' `touched` rows
+        only; True if all became complete."""
         tasks: list[Callable[[], bool]] = []
         grain = chunk_elements(gradient.itemsize)
         for piece in pieces:
             link = self.link(piece.address)
-            cuts = spans(piece.start, piece.stop, len(link.channels), grain)
-            for lane, (a, b) in enumerate(cuts):
-                tasks.append(
-                    lambda link=link, lane=lane, a=a, b=b: link.pushing_span(  # type: ignore[misc]
-                        lane, header, gradient, a, b
+            dense, segments = splitting(piece, tables)
+            for start, stop in dense:
+                cuts = spans(start, stop, len(link.channels), grain)
+                for lane, (a, b) in enumerate(cuts):
+                    tasks.append(
+                        lambda link=link, lane=lane, a=a, b=b: link.pushing_span(  # type: ignore[misc]
+                            lane, header, gradient, a, b
+                        )
                     )
-                )
+            for segment in segments:
+                for lane, rows, span in row_lanes(
+                    segment, touched or {}, len(link.channels), gradient.itemsize
+                ):
+                    tasks.append(
+                        lambda link=link, lane=lane, s=segment, r=rows, span=span: (  # type: ignore[misc]
+                            link.pushing_rows(lane, header, gradient, s, r, span)
+                        )
+                    )
         return all(self.everywhere(tasks))
 
     def pulling(
@@ -228,17 +361,33 @@ class Links:
         at_least: int,
         timeout_s: float,
         into: npt.NDArray[Any],
+        tables: Sequence[Table] = (),
+        touched: Rows | None = None,
     ) -> int | None:
-        """Pull every piece into `into`; the lowest watermark, or None if one was not ready."""
+        """Pull every piece into `into` (of the tables, the `touched` rows only, if given);
+        the lowest watermark, or None if one was not ready."""
         tasks: list[Callable[[], int | None]] = []
         for piece in pieces:
             link = self.link(piece.address)
-            for lane, (a, b) in enumerate(spans(piece.start, piece.stop, len(link.channels))):
-                tasks.append(
-                    lambda link=link, lane=lane, a=a, b=b: link.pulling_span(  # type: ignore[misc]
-                        lane, generation, at_least, timeout_s, into, a, b
+            dense, segments = splitting(piece, tables if touched is not None else ())
+            for start, stop in dense:
+                for lane, (a, b) in enumerate(spans(start, stop, len(link.channels))):
+                    tasks.append(
+                        lambda link=link, lane=lane, a=a, b=b: link.pulling_span(  # type: ignore[misc]
+                            lane, generation, at_least, timeout_s, into, a, b
+                        )
                     )
-                )
+            for segment in segments:
+                for lane, rows, span in row_lanes(
+                    segment, touched or {}, len(link.channels), into.itemsize
+                ):
+                    tasks.append(
+                        lambda link=link, lane=lane, s=segment, r=rows, span=span: (  # type: ignore[misc]
+                            link.pulling_rows(
+                                lane, generation, at_least, timeout_s, into, s, r, span
+                            )
+                        )
+                    )
         marks = self.everywhere(tasks)
         if any(mark is None for mark in marks):
             return None
