@@ -33,6 +33,7 @@ once in every member, and one whose peer went silent after gloo's own 30 s); aft
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import queue
@@ -59,6 +60,34 @@ ATTEMPTS_PER_GENERATION = 16
 BUCKET_BYTES = 16 * 1024 * 1024
 STORE_PORT_ATTEMPTS = 8
 BUILD_POLL_S = 0.05
+#: How long a process about to exit lets the group constructors it gave up on end first.
+ABANDONED_GRACE_S = 5.0
+
+#: Group constructors given up on whose threads may still run (``building``).
+_abandoned: list[threading.Thread] = []
+_abandoned_lock = threading.Lock()
+
+
+def _letting_abandoned_builds_end() -> None:
+    """At exit, before the interpreter finalizes: wait (bounded) for the constructors
+    ``building`` gave up on. One that returns once the interpreter is finalizing (its peers
+    gone, its store closed) has its thread ended under C++ frames that do not allow it, and
+    the process aborts ("terminate called without an active exception", seen on drained
+    workers: a clean exit reported as SIGABRT). One still blocked after the grace period
+    stays blocked in its store's wait, which is harmless."""
+    deadline = time.monotonic() + ABANDONED_GRACE_S
+    with _abandoned_lock:
+        threads = list(_abandoned)
+    for thread in threads:
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+def _abandoning(thread: threading.Thread) -> None:
+    with _abandoned_lock:
+        if not _abandoned:
+            atexit.register(_letting_abandoned_builds_end)
+        _abandoned[:] = [t for t in _abandoned if t.is_alive()]
+        _abandoned.append(thread)
 
 
 def free_port(host: str) -> int:
@@ -229,7 +258,8 @@ def building(
     member that died after the roll call never writes one. A constructor given up on
     stays blocked in its (daemon) thread, holding that attempt's store connection and
     half-made group; nothing else uses them, and the attempt's keys and group id are never
-    reused.
+    reused. At exit the process gives it a few seconds to end first
+    (``_letting_abandoned_builds_end``).
     """
     outcome: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
 
@@ -239,12 +269,14 @@ def building(
         except Exception as error:  # handed to the waiting caller
             outcome.put((False, error))
 
-    threading.Thread(target=constructing, name="edl-group-build", daemon=True).start()
+    thread = threading.Thread(target=constructing, name="edl-group-build", daemon=True)
+    thread.start()
     while True:
         try:
             built, value = outcome.get(timeout=BUILD_POLL_S)
         except queue.Empty:
             if given_up() or time.monotonic() > deadline:
+                _abandoning(thread)
                 raise RuntimeError(
                     f"the group of {what} was not built: a member that answered the roll "
                     "call never joined it (it left, died or failed since)"
