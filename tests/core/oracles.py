@@ -77,22 +77,35 @@ def priority(job: Job, policy: Policy) -> int:
 
 
 def unmet_holds(
-    snap: Snapshot, plan_reservations: Iterable, now: float, policy: Policy
+    snap: Snapshot,
+    plan_reservations: Iterable,
+    now: float,
+    policy: Policy,
+    loaded_on: Snapshot | None = None,
 ) -> list[tuple]:
     """(job, node, capacity) still held by reservations over ``snap``: the part of each live
     reservation whose job does not yet have its replicas there, for jobs still below their
-    minimum (a job at its minimum has nothing left to hold for)."""
+    minimum (a job at its minimum has nothing left to hold for).
+
+    ``loaded_on``: the snapshot a plan read ``plan_reservations`` from, when ``snap`` is the
+    one that plan led to. A reservation holds in that plan only for a job below its minimum
+    on ``loaded_on`` (one at it had its room already: suspending it later in the plan, to
+    admit another job, gives that room to the other job, and revives no hold), and the
+    job's replicas on the node count whether the plan kept or removed them."""
     jobs = {j.name: j for j in snap.jobs}
+    loaded = {j.name: j for j in loaded_on.jobs} if loaded_on is not None else jobs
     nodes = {n.name for n in snap.nodes}
     out = []
     for r in plan_reservations:
-        job = jobs.get(r.job)
-        if job is None or r.node not in nodes or r.expires_at <= now or job.suspended:
+        job, first = jobs.get(r.job), loaded.get(r.job)
+        if job is None or first is None or r.node not in nodes or r.expires_at <= now:
             continue
-        if job.role_spec(r.role) is None or len(live(job)) >= effective_min(job, policy):
+        if job.suspended or job.role_spec(r.role) is None:
             continue
-        there = sum(1 for rep in live(job, r.role) if rep.node == r.node)
-        left = r.count - there
+        if any(len(live(j)) >= effective_min(j, policy) for j in (job, first)):
+            continue
+        names = {rep.name for j in (job, first) for rep in live(j, r.role) if rep.node == r.node}
+        left = r.count - len(names)
         if left > 0:
             out.append((job.name, r.node, per_replica(job, r.role).times(left)))
     return out
@@ -340,9 +353,12 @@ def check_stable_step(
     before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
 ) -> list[str]:
     """One cycle's share of invariant 7: growth respects the cool-down and pays for its
-    pause; every shrink names a job it makes room for, which ranks above the victim or is
-    of equal priority (then the victim has run its minimum time and is past its cool-down);
-    reservations keep their capacity from jobs ranked below their holder.
+    pause; every shrink names a job it makes room for (one that starts, grows, or places
+    replicas otherwise: moves where it fits, or restores its parameter servers), which ranks
+    above the victim or is of equal priority (then the victim has run its minimum time and
+    is past its cool-down); reservations keep their capacity from jobs ranked below their
+    holder (jobs ranked above it may take it, before or after those below took the room
+    left free).
 
     A job below its minimum (failures) may be restored to it within its cool-down, but not
     grown past it; the pause is checked for growth of jobs at or above their minimum. The
@@ -386,7 +402,12 @@ def check_stable_step(
                 out.append(f"{d.job} shrunk for no named job")
                 continue
             beneficiary = plan.decision(d.for_job)
-            if beneficiary.action not in (Action.START, Action.GROW):
+            # Besides a start or growth, what takes room: a job suspended to admit another
+            # admitted again where its gang fits (it moves), or one restoring its gang's
+            # parameter servers (its workers kept).
+            servers = beneficiary.pservers
+            takes = beneficiary.workers.add_nodes or (servers is not None and servers.add_nodes)
+            if beneficiary.action not in (Action.START, Action.GROW) and not takes:
                 out.append(f"{d.job} shrunk for {d.for_job}, which did not start")
             if rank[d.for_job] < rank[d.job]:
                 continue
@@ -400,13 +421,43 @@ def check_stable_step(
             if cooling:
                 out.append(f"{d.job} reclaimed within its cool-down (last resize {last})")
     # Reservations from the snapshot: a job ranked below a holder never takes held room.
-    holds = unmet_holds(after, before.reservations, now, policy)
+    holds = unmet_holds(after, before.reservations, now, policy, loaded_on=before)
+    added = _added(before, after)
     free = free_capacity(after)
-    for job, replica in _added(before, after):
-        held = held_above(holds, rank, job.name).get(replica.node, NONE)
-        if held != NONE and (free[replica.node] - held).is_negative():
-            out.append(f"{job.name} placed {replica.name} on {replica.node} into held capacity")
+    for job, replica in added:
+        node = replica.node
+        for holder in sorted({h for h, n, _ in holds if n == node and rank[h] < rank[job.name]}):
+            if _held_room_taken(holds, added, free[node], rank, holder, node):
+                out.append(f"{job.name} placed {replica.name} on {node} into held capacity")
+                break
     return sorted(set(out))
+
+
+def _held_room_taken(
+    holds: list[tuple[str, str, Resources]],
+    added: list[tuple[Job, Replica]],
+    free: Resources,
+    rank: dict[str, int],
+    holder: str,
+    node: str,
+) -> bool:
+    """Whether the jobs ranked below ``holder`` took, on ``node``, room held for it or for a
+    holder ranked above it. Held room may go to any job ranked above its holder, whenever
+    in the plan it is placed, so what those jobs added there (holders' own replicas aside:
+    they already count against their holds) is room the holds may have gone to: the jobs
+    below took held room only if what is left free and that together fall short of what
+    is still held."""
+    held = held_above(holds, rank, holder).get(node, NONE)
+    for h, n, res in holds:
+        if h == holder and n == node:
+            held = held + res
+    holding = {h for h, n, _ in holds if n == node}
+    took = NONE
+    for job, replica in added:
+        name = job.name
+        if replica.node == node and rank[name] < rank[holder] and name not in holding:
+            took = took + per_replica(job, replica.role)
+    return (free + took - held).is_negative()
 
 
 def _ramps(job: Job, current: int, policy: Policy, now: float, last: float | None) -> bool:

@@ -7,6 +7,8 @@ Aspects:
 - two equal-priority elastic jobs do not ping-pong over 100 cycles;
 - freed GPUs stay held for the job they were freed for, while its victims drain, over
   every plan until its pods exist (not only the next one);
+  a reservation already met holds nothing, even once its job is suspended;
+  held room may go to a job ranked above its holder, after a lower one took the rest;
 - idle GPUs are used; a job larger than the cluster waits with a reason;
 - node selectors, taints and cordons are honoured; other pods' usage is counted;
 - placement packs a job on few nodes and prefers partly used nodes;
@@ -556,6 +558,117 @@ def test_a_reservation_of_a_job_already_running_holds_nothing() -> None:
     p = run(snap)
     assert sizes(p) == {"a": 1, "b": 1} and p.decision("b").workers.add_nodes == ("n0",)
     assert p.reservations == ()
+
+
+def test_a_met_reservation_holds_nothing_once_its_job_is_suspended() -> None:
+    # "a" runs: its reservation on n1 was met when its pod came (the snapshot still shows
+    # it). "top" suspends "a" and takes two of n1's GPUs; the GPU left there may go to "b",
+    # ranked below "a": the spent reservation does not come back with the suspension.
+    # (Found by the invariant 7 property, whose oracle held it for "a" again.)
+    now = 2000.0
+    snap = snapshot(
+        [node("n0").gpus(6), node("n1").gpus(4)],
+        [
+            job("a").min(1).max(1).gpus(2).submitted(100).running(("n1", 1)).started(1000),
+            job("b").min(1).max(1).gpus(1).submitted(200),
+            job("top").min(3).max(3).gpus(3).priority(2).submitted(now),
+        ],
+        (Reservation("a", "n1", Role.WORKER, 1, expires_at=now + 600),),
+    )
+    p = run(snap, now=now)
+    assert p.decision("a").action is Action.SUSPEND and p.decision("a").for_job == "top"
+    assert p.decision("top").workers.add_nodes == ("n0", "n0", "n1")
+    assert p.decision("b").workers.add_nodes == ("n1",)
+    assert all(r.job == "top" for r in p.reservations)
+    assert oracles.check_stable_step(snap, p, apply_plan(snap, p), EDL, now) == []
+
+
+def test_held_room_may_go_to_a_job_ranked_above_its_holder_after_a_lower_one_placed() -> None:
+    # 6 of n1's 8 GPUs are held for "h" (two 3-GPU workers), which still cannot start.
+    # "low" (ranked below "h") starts on the 2 GPUs not held; then "top" (ranked above "h")
+    # grows into the held room, as it may. "low" took no held room, whatever the order.
+    # (Found by the invariant 7 property, whose oracle blamed "low" for what "top" took.)
+    now = 2000.0
+    held = (Reservation("h", "n1", Role.WORKER, 2, expires_at=now + 100),)
+    nodes_ = [node("n0").gpus(2), node("n1").gpus(8)]
+    snap = snapshot(
+        nodes_,
+        [
+            job("top").min(1).max(3).gpus(2).priority(2).submitted(300),
+            job("h").min(3).max(3).gpus(3).priority(2).submitted(400),
+            job("low").min(1).max(1).gpus(2).submitted(100),
+        ],
+        held,
+    )
+    p = run(snap, now=now)
+    assert p.decision("low").workers.add_nodes == ("n1",)
+    assert p.decision("top").workers.add_nodes == ("n0", "n1", "n1")
+    assert p.decision("h").action is Action.WAIT and p.reservations == held
+    assert oracles.check_stable_step(snap, p, apply_plan(snap, p), EDL, now) == []
+    # The oracle still catches a job below "h" in its held room: three of "low"'s workers.
+    greedy = snapshot(
+        nodes_,
+        [
+            job("top").min(1).max(3).gpus(2).priority(2).submitted(300),
+            job("h").min(3).max(3).gpus(3).priority(2).submitted(400),
+            job("low").min(1).max(3).gpus(2).submitted(100).running(("n1", 3)).started(now),
+        ],
+        held,
+    )
+    assert "low placed low-w2 on n1 into held capacity" in oracles.check_stable_step(
+        snap, p, greedy, EDL, now
+    )
+
+
+def test_a_job_suspended_and_moved_to_admit_another_names_its_own_victims() -> None:
+    # "top" needs four GPUs: "mid" is suspended whole and moved, at its minimum, by
+    # suspending "low" (priority 0 under its 1). "low" was suspended for "mid", which
+    # neither starts nor grows but takes room where it moves: a shrink that names it is
+    # one that makes room. (Found by the invariant 7 property, whose oracle said "low
+    # shrunk for mid, which did not start".)
+    now = 1000.0
+    snap = snapshot(
+        [node("n0").gpus(7)],
+        [
+            job("mid").min(3).max(4).priority(1).running(("n0", 4)).started(750),
+            job("low").min(1).max(1).priority(0).running(("n0", 1)).started(700),
+            job("top").min(1).max(1).gpus(4).priority(2).submitted(500),
+        ],
+    )
+    p = run(snap, now=now)
+    mid, low = p.decision("mid"), p.decision("low")
+    assert p.decision("top").action is Action.START
+    assert mid.reason is Reason.MOVED_TO_ADMIT and mid.for_job == "top"
+    assert mid.workers.target == 3 and mid.workers.add_nodes == ("n0",) * 3
+    assert low.action is Action.SUSPEND and low.for_job == "mid"
+    assert oracles.check_stable_step(snap, p, apply_plan(snap, p), EDL, now) == []
+
+
+def test_a_job_restoring_its_parameter_servers_names_its_victims() -> None:
+    # "ps" runs its worker but lost its two parameter servers: its gang is below its
+    # minimum, and restoring the servers (CPU) suspends "low" (priority 0 under its 1).
+    # Its workers do not change, but it takes the room "low" frees. (Found by the
+    # invariant 7 property, whose oracle said "low shrunk for ps, which did not start".)
+    now = 1000.0
+    snap = snapshot(
+        [node("n0").gpus(2).cpu(12000)],
+        [
+            job("low").min(1).max(1).cpu(6000).running(("n0", 1)).started(500),
+            job("ps")
+            .min(1)
+            .max(1)
+            .priority(1)
+            .running(("n0", 1))
+            .started(900)
+            .pservers(2, 2, 4000),
+        ],
+    )
+    p = run(snap, now=now)
+    ps, low = p.decision("ps"), p.decision("low")
+    assert ps.workers.target == 1 and ps.pservers is not None
+    assert ps.pservers.add_nodes == ("n0", "n0")
+    assert low.action is Action.SUSPEND and low.for_job == "ps"
+    assert oracles.check_stable_step(snap, p, apply_plan(snap, p), EDL, now) == []
 
 
 def test_room_held_for_a_job_restoring_its_minimum_stays_held_and_growth_says_so() -> None:
