@@ -30,7 +30,7 @@ from typing import Final
 
 from edl_scheduler.core.margins import explored_limit
 from edl_scheduler.core.placing import place
-from edl_scheduler.core.plan import HOLD_REASONS, Reason
+from edl_scheduler.core.plan import HOLD_REASONS, Reason, counted
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
@@ -330,10 +330,12 @@ class Grower:
             return  # no room anyway
         before = len(js.live_w)
         grew = f"grew {before}->{size} into idle GPUs; " if before and size > before else ""
+        measured = any(t.samples_per_second > 0 for t in js.job.throughput)
+        bound = "twice the largest size it measured" if measured else "it measured no size yet"
         js.hold(
             Reason.AWAITING_MEASUREMENT,
-            f"{grew}below maximum, held at {limit} workers, twice the largest size it "
-            "measured, until its runtime measures the size it runs at",
+            f"{grew}below maximum, held at {counted(limit, 'worker')} ({bound}) until its runtime "
+            "measures the size it runs at",
         )
 
     def _say_if_held(self, js: JobState) -> None:

@@ -49,6 +49,8 @@ def test_a_job_that_measured_nothing_starts_at_its_minimum() -> None:
     blind = job("blind").min(1).max(8).submitted(NOW - 10)
     started = plan(snapshot(nodes(1), [blind]), ramping(), NOW).decision("blind")
     assert started.action is Action.START and started.workers.target == 1, started.message
+    assert started.reason is Reason.AWAITING_MEASUREMENT
+    assert "held at 1 worker (it measured no size yet)" in started.message
     unbounded = plan(snapshot(nodes(1), [blind]), preset("edl"), NOW).decision("blind")
     assert unbounded.workers.target == 8  # the prior's word alone, without the rule
 
@@ -57,6 +59,9 @@ def test_past_its_cool_down_a_job_reaches_twice_what_it_measured() -> None:
     young = job("young").min(1).max(8).measured(1, 1, 100.0).started(NOW - 1000)
     grew = plan(snapshot(nodes(1), [young.running(("n0", 1))]), ramping(), NOW).decision("young")
     assert grew.action is Action.GROW and grew.workers.target == 2, grew.message
+    assert grew.reason is Reason.AWAITING_MEASUREMENT
+    assert grew.message.startswith("grew 1->2 into idle GPUs; below maximum, held at 2 workers")
+    assert "(twice the largest size it measured)" in grew.message
 
 
 def test_on_its_way_up_it_grows_again_after_the_ramp_interval() -> None:
