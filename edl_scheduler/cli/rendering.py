@@ -109,13 +109,13 @@ def details_panel(d: JobDetails, why_only: bool = False) -> Group:
     parts: list[Table | Panel] = [head]
     if d.workers and not why_only:
         workers = Table(title="Workers", box=None, header_style="bold", title_justify="left")
-        for column in ("NAME", "PID", "NODE", "SLOTS", "STATE"):
+        for column in ("NAME", "ROLE", "PID", "NODE", "SLOTS", "STATE"):
             workers.add_column(column)
-        for w in d.workers:
+        for w in d.workers:  # a ps job's parameter servers too (role pserver, no slot)
             state = w.state + (" (draining)" if w.draining else "")
             workers.add_row(
-                Text(w.name), str(w.pid or "-"), Text(w.node), ",".join(map(str, w.slots)) or "-",
-                Text(state),
+                Text(w.name), Text(w.role), str(w.pid or "-"), Text(w.node),
+                ",".join(map(str, w.slots)) or "-", Text(state),
             )  # fmt: skip
         parts.append(workers)
     resizes = Table(title="Resize history", box=None, header_style="bold", title_justify="left")

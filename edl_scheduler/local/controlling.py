@@ -7,12 +7,15 @@ Each cycle, in this order:
    replaces it; a drain that overran ``timeouts.drainSeconds`` is ended by SIGTERM, then
    SIGKILL; a coordinator that exited after the last epoch makes its job Succeeded, one that
    crashed is restarted from its state file.
-2. Build the planner's Snapshot: one node, ``local``, of ``slots`` GPUs; each job as
-   ``core.building.job_from_training_job`` makes it, a worker taking its slots.
+2. Build the planner's Snapshot (``snapshotting``): one node, ``local``, of ``slots``
+   GPUs; each job as ``core.building.job_from_training_job`` makes it, a worker taking its
+   slots, a parameter server none.
 3. ``plan(snapshot, policy, now)``: the same planner as on Kubernetes.
 4. Act: victims are drained through the coordinator (``CoordinatorClient.drain``), so they
-   leave at a step boundary and survivors keep their processes; new workers start with the
-   runtime's environment contract; the coordinator learns the target (``set_target``).
+   leave at a step boundary and survivors keep their processes; new workers (and a ``ps``
+   job's servers, first) start with the runtime's environment contract; the coordinator
+   learns the target (``set_target``). A suspended ``ps`` job's servers stop once its
+   workers have left (their snapshots keep the model).
    A job the planner set aside (its state is one it cannot accept) is left as it is, with
    a Warning Event that names the problem and the fix; the others are planned as usual.
 5. Write each job's status (phase, message, replicas, progress, throughput), its Events
@@ -33,9 +36,9 @@ What must stay true:
 from __future__ import annotations
 
 import enum
-import json
 import logging
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -45,37 +48,32 @@ from typing import Any
 
 from edl_scheduler.api import JobPhase, TrainingJob, TrainingJobError, load_training_job
 from edl_scheduler.core import (
-    Job,
-    Node,
     Plan,
     Reason,
-    Replica,
     Reservation,
-    Resources,
-    Role,
-    RoleSpec,
-    Snapshot,
     plan,
 )
-from edl_scheduler.core.building import job_from_training_job
-from edl_scheduler.core.snapshot import NO_CONSTRAINTS
 from edl_scheduler.local.config import LocalConfig, coordinator_name
 from edl_scheduler.local.exiting import Exits
 from edl_scheduler.local.launching import (
-    LOCAL_NODE,
     LaunchError,
     check_launchable,
     free_port,
+    legacy_files,
     slots_per_worker,
 )
 from edl_scheduler.local.logs import LogNotFound, find_log, log_names
 from edl_scheduler.local.processes import AdoptionError, ProcessSupervisor
+from edl_scheduler.local.snapshotting import (
+    load_reservations,
+    local_snapshot,
+    save_reservations,
+)
 from edl_scheduler.local.spawning import Spawner
 from edl_scheduler.local.statusing import (
     RESIZE_EVENTS,
     at,
     observed_status,
-    planned_efficiency,
     resized_status,
 )
 from edl_scheduler.local.storing import EventRow, JobRow, ResizeRow, Store
@@ -148,6 +146,11 @@ class LocalCluster:
                     ErrorKind.CONFLICT,
                     f"job {job.key} already exists: delete it first, or use another metadata.name",
                 )
+            for path in legacy_files(self.config.state_dir, job):  # a predecessor's, never ours
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
             now = self.clock()
             status = job.status.model_copy(
                 update={
@@ -230,10 +233,12 @@ class LocalCluster:
         """Stop the job's processes (SIGTERM, SIGKILL after the grace) and forget it."""
         with self.lock:
             row = self.get(key)
-            names = [w.name for w in self.store.workers(key)] + [coordinator_name(key)]
+            names = [w.name for w in self.store.replicas(key)] + [coordinator_name(key)]
             self.store.delete_job(key)
             self.spawner.drop_client(key)
             self._progress.pop(key, None)
+            self._aside.pop(key, None)
+            self.exits.finished.discard(key)  # a job submitted again under its name runs
             self.spawner.stop_in_background(names, f"edl-delete-{row.key}")
 
     def _require_not_final(self, row: JobRow) -> None:
@@ -275,7 +280,7 @@ class LocalCluster:
                     except AdoptionError as error:
                         self._event(row.key, "Warning", "CoordinatorLost", str(error))
                         self.store.set_coordinator(row.key, None, None)
-                for worker in self.store.workers(row.key):
+                for worker in self.store.replicas(row.key):
                     if worker.pid is None or worker.ctime is None:
                         self.store.remove_worker(worker.name)
                         continue
@@ -284,12 +289,7 @@ class LocalCluster:
                     except AdoptionError as error:
                         self.store.remove_worker(worker.name)
                         self._event(row.key, "Warning", "WorkerLost", str(error))
-            saved = self.store.get_meta("reservations")
-            if saved:
-                self.reservations = tuple(
-                    Reservation(r["job"], r["node"], Role(r["role"]), r["count"], r["expires_at"])
-                    for r in json.loads(saved)
-                )
+            self.reservations = load_reservations(self.store)
 
     # -- the cycle -------------------------------------------------------------------------
 
@@ -303,10 +303,10 @@ class LocalCluster:
             for row in rows:
                 self.exits.observe(row, now)
             rows = [r for r in self.store.jobs() if not r.job.status.phase.final]
-            snapshot = self._snapshot(rows)
+            snapshot = local_snapshot(rows, self.store, self.config.slots, self.reservations)
             result = plan(snapshot, self.config.policy, now)
             self.reservations = result.reservations
-            self._save_reservations()
+            save_reservations(self.store, self.reservations)
             aside: dict[str, str] = {}
             for decision in result.decisions:
                 found = self.store.job(decision.job)
@@ -316,7 +316,7 @@ class LocalCluster:
                     aside[decision.job] = decision.message
                     if self._aside.get(decision.job) != decision.message:  # once, not per cycle
                         self._event(decision.job, "Warning", "SetAside", decision.message)
-                    if self.store.workers(found.key):  # kept as it is, its coordinator too
+                    if self.store.replicas(found.key):  # kept as it is, its coordinator too
                         self._ensure_coordinator(found)
                     continue  # nothing is started or drained
                 self._act(found, decision, now)
@@ -327,84 +327,40 @@ class LocalCluster:
             self.last_plan = result
             return result
 
-    def _save_reservations(self) -> None:
-        self.store.set_meta(
-            "reservations",
-            json.dumps(
-                [
-                    {
-                        "job": r.job,
-                        "node": r.node,
-                        "role": r.role.value,
-                        "count": r.count,
-                        "expires_at": r.expires_at,
-                    }
-                    for r in self.reservations
-                ]
-            ),
-        )
-
-    # 2. snapshot ---------------------------------------------------------------------------
-
-    def _snapshot(self, rows: list[JobRow]) -> Snapshot:
-        node = Node(LOCAL_NODE, Resources(self.config.slots, 0, 0))
-        jobs: list[Job] = []
-        for row in rows:
-            replicas = tuple(
-                Replica(w.name, Role.WORKER, LOCAL_NODE, w.draining)
-                for w in self.store.workers(row.key)
-            )
-            last = row.job.status.last_resize
-            planned = job_from_training_job(
-                row.job,
-                row.job.spec.priority or 0,
-                replicas,
-                last.time.timestamp() if last else None,
-            )
-            spec = planned.worker
-            jobs.append(
-                replace(
-                    planned,
-                    worker=RoleSpec(
-                        spec.min_replicas,
-                        spec.max_replicas,
-                        Resources(slots_per_worker(row.job), 0, 0),
-                    ),
-                    constraints=NO_CONSTRAINTS,
-                    efficiency=planned_efficiency(row.job.status),
-                    # Resizes and preemptions recorded (a start is from 0 workers).
-                    resizes=sum(1 for r in self.store.resizes(row.key) if r.from_replicas > 0),
-                )
-            )
-        keys = {j.name for j in jobs}
-        kept = tuple(r for r in self.reservations if r.job in keys)
-        return Snapshot((node,), tuple(jobs), kept)
-
     # 4. act --------------------------------------------------------------------------------
 
     def _act(self, row: JobRow, decision: Any, now: float) -> None:
         if self._finishing(row):
             return  # its workers leave on their own; nothing is started or drained
         change = decision.workers
+        servers = decision.pservers
         remove = list(change.remove)
         if row.job.spec.suspend:
-            # The planner gives a suspended job no new workers; taking its running ones
-            # away is the driver's part (as the Kubernetes controller deletes its pods).
+            # The planner gives a suspended job no new workers; taking its running ones away
+            # is the driver's part (as the Kubernetes controller deletes its pods).
             remove += [w.name for w in self.store.workers(row.key) if not w.draining]
+            remove = list(dict.fromkeys(remove))
             change = replace(change, target=0)
         if remove:
-            client = self.spawner.client(row) if self.spawner.coordinator_up(row) else None
-            for name in remove:
-                self.store.mark_draining(name, now)
-                if client is None:
-                    continue  # the drain deadline ends it
-                try:
-                    client.drain(name)
-                except Exception as error:  # the drain deadline ends it anyway
-                    self._event(row.key, "Warning", "DrainFailed", f"{name}: {error}")
-        if change.add_nodes or self.store.workers(row.key):
+            self._drain(row, remove, now)
+        if servers is not None and servers.remove and not row.job.spec.suspend:
+            self._drain(row, list(servers.remove), now)  # the leader moves their partitions
+        if row.job.spec.suspend and not self.store.workers(row.key):
+            # Its servers serve the draining workers to their last step, then stop: no
+            # leader is left to move their partitions, and the snapshots keep the model.
+            for server in self.store.servers(row.key):
+                if not server.draining:
+                    self.store.mark_draining(server.name, now)
+                    self.spawner.stop_in_background([server.name], f"edl-stop-{server.name}")
+        if change.add_nodes or self.store.replicas(row.key):
             self._ensure_coordinator(row)
             row = self.store.job(row.key) or row
+        if servers is not None and not row.job.spec.suspend:
+            for _ in servers.add_nodes:  # before the workers, which wait for them
+                replica = self.spawner.start_server(row, now)
+                self._event(
+                    row.key, "Normal", "ServerStarted", f"{replica.name} (pid {replica.pid})"
+                )
         started = 0
         if change.add_nodes:
             need = slots_per_worker(row.job) * len(change.add_nodes)
@@ -422,8 +378,21 @@ class LocalCluster:
                 pass
         if remove and row.job.spec.suspend:
             self._record_resize(row, decision, now, len(remove), 0, "suspended by its spec")
-        elif remove or started:
+        elif change.remove or started:
             self._record_resize(row, decision, now)
+
+    def _drain(self, row: JobRow, names: list[str], now: float) -> None:
+        """Victims leave through the coordinator, at a step boundary (a server once its
+        partitions moved); one that overruns its drain deadline is stopped (``exiting``)."""
+        client = self.spawner.client(row) if self.spawner.coordinator_up(row) else None
+        for name in names:
+            self.store.mark_draining(name, now)
+            if client is None:
+                continue  # the drain deadline ends it
+            try:
+                client.drain(name)
+            except Exception as error:  # the drain deadline ends it anyway
+                self._event(row.key, "Warning", "DrainFailed", f"{name}: {error}")
 
     def _finishing(self, row: JobRow) -> bool:
         """The coordinator has committed the last epoch (or exited after it)."""
@@ -484,6 +453,7 @@ class LocalCluster:
             message=message,
             finishing=self._finishing(row),
             elapsed=elapsed,
+            servers=sum(1 for s in self.store.servers(row.key) if not s.draining),
         )
         if new != current.job.status:
             if new.phase is not current.job.status.phase:

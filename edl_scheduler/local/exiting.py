@@ -1,8 +1,9 @@
 """Step 1 of the local cluster's cycle: what happens to a job's processes that exit.
 
 ``controlling.LocalCluster`` runs the cycle; this module observes the processes of one job
-at a time and handles those that ended: a drained worker leaves, a worker that exited 0
-undrained says the job is done, a failed worker is charged to the job's restart budget
+at a time and handles those that ended (workers, and a ``ps`` job's parameter servers
+alike): a drained one leaves, one that exited 0 undrained says the job is done, a failed
+one is charged to the job's restart budget
 (``failurePolicy.maxRestarts``; past it the job fails), a drain that overran its deadline is
 ended, a coordinator that exited after the last epoch makes its job Succeeded and one that
 crashed is restarted from its state file, charged to the same budget.
@@ -20,9 +21,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from edl_scheduler.api import JobPhase
+from edl_scheduler.core import Role
 from edl_scheduler.local.config import LocalConfig, coordinator_name
-from edl_scheduler.local.launching import state_file
-from edl_scheduler.local.processes import ProcessState, ProcessSupervisor
+from edl_scheduler.local.processes import ProcessState, ProcessStatus, ProcessSupervisor
 from edl_scheduler.local.spawning import Spawner
 from edl_scheduler.local.statusing import final_status
 from edl_scheduler.local.storing import JobRow, Store, WorkerRow
@@ -62,47 +63,18 @@ class Exits:
         """Step 1 of the cycle for one job (see the module docstring)."""
         key = row.key
         coordinator = self.spawner.state(coordinator_name(key))
-        workers = self.store.workers(key)
-        for worker in workers:
-            state = self.spawner.state(worker.name)
+        for replica in self.store.replicas(key):
+            state = self.spawner.state(replica.name)
             if state is None:
-                self.store.remove_worker(worker.name)
+                self.store.remove_worker(replica.name)
                 continue
             status, log_tail = state
             if status.running:
-                self.spawner.enforce_drain_deadline(row, worker, now)
+                self.spawner.enforce_drain_deadline(row, replica, now)
                 continue
-            self.store.remove_worker(worker.name)
-            self.supervisor.forget(worker.name)
-            if worker.draining:
-                self.event(key, "Normal", "Drained", f"{worker.name} left the job")
-            elif status.state is ProcessState.SUCCEEDED:
-                self.finished.add(key)
-                self.event(key, "Normal", "WorkerFinished", f"{worker.name} exited 0")
-            elif status.state is ProcessState.EXITED:
-                # Adopted after a service restart: its exit code is unknown. The
-                # coordinator's saved ledger tells whether the job had finished.
-                if self.ledger_finished(row):
-                    self.finished.add(key)
-                    self.event(key, "Normal", "WorkerFinished", f"{worker.name} exited")
-                else:
-                    self.event(
-                        key,
-                        "Warning",
-                        "WorkerLost",
-                        f"{worker.name} exited while adopted (exit code unknown); it is "
-                        "replaced without charging the restart budget",
-                    )
-            elif self.finishing(row) or self.ledger_finished(row):
-                self.event(
-                    key,
-                    "Warning",
-                    "WorkerExitedAtFinish",
-                    f"{worker.name} exited with {status.exit_code} after the last epoch was "
-                    f"committed; not charged to the restart budget. {log_tail}".strip(),
-                )
-            else:
-                self.worker_failed(row, worker, status.exit_code, status.message, log_tail)
+            self.store.remove_worker(replica.name)
+            self.supervisor.forget(replica.name)
+            self.ended(row, replica, status, log_tail)
         row = self.store.job(key) or row
         if row.job.status.phase.final or coordinator is None:
             return
@@ -113,7 +85,7 @@ class Exits:
             status.state is ProcessState.EXITED and self.ledger_finished(row)
         ):
             self.finished.add(key)
-            if not self.store.workers(key):
+            if not self.store.replicas(key):
                 self.supervisor.forget(coordinator_name(key))
                 self.finish(row, JobPhase.SUCCEEDED, "the last epoch is committed", now)
             return
@@ -141,22 +113,52 @@ class Exits:
                 return
         self.ensure_coordinator(row)
 
+    def ended(self, row: JobRow, replica: WorkerRow, status: ProcessStatus, tail: str) -> None:
+        """A worker or parameter server that exited: a drained one left; one that exited 0
+        undrained says the job is done (a server exits 0 undrained only then); one that
+        failed is charged, unless the job had finished or its exit code is unknown."""
+        key, name = row.key, replica.name
+        what = "Server" if replica.role is Role.PSERVER else "Worker"
+        if replica.draining:
+            self.event(key, "Normal", "Drained", f"{name} left the job")
+        elif status.state is ProcessState.SUCCEEDED:
+            self.finished.add(key)
+            self.event(key, "Normal", f"{what}Finished", f"{name} exited 0")
+        elif status.state is ProcessState.EXITED:
+            # Adopted after a service restart: its exit code is unknown. The
+            # coordinator's saved ledger tells whether the job had finished.
+            if self.ledger_finished(row):
+                self.finished.add(key)
+                self.event(key, "Normal", f"{what}Finished", f"{name} exited")
+            else:
+                self.event(
+                    key,
+                    "Warning",
+                    f"{what}Lost",
+                    f"{name} exited while adopted (exit code unknown); it is replaced "
+                    "without charging the restart budget",
+                )
+        elif self.finishing(row) or self.ledger_finished(row):
+            self.event(
+                key,
+                "Warning",
+                f"{what}ExitedAtFinish",
+                f"{name} exited with {status.exit_code} after the last epoch was committed; "
+                f"not charged to the restart budget. {tail}".strip(),
+            )
+        else:
+            detail = f"{name} failed ({_why(status.exit_code, status.message)})"
+            self.charge(row, f"{what}Failed", detail + (f": {tail}" if tail else ""))
+
     def ledger_finished(self, row: JobRow) -> bool:
         """Whether the coordinator's saved state has committed the last epoch."""
         from trainer_runtime.coordinator.state import CoordinatorState
 
         try:
-            text = state_file(self.config.state_dir, row.job).read_text(encoding="utf-8")
+            text = self.spawner.files(row).state_file.read_text(encoding="utf-8")
             return bool(CoordinatorState.from_json(text, now=time.monotonic()).ledger.finished)
         except (OSError, ValueError, KeyError):
             return False
-
-    def worker_failed(
-        self, row: JobRow, worker: WorkerRow, code: int | None, message: str, tail: str
-    ) -> None:
-        """Charge a failed worker to its job's restart budget; past it, the job fails."""
-        detail = f"{worker.name} failed ({_why(code, message)})" + (f": {tail}" if tail else "")
-        self.charge(row, "WorkerFailed", detail)
 
     def charge(self, row: JobRow, reason: str, detail: str) -> JobRow:
         """One failure the job caused (a worker's or its coordinator's) against its restart
@@ -180,10 +182,10 @@ class Exits:
     def finish(self, row: JobRow, phase: JobPhase, message: str, now: float) -> None:
         """The job ends in ``phase``: its workers are stopped (a failed job's coordinator
         too; a succeeded one has exited), its final status and an Event written."""
-        names = [w.name for w in self.store.workers(row.key)]
+        names = [w.name for w in self.store.replicas(row.key)]
         if phase is JobPhase.FAILED:
             names.append(coordinator_name(row.key))
-        for worker in self.store.workers(row.key):
+        for worker in self.store.replicas(row.key):
             self.store.remove_worker(worker.name)
         if names:
             self.spawner.stop_in_background(names, f"edl-finish-{row.key}")

@@ -214,7 +214,7 @@ class LocalService:
     def details(self, key: str) -> JobDetails:
         row = self.cluster.get(key)
         workers = []
-        for w in self.store.workers(key):
+        for w in self.store.replicas(key):
             try:
                 state = self.supervisor.status(w.name).state.value
             except UnknownProcess:
@@ -228,6 +228,7 @@ class LocalService:
                     draining=w.draining,
                     started=w.started,
                     state=state,
+                    role=w.role.value,
                 )
             )
         return JobDetails(
@@ -295,7 +296,7 @@ class LocalService:
                     self.supervisor.close(grace_s=10)
                     for row in self.store.jobs():
                         self.store.set_coordinator(row.key, None, None)
-                        for w in self.store.workers(row.key):
+                        for w in self.store.replicas(row.key):
                             self.store.remove_worker(w.name)
                 self.store.close()
                 socket_path.unlink(missing_ok=True)

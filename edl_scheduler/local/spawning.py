@@ -1,4 +1,5 @@
-"""Starting, reaching and stopping a local job's processes: its coordinator and workers.
+"""Starting, reaching and stopping a local job's processes: its coordinator, its workers
+and a ``ps`` job's parameter servers.
 
 The cycle (``controlling.LocalCluster``) decides what runs; this module does it over the
 process supervisor and keeps what that needs: the coordinator clients, the slot bookkeeping
@@ -19,13 +20,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from edl_scheduler.core import Role
 from edl_scheduler.local.config import LocalConfig, coordinator_name
 from edl_scheduler.local.launching import (
+    JobFiles,
     coordinator_process,
+    job_files,
+    server_process,
     slots_per_worker,
+    submission_id,
     worker_process,
 )
 from edl_scheduler.local.processes import (
+    ProcessSpec,
     ProcessState,
     ProcessStatus,
     ProcessSupervisor,
@@ -57,6 +64,10 @@ class Spawner:
         self.store = store
         self.supervisor = supervisor
         self._clients: dict[str, Any] = {}
+
+    def files(self, row: JobRow) -> JobFiles:
+        """What this submission of the job keeps on disk (``launching.job_files``)."""
+        return job_files(self.config.state_dir, row.job, submission_id(row.token))
 
     # -- reading processes ---------------------------------------------------------------
 
@@ -126,7 +137,7 @@ class Spawner:
             name,
             row.port,
             credentials_of(row),
-            self.config.state_dir,
+            self.files(row).state_file,
             self.config.log_dir,
         )
         status = self.supervisor.start(spec)
@@ -153,14 +164,36 @@ class Spawner:
             row.workdir,
             self.config.log_dir,
             self.config.gpus,
-            self.config.state_dir,
+            self.files(row),
         )
-        if name in self.supervisor:
-            self.supervisor.forget(name)
+        return self._started(row, spec, slots, now, Role.WORKER)
+
+    def start_server(self, row: JobRow, now: float) -> WorkerRow:
+        """Start one parameter server of a ``ps`` job (it holds no slot) and record it."""
+        index = self.store.take_worker_index(row.key)
+        name = f"{row.key.replace('/', '.')}.pserver-{index}"
+        spec = server_process(
+            row.job,
+            name,
+            row.port,
+            credentials_of(row),
+            row.workdir,
+            self.config.log_dir,
+            self.files(row),
+        )
+        return self._started(row, spec, (), now, Role.PSERVER)
+
+    def _started(
+        self, row: JobRow, spec: ProcessSpec, slots: tuple[int, ...], now: float, role: Role
+    ) -> WorkerRow:
+        if spec.name in self.supervisor:
+            self.supervisor.forget(spec.name)
         status = self.supervisor.start(spec)
-        worker = WorkerRow(name, row.key, status.pid, status.create_time, slots, now, False, None)
-        self.store.add_worker(worker)
-        return worker
+        replica = WorkerRow(
+            spec.name, row.key, status.pid, status.create_time, slots, now, False, None, role
+        )
+        self.store.add_worker(replica)
+        return replica
 
     def enforce_drain_deadline(self, row: JobRow, worker: WorkerRow, now: float) -> None:
         """A drain that overran ``timeouts.drainSeconds``: SIGTERM, then SIGKILL after the grace."""

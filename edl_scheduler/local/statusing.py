@@ -75,8 +75,10 @@ def observed_status(
     message: str,
     finishing: bool,
     elapsed: float,
+    servers: int = 0,
 ) -> TrainingJobStatus:
-    """The status after one cycle: ``progress`` is the coordinator's answer, or None."""
+    """The status after one cycle: ``progress`` is the coordinator's answer, or None;
+    ``servers`` the live parameter servers of a ``ps`` job."""
     live = [w for w in workers if not w.draining]
     members = len(progress.members) if progress is not None else 0
     resized = status.last_resize is not None and status.last_resize.from_replicas > 0
@@ -90,6 +92,7 @@ def observed_status(
         "message": message,
         "replicas": len(live),
         "ready_replicas": members,
+        "pserver_replicas": servers,
         "allocation": {w.name: LOCAL_NODE for w in live},
         "attained_gpu_seconds": status.attained_gpu_seconds
         + elapsed * sum(len(w.slots) for w in live),

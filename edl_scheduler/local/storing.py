@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from edl_scheduler.api import TrainingJob, load_training_job
+from edl_scheduler.core import Role
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -46,7 +47,8 @@ CREATE TABLE IF NOT EXISTS workers (
     slots TEXT NOT NULL,
     started REAL NOT NULL,
     draining INTEGER NOT NULL DEFAULT 0,
-    drain_since REAL
+    drain_since REAL,
+    role TEXT NOT NULL DEFAULT 'worker'
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -89,7 +91,8 @@ class JobRow:
 
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
-    """One worker process of a job; ``slots`` are the slot (GPU) indices it holds."""
+    """One process of a job the planner places: a worker, or a ``ps`` job's parameter
+    server (``role``); ``slots`` are the slot (GPU) indices it holds (a server holds none)."""
 
     name: str
     job: str
@@ -99,6 +102,7 @@ class WorkerRow:
     started: float
     draining: bool
     drain_since: float | None
+    role: Role = Role.WORKER
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +134,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(workers)")}
+        if "role" not in columns:  # a store written before servers ran locally
+            self._db.execute("ALTER TABLE workers ADD COLUMN role TEXT NOT NULL DEFAULT 'worker'")
 
     def close(self) -> None:
         with self._lock:
@@ -212,7 +219,7 @@ class Store:
     def add_worker(self, row: WorkerRow) -> None:
         with self.transaction() as db:
             db.execute(
-                "INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO workers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     row.name,
                     row.job,
@@ -222,6 +229,7 @@ class Store:
                     row.started,
                     int(row.draining),
                     row.drain_since,
+                    row.role.value,
                 ),
             )
 
@@ -236,6 +244,16 @@ class Store:
             db.execute("DELETE FROM workers WHERE name = ?", (name,))
 
     def workers(self, job: str | None = None) -> list[WorkerRow]:
+        """The workers (of ``job``, or of every job), oldest first."""
+        return [r for r in self.replicas(job) if r.role is Role.WORKER]
+
+    def servers(self, job: str) -> list[WorkerRow]:
+        """The parameter servers of a ``ps`` job, oldest first."""
+        return [r for r in self.replicas(job) if r.role is Role.PSERVER]
+
+    def replicas(self, job: str | None = None) -> list[WorkerRow]:
+        """Every process the planner placed (of ``job``, or of every job): workers and
+        parameter servers, oldest first."""
         with self._lock:
             if job is None:
                 rows = self._db.execute("SELECT * FROM workers ORDER BY started, name")
@@ -309,7 +327,7 @@ def _job_row(r: Any) -> JobRow:
 
 
 def _worker_row(r: Any) -> WorkerRow:
-    name, job, pid, ctime, slots, started, draining, drain_since = r
+    name, job, pid, ctime, slots, started, draining, drain_since, role = r
     return WorkerRow(
         name=str(name),
         job=str(job),
@@ -319,4 +337,5 @@ def _worker_row(r: Any) -> WorkerRow:
         started=float(started),
         draining=bool(draining),
         drain_since=float(drain_since) if drain_since is not None else None,
+        role=Role(role),
     )

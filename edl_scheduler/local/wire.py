@@ -92,6 +92,7 @@ class WorkerView(BaseModel):
     draining: bool = False
     started: float | None = None
     state: str = ""
+    role: str = "worker"
 
 
 class EventView(BaseModel):

@@ -10,7 +10,8 @@ Aspects tested:
 - bad requests (too many slots, no command, no dataset options or ones the coordinator
   refuses, PriorityClass, duplicate names, unknown jobs, min > max, a log outside the
   job's) are refused with the field and the fix, changing nothing
-- delete stops a job's processes
+- delete stops a job's processes; a job submitted again under the same name runs afresh
+  (not from its predecessor's ledger)
 - a maximum lowered below what runs drains the surplus gracefully, and other jobs are
   planned meanwhile
 (suspend/resume and adoption after a service restart are tested through edlctl, in
@@ -253,6 +254,21 @@ def test_delete_stops_the_processes(harness: Harness) -> None:
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.2)
     assert not any(_alive(p) for p in pids)
+
+
+def test_a_job_submitted_again_under_its_name_runs_afresh(harness: Harness) -> None:
+    h = harness
+    key = h.submit(plain_job("again", samples=160, step_time_s=0.01))
+    h.until("the first run Succeeded", lambda: h.phase(key) is JobPhase.SUCCEEDED, 60)
+    first = h.cluster.get(key).job.status.start_time
+    h.cluster.delete(key)
+    key = h.submit(plain_job("again", samples=160, step_time_s=0.01))
+    h.until("the second run Succeeded", lambda: h.phase(key) is JobPhase.SUCCEEDED, 60)
+    status = h.cluster.get(key).job.status
+    assert status.start_time is not None and first is not None and status.start_time > first
+    reasons = [e.reason for e in h.store.events(key)]
+    assert "WorkerStarted" in reasons, "it trained again, not read its predecessor's ledger"
+    assert status.progress["samplesDone"] == 160
 
 
 def _alive(pid: int) -> bool:
