@@ -96,6 +96,9 @@ class TrueModel:
 
 
 class WideAndDeep(nn.Layer):
+    """Wide (a weight per id, a linear term of the dense features) plus deep (an MLP over
+    each field's embedding and the dense features): the click logit is their sum."""
+
     def __init__(self, vocabulary: int, width: int, hidden: int) -> None:
         super().__init__()
         zero = paddle.ParamAttr(initializer=nn.initializer.Constant(0.0))
