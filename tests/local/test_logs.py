@@ -1,11 +1,12 @@
 """Which log a person's name for it means (``edl_scheduler.local.logs``).
 
 Aspects tested:
-- a worker by number, by short name or by full name, and the coordinator;
+- a worker by number, by short name or by full name, a parameter server by short name,
+  and the coordinator;
 - by default the worker of rank 0, else the oldest live worker, else (the job ended) the
-  last worker's log kept;
-- the logs listed by short name, workers in number order, after the job's processes are
-  gone;
+  last worker's log kept (never a server's);
+- the logs listed by short name, workers then servers in number order, after the job's
+  processes are gone;
 - a name of another job's log, or of a file outside the log folder, is refused with the
   names there are.
 """
@@ -25,7 +26,7 @@ KEY = "default.lr2"
 def log_dir(tmp_path: Path) -> Path:
     logs = tmp_path / "logs"
     logs.mkdir()
-    for name in ("worker-0", "worker-1", "worker-10", "worker-2", "coordinator"):
+    for name in ("worker-0", "worker-1", "worker-10", "worker-2", "coordinator", "pserver-11"):
         (logs / f"{KEY}.{name}.log").write_text(name)
     (logs / "default.other.worker-0.log").write_text("another job's")
     (tmp_path / "secret.log").write_text("not a log")
@@ -42,6 +43,7 @@ def test_a_log_by_number_short_name_or_full_name(log_dir: Path) -> None:
     assert _named(log_dir, "worker-10") == "worker-10"
     assert _named(log_dir, f"{KEY}.worker-2") == "worker-2"
     assert _named(log_dir, "coordinator") == "coordinator"
+    assert _named(log_dir, "pserver-11") == "pserver-11"  # a ps job's parameter server
 
 
 def test_the_default_is_rank_zero_then_the_oldest_live_then_the_last_kept(log_dir: Path) -> None:
@@ -53,7 +55,7 @@ def test_the_default_is_rank_zero_then_the_oldest_live_then_the_last_kept(log_di
 
 def test_the_logs_are_listed_by_short_name(log_dir: Path) -> None:
     assert log_names(log_dir, "default/lr2") == [
-        "worker-0", "worker-1", "worker-2", "worker-10", "coordinator",
+        "worker-0", "worker-1", "worker-2", "worker-10", "pserver-11", "coordinator",
     ]  # fmt: skip
 
 

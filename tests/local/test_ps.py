@@ -11,6 +11,8 @@ Aspects tested:
   the job rolls back to its last snapshot and goes on; then the job is suspended (its
   workers drain, then its servers stop) and resumed (new servers restore the snapshots);
   it succeeds, and every sample's counter equals the number of epochs;
+- the CTR example (``examples/07-ctr/ctr.yaml``, PaddlePaddle workers) runs to its end
+  on the local backend, every worker's held-out AUC above what a constant scores;
 - ``$(NAME)`` expansion: ``$$`` escapes, unknown names stay as written.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import Iterator
@@ -29,7 +32,7 @@ import pytest
 import torch
 import yaml
 
-from edl_scheduler.api import JobPhase
+from edl_scheduler.api import JobPhase, load_training_job
 from edl_scheduler.core import Role
 from edl_scheduler.local.launching import expand
 
@@ -149,6 +152,25 @@ def test_a_ps_job_survives_a_killed_server_and_a_suspension(
         assert torch.equal(counts, expected), f"{name}: {counts.unique(return_counts=True)}"
     assert any(s["rolled_back"] >= 1 for s in summaries.values()), summaries
     assert all(r.role is Role.PSERVER or r.slots for r in h.store.replicas(key))
+
+
+@pytest.mark.slow
+def test_the_ctr_example_runs_on_the_local_backend(harness: Harness) -> None:
+    h = harness
+    example = Path(__file__).resolve().parents[2] / "examples" / "07-ctr"
+    job = load_training_job((example / "ctr.yaml").read_text())
+    h.cluster.submit(job, str(example))
+    h.until("Succeeded", lambda: h.phase(job.key) is JobPhase.SUCCEEDED, 240)
+    names = h.cluster.log_names(job.key)
+    assert [n for n in names if n.startswith("pserver-")], names
+    ends = [
+        h.cluster.log_path(job.key, n).read_text().strip().splitlines()[-1]
+        for n in names
+        if n.startswith("worker-")
+    ]
+    found = [re.search(r"done, \d+ steps, auc ([0-9.]+)", e) for e in ends]
+    aucs = [float(m.group(1)) for m in found if m is not None]
+    assert aucs and min(aucs) >= 0.7, ends  # a constant predictor scores 0.5
 
 
 def test_references_in_arguments_expand_as_on_kubernetes() -> None:
