@@ -12,7 +12,9 @@ Aspects:
   out of range, unsorted or miscounted, elements that do not match the rows, a dense push
   into a table, tables that overlap;
 - transport: through real gRPC servers, a table straddling two partitions is pushed and
-  pulled by row (only the named rows move), and a pull without rows fetches everything.
+  pulled by row (only the named rows move), and a pull without rows fetches everything;
+  pulled rows are written where they belong as they come, and a reply with more or fewer
+  rows than asked for (or a partial row) is an error naming the server.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from trainer_runtime.ps.layout import Piece, Table, laying_out, splitting
 from trainer_runtime.ps.partition import Partition, PartitionError
 from trainer_runtime.ps.serving import ParameterServer, ParameterService
 from trainer_runtime.ps.snapshots import SnapshotDirectory
-from trainer_runtime.ps.transport import Links
+from trainer_runtime.ps.transport import Links, ServerError, ServerLink
 
 from .harness import CREDENTIALS, VERIFIER
 
@@ -225,3 +227,18 @@ def test_rows_move_through_real_servers_by_row(tmp_path: Path) -> None:
     finally:
         for server in pieces_servers:
             server.stop(0.1)
+
+
+def test_pulled_rows_land_where_they_belong_and_a_short_reply_is_an_error() -> None:
+    link = ServerLink.__new__(ServerLink)  # no channel: only its reading of a reply
+    link.address = "ps-test"
+    rows = np.array([1, 3, 4], dtype=np.int64)
+    pulled = np.arange(9, dtype=np.float32).reshape(3, 3)
+    table = np.zeros((5, 3), dtype=np.float32)
+    link.scattering(iter([pulled[:2].tobytes(), pulled[2:].tobytes()]), table, rows)
+    np.testing.assert_array_equal(table[rows], pulled)
+    np.testing.assert_array_equal(table[[0, 2]], 0)
+    for reply in ([pulled[:2].tobytes()], [pulled.tobytes(), pulled[:1].tobytes()],
+                  [pulled.tobytes()[:-4]]):  # fmt: skip
+        with pytest.raises(ServerError, match="more or less than the 3 rows"):
+            link.scattering(iter(reply), np.zeros((5, 3), dtype=np.float32), rows)

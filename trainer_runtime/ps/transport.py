@@ -200,17 +200,19 @@ class ServerLink:
         rows: npt.NDArray[np.int64],
         span: tuple[int, int],
     ) -> bool:
-        """Push the gradients of `rows` (of the segment) inside the row span `span`."""
+        """Push the gradients of `rows` (of the segment) inside the row span `span`. Each
+        message gathers its own rows: a chunk gathered and sent while it is still in cache,
+        the first on its way before the last is gathered."""
         length = segment.table.row_length
         start, stop = segment.start + span[0] * length, segment.start + span[1] * length
         numbers = rows - span[0]
-        values = np.take(gradient[start:stop].reshape(-1, length), numbers, axis=0).reshape(-1)
-        step = chunk_elements(values.itemsize)
+        table = gradient[start:stop].reshape(-1, length)
+        step = max(1, chunk_elements(gradient.itemsize) // length)
 
         def messages() -> Iterator[bytes]:
             yield numbers.astype("<i8", copy=False).tobytes()
-            for offset in range(0, values.size, step):
-                yield values[offset : offset + step].tobytes()
+            for first in range(0, numbers.size, step):
+                yield np.take(table, numbers[first : first + step], axis=0).tobytes()
 
         described = ps.RowsHeader(start=start, stop=stop, rows=numbers.size, **header)
         return self.streaming(
@@ -248,12 +250,28 @@ class ServerLink:
             header = self.opened(stream)
             if header is None:
                 return None
-            received = np.empty(rows.size * length, dtype=into.dtype)
-            self.filling(stream, received)
+            self.scattering(stream, into[start:stop].reshape(-1, length), rows)
         except grpc.RpcError as error:
             raise translating(error, self.address) from error
-        into[start:stop].reshape(-1, length)[rows] = received.reshape(-1, length)
         return int(header.watermark)
+
+    def scattering(self, stream: Any, table: npt.NDArray[Any], rows: npt.NDArray[np.int64]) -> None:
+        """Write a row pull's chunks (whole rows, in the order of `rows`) into the rows
+        `rows` of `table` as they come; they must cover `rows` exactly."""
+        length, position = table.shape[1], 0
+        for chunk in stream:
+            values = np.frombuffer(chunk, dtype=table.dtype)
+            count = values.size // length
+            if values.size % length or position + count > rows.size:
+                break
+            table[rows[position : position + count]] = values.reshape(count, length)
+            position += count
+        else:
+            if position == rows.size:
+                return
+        raise ServerError(
+            f"parameter server {self.address} sent more or less than the {rows.size} rows asked for"
+        )
 
     def filling(self, stream: Any, target: npt.NDArray[Any]) -> None:
         """Copy a pull's raw chunks into `target`, which they must fill exactly."""
