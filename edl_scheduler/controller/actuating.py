@@ -29,13 +29,10 @@ from __future__ import annotations
 import copy
 import functools
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from dataclasses import dataclass
 from typing import Any
 
 from edl_scheduler.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
@@ -45,6 +42,7 @@ from edl_scheduler.controller.coordinating import (
     CoordinatorPort,
     GrpcCoordinator,
 )
+from edl_scheduler.controller.expecting import Expectations, iso_now
 from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
@@ -65,106 +63,12 @@ from edl_scheduler.controller.naming import (
     STATE_KEY,
     state_config_map_name,
 )
+from edl_scheduler.controller.reporting import StatusWriter
 from edl_scheduler.controller.shaping import Manifest, coordinator_pod, state_config_map
 
 log = logging.getLogger("edl.controller.actuating")
 
-Obj = Mapping[str, Any]
 JSON_PATCH = "application/json-patch+json"
-#: How long a written change is assumed, if the watch never shows it.
-EXPECTATION_TTL_S = 30.0
-#: The resourceVersion of a status queued and not yet answered (``Expectations.statuses``).
-QUEUED = ""
-#: Threads writing statuses and Events in the background, apart from the cycle's own.
-STATUS_WRITERS = 4
-#: The longest a background write waits for a cycle to finish acting.
-HOLD_LIMIT_S = 2.0
-
-
-def _iso_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class Expectations:
-    """Writes not yet seen through the watch, laid over the cached pods and job statuses."""
-
-    created: dict[tuple[str, str], tuple[dict[str, Any], float]] = field(default_factory=dict)
-    deleted: dict[tuple[str, str], float] = field(default_factory=dict)
-    annotated: dict[tuple[str, str], tuple[dict[str, str], float]] = field(default_factory=dict)
-    #: job key -> (status written, the resourceVersion our write produced, when); the
-    #: version is ``QUEUED`` while the write has not been answered yet.
-    statuses: dict[str, tuple[dict[str, Any], str, float]] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def overlay_pods(self, pods: Iterable[Obj], now: float) -> list[Obj]:
-        with self.lock:
-            self._expire(now)
-            out: list[Obj] = []
-            seen: set[tuple[str, str]] = set()
-            for pod in pods:
-                meta = pod.get("metadata", {})
-                key = (str(meta.get("namespace")), str(meta.get("name")))
-                seen.add(key)
-                self.created.pop(key, None)
-                if key in self.deleted and not meta.get("deletionTimestamp"):
-                    pod = copy.deepcopy(dict(pod))
-                    pod["metadata"]["deletionTimestamp"] = _iso_now()
-                elif key in self.annotated:
-                    wanted = self.annotated[key][0]
-                    have = meta.get("annotations") or {}
-                    if all(have.get(k) == v for k, v in wanted.items()):
-                        del self.annotated[key]
-                    else:
-                        pod = copy.deepcopy(dict(pod))
-                        pod["metadata"]["annotations"] = dict(have) | wanted
-                out.append(pod)
-            for key, (manifest, _) in self.created.items():
-                if key not in seen and key not in self.deleted:
-                    out.append(manifest)
-            return out
-
-    def overlay_job(self, body: Obj) -> Obj:
-        """The job with the status we last wrote, until the watch shows that write (or a
-        later change): a lagging watch may first deliver older versions, and planning on
-        one of those would undo the write (a Failed job started again)."""
-        meta = body.get("metadata", {})
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
-        with self.lock:
-            found = self.statuses.get(key)
-            if found is None:
-                return body
-            status, written_rv, _ = found
-            if written_rv != QUEUED and _not_older(
-                str(meta.get("resourceVersion", "")), written_rv
-            ):
-                del self.statuses[key]
-                return body
-        return dict(body) | {"status": status}
-
-    def status_unseen(self, key: str) -> bool:
-        """Whether a status of job ``key`` that this controller queued or wrote is not yet
-        seen through the watch (call after ``overlay_job``, which forgets a seen one)."""
-        with self.lock:
-            return key in self.statuses
-
-    def _expire(self, now: float) -> None:
-        for table in (self.created, self.annotated):
-            for key in [k for k, (_, t) in table.items() if now - t > EXPECTATION_TTL_S]:
-                del table[key]
-        for key in [k for k, t in self.deleted.items() if now - t > EXPECTATION_TTL_S]:
-            del self.deleted[key]
-        for job in [k for k, (_, _, t) in self.statuses.items() if now - t > EXPECTATION_TTL_S]:
-            del self.statuses[job]
-
-
-def _not_older(seen: str, written: str) -> bool:
-    """Whether the version seen is the one written or a later one. Kubernetes calls
-    resourceVersions opaque; they are etcd revisions (integers) on every API server we
-    know, and compared as such; anything else counts as seen only when equal."""
-    if seen.isdigit() and written.isdigit():
-        return int(seen) >= int(written)
-    return seen == written
 
 
 @dataclass(slots=True)
@@ -173,119 +77,6 @@ class _SavedState:
 
     read: bool = False
     document: str | None = None
-
-
-class StatusWriter:
-    """Writes statuses and Events in the background, so that a cycle never waits for them.
-
-    What must stay true: one write at a time per job, in the order decided, and only the
-    latest queued status of a job is sent (an older one not yet sent is dropped: each status
-    is whole, the latest says everything); the expectation of a job's status is the latest
-    queued one until it is answered; a failed write drops the expectation it set (unless a
-    newer status was queued meanwhile), so the next cycle decides from what the API holds
-    and writes again. Events are independent creates, posted as they come."""
-
-    def __init__(
-        self,
-        expectations: Expectations,
-        patch: Callable[[PatchStatus], str],
-        guarded: Callable[[Callable[[], None]], None],
-        workers: int = STATUS_WRITERS,
-    ) -> None:
-        self.expectations = expectations
-        self.patch = patch
-        self.guarded = guarded
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
-        self._lock = threading.Lock()
-        self._queued: dict[str, PatchStatus] = {}
-        self._writing: set[str] = set()
-        #: Cleared while a cycle acts: its writes (drain marks, pods) go first.
-        self._open = threading.Event()
-        self._open.set()
-        #: Writes submitted and not yet done (statuses and Events): what ``flush`` waits for.
-        self._pending: set[Future[None]] = set()
-
-    def hold(self) -> None:
-        """A cycle acts: no background write starts until ``release`` (or ``HOLD_LIMIT_S``)."""
-        self._open.clear()
-
-    def release(self) -> None:
-        self._open.set()
-
-    def status(self, intent: PatchStatus) -> None:
-        key = f"{intent.namespace}/{intent.name}"
-        with self.expectations.lock:
-            self.expectations.statuses[key] = (intent.status, QUEUED, time.monotonic())
-        with self._lock:
-            self._queued[key] = intent
-            if key in self._writing:
-                return  # the job's writer sends it after the write in flight
-            self._writing.add(key)
-        self._submit(functools.partial(self._write_all, key))
-
-    def event(self, post: Callable[[], None]) -> None:
-        self._submit(functools.partial(self.guarded, functools.partial(self._when_open, post)))
-
-    def _submit(self, call: Callable[[], None]) -> None:
-        future = self.pool.submit(call)
-        with self._lock:
-            self._pending.add(future)
-        future.add_done_callback(self._done)
-
-    def _done(self, future: Future[None]) -> None:
-        with self._lock:
-            self._pending.discard(future)
-
-    def flush(self, timeout_s: float) -> bool:
-        """Sends what is queued at once (no cycle holds it back any more) and waits up to
-        ``timeout_s`` for every status and Event to be written; whether none is left. A
-        leader that stops calls it before giving its Lease up, so that no write of its last
-        cycle is lost or lands over what the next leader writes."""
-        self._open.set()
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                pending = list(self._pending)
-            left = deadline - time.monotonic()
-            if not pending or left <= 0:
-                return not pending
-            futures_wait(pending, timeout=left)
-
-    def _when_open(self, call: Callable[[], None]) -> None:
-        self._open.wait(HOLD_LIMIT_S)
-        call()
-
-    def idle(self) -> bool:
-        """Whether no status is queued or being written (for tests)."""
-        with self._lock:
-            return not self._writing
-
-    def _write_all(self, key: str) -> None:
-        while True:
-            with self._lock:
-                intent = self._queued.pop(key, None)
-                if intent is None:
-                    self._writing.discard(key)
-                    return
-            self.guarded(
-                functools.partial(self._when_open, functools.partial(self._write, key, intent))
-            )
-
-    def _write(self, key: str, intent: PatchStatus) -> None:
-        written = ""
-        try:
-            written = self.patch(intent)
-        finally:
-            with self.expectations.lock:
-                found = self.expectations.statuses.get(key)
-                if found is not None and found[0] is intent.status:  # no newer one queued
-                    if written:
-                        self.expectations.statuses[key] = (intent.status, written, found[2])
-                    else:
-                        del self.expectations.statuses[key]
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Actuator:
@@ -464,7 +255,7 @@ class Actuator:
                 if error.status != 409:
                     raise
         shown = copy.deepcopy(manifest)
-        shown["metadata"]["creationTimestamp"] = _iso_now()
+        shown["metadata"]["creationTimestamp"] = iso_now()
         shown["status"] = {"phase": "Pending"}
         with self.expectations.lock:
             self.expectations.created[key] = (shown, time.monotonic())
@@ -586,7 +377,7 @@ class Actuator:
         return str((answer or {}).get("metadata", {}).get("resourceVersion", ""))
 
     def _emit(self, intent: Emit) -> None:
-        now = _iso_now()
+        now = iso_now()
         event = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -160,7 +160,7 @@ class JobView:
     #: first time): its workers may have been created with it, so the size did not change.
     target_due: bool = False
     #: The status laid over ``body`` is one this controller queued or wrote and has not yet
-    #: seen through the watch (``actuating.Expectations``): a final phase in it may still be
+    #: seen through the watch (``expecting.Expectations``): a final phase in it may still be
     #: lost with the controller, so the job's coordinator stays until it is seen.
     status_unseen: bool = False
 

@@ -29,20 +29,28 @@ The state diagram of one process::
 
 from __future__ import annotations
 
-import enum
 import errno
 import os
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import IO
 
 import psutil
+
+from edl_scheduler.local.process_types import (
+    AdoptionError,
+    ProcessAlreadyRunning,
+    ProcessSpec,
+    ProcessState,
+    ProcessStatus,
+    UnknownProcess,
+)
 
 __all__ = [
     "DEFAULT_GRACE_S",
@@ -64,83 +72,6 @@ _CREATE_TIME_TOLERANCE_S = 0.05
 
 _EXIT_NOT_EXECUTABLE = 126
 _EXIT_NOT_FOUND = 127
-
-
-class ProcessState(enum.Enum):
-    """Where a supervised process is; see the module docstring for the diagram."""
-
-    RUNNING = "Running"
-    SUCCEEDED = "Succeeded"
-    FAILED = "Failed"
-    EXITED = "Exited"
-    """An adopted process is gone; it was not our child, so its exit code is unknown."""
-
-    @property
-    def finished(self) -> bool:
-        return self is not ProcessState.RUNNING
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessSpec:
-    """What to run.
-
-    ``env`` is laid over this process's environment when ``inherit_env`` is true (the
-    default), and is the whole environment otherwise. Standard output and standard error both
-    go to ``log_path`` (appended to, so a restarted process keeps its predecessor's log).
-    """
-
-    name: str
-    argv: Sequence[str]
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: Path | None = None
-    log_path: Path | None = None
-    inherit_env: bool = True
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise ValueError("ProcessSpec.name is empty: give every process a unique name")
-        if not self.argv or not self.argv[0]:
-            raise ValueError(
-                f"ProcessSpec {self.name!r}: argv is empty: give the command to run, "
-                "e.g. ['python', 'train.py']"
-            )
-        object.__setattr__(self, "argv", tuple(str(a) for a in self.argv))
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessStatus:
-    """One process as last observed. Times are seconds since the epoch."""
-
-    name: str
-    pid: int | None
-    state: ProcessState
-    exit_code: int | None
-    started_at: float
-    finished_at: float | None
-    create_time: float | None
-    """The operating system's start time of ``pid``: store it with the pid to adopt later."""
-    adopted: bool = False
-    message: str = ""
-    """Why the process failed to start, or which signal ended it; empty otherwise."""
-
-    @property
-    def running(self) -> bool:
-        return self.state is ProcessState.RUNNING
-
-
-class UnknownProcess(KeyError):
-    """No process of that name is supervised."""
-
-    def __str__(self) -> str:
-        return f"no supervised process is named {self.args[0]!r}"
-
-
-class ProcessAlreadyRunning(ValueError):
-    """A process of that name is still running: stop it first or pick another name."""
-
-
-class AdoptionError(ValueError):
-    """The pid to adopt is gone or now belongs to another process (pid reuse)."""
 
 
 @dataclass(slots=True)

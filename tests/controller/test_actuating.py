@@ -1,4 +1,4 @@
-"""Statuses and Events written in the background (``actuating.StatusWriter``), without an API
+"""Statuses and Events written in the background (``reporting.StatusWriter``), without an API
 server.
 
 Aspects:
@@ -27,8 +27,9 @@ from collections.abc import Callable
 from typing import Any, cast
 
 from edl_scheduler.api import load_training_job
-from edl_scheduler.controller.actuating import QUEUED, Actuator, Expectations, StatusWriter
+from edl_scheduler.controller.actuating import Actuator
 from edl_scheduler.controller.config import ControllerConfig
+from edl_scheduler.controller.expecting import QUEUED, Expectations
 from edl_scheduler.controller.intents import (
     CreateCoordinator,
     CreatePod,
@@ -42,6 +43,7 @@ from edl_scheduler.controller.intents import (
 )
 from edl_scheduler.controller.kubeapi import Kube, KubeError
 from edl_scheduler.controller.naming import STATE_KEY
+from edl_scheduler.controller.reporting import StatusWriter
 
 
 def eventually(check: Callable[[], bool], within_s: float = 5.0) -> bool:

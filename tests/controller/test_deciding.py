@@ -568,7 +568,7 @@ def test_each_new_coordinator_takes_a_free_port() -> None:
 
 
 def test_written_status_stays_until_the_watch_shows_that_write() -> None:
-    from edl_scheduler.controller.actuating import Expectations
+    from edl_scheduler.controller.expecting import Expectations
 
     expectations = Expectations()
     expectations.statuses["ns/j"] = ({"phase": "Failed"}, "120", 0.0)
