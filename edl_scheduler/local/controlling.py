@@ -357,10 +357,7 @@ class LocalCluster:
             row = self.store.job(row.key) or row
         if servers is not None and not row.job.spec.suspend:
             for _ in servers.add_nodes:  # before the workers, which wait for them
-                replica = self.spawner.start_server(row, now)
-                self._event(
-                    row.key, "Normal", "ServerStarted", f"{replica.name} (pid {replica.pid})"
-                )
+                self._start_server(row, now)
         started = 0
         if change.add_nodes:
             need = slots_per_worker(row.job) * len(change.add_nodes)
@@ -378,7 +375,7 @@ class LocalCluster:
                 pass
         if remove and row.job.spec.suspend:
             self._record_resize(row, decision, now, len(remove), 0, "suspended by its spec")
-        elif change.remove or started:
+        elif remove or started:
             self._record_resize(row, decision, now)
 
     def _drain(self, row: JobRow, names: list[str], now: float) -> None:
@@ -412,6 +409,10 @@ class LocalCluster:
         worker = self.spawner.start_worker(row, now)
         where = f"{worker.name} (pid {worker.pid}) on {worker.slots}"
         self._event(row.key, "Normal", "WorkerStarted", where)
+
+    def _start_server(self, row: JobRow, now: float) -> None:
+        server = self.spawner.start_server(row, now)
+        self._event(row.key, "Normal", "ServerStarted", f"{server.name} (pid {server.pid})")
 
     def _record_resize(
         self,

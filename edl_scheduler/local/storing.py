@@ -26,7 +26,11 @@ from typing import Any
 from edl_scheduler.api import TrainingJob, load_training_job
 from edl_scheduler.core import Role
 
-_SCHEMA = """
+#: Whether a process is a worker or a ``ps`` job's parameter server (``core.Role``); a store
+#: written before servers ran locally gains it when opened.
+_ROLE_COLUMN = "role TEXT NOT NULL DEFAULT 'worker'"
+
+_SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS jobs (
     key TEXT PRIMARY KEY,
     manifest TEXT NOT NULL,
@@ -48,7 +52,7 @@ CREATE TABLE IF NOT EXISTS workers (
     started REAL NOT NULL,
     draining INTEGER NOT NULL DEFAULT 0,
     drain_since REAL,
-    role TEXT NOT NULL DEFAULT 'worker'
+    {_ROLE_COLUMN}
 );
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -135,8 +139,8 @@ class Store:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
         columns = {r[1] for r in self._db.execute("PRAGMA table_info(workers)")}
-        if "role" not in columns:  # a store written before servers ran locally
-            self._db.execute("ALTER TABLE workers ADD COLUMN role TEXT NOT NULL DEFAULT 'worker'")
+        if "role" not in columns:
+            self._db.execute(f"ALTER TABLE workers ADD COLUMN {_ROLE_COLUMN}")
 
     def close(self) -> None:
         with self._lock:

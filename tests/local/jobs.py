@@ -47,3 +47,15 @@ def plain_job(
         },
     }
     return yaml.safe_dump(document, sort_keys=False)
+
+
+def as_ps(text: str, servers: tuple[int, int] = (2, 2), framework: str = "torch") -> str:
+    """A job of ``plain_job``'s YAML made a parameter-server job (``strategy: ps``) with
+    ``servers`` (min, max) parameter servers."""
+    document = yaml.safe_load(text)
+    document["spec"] |= {
+        "framework": framework,
+        "strategy": "ps",
+        "pserver": {"minReplicas": servers[0], "maxReplicas": servers[1]},
+    }
+    return yaml.safe_dump(document, sort_keys=False)

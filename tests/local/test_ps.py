@@ -25,7 +25,6 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -36,6 +35,7 @@ from edl_scheduler.api import JobPhase, load_training_job
 from edl_scheduler.core import Role
 from edl_scheduler.local.launching import expand
 
+from .jobs import as_ps, plain_job
 from .test_cluster import Harness
 
 JOB = str(Path(__file__).resolve().parents[1] / "runtime" / "ps_job.py")
@@ -48,39 +48,13 @@ def ps_job(name: str, out: Path) -> str:
         "--global-batch", str(BATCH), "--snapshot-dir", "$(EDL_PS_SNAPSHOTS)",
         "--snapshot-every", "5", "--step-sleep-s", "0.05", "--out", str(out),
     ]  # fmt: skip
-    document: dict[str, Any] = {
-        "apiVersion": "edl.dev/v1alpha1",
-        "kind": "TrainingJob",
-        "metadata": {
-            "name": name,
-            "annotations": {
-                "edl.dev/coordinator-args": (
-                    f"--samples {SAMPLES} --shard-size 10 --epochs {EPOCHS} --lease-timeout-s 15"
-                )
-            },
-        },
-        "spec": {
-            "minReplicas": 2,
-            "maxReplicas": 2,
-            "framework": "torch",
-            "strategy": "ps",
-            "pserver": {"minReplicas": 2, "maxReplicas": 2},
-            "failurePolicy": {"maxRestarts": 3},
-            "timeouts": {"drainSeconds": 20},
-            "template": {
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "worker",
-                            "image": "local",
-                            "command": worker,
-                            "env": [{"name": "EDL_TIMEOUT_S", "value": "120"}],
-                        }
-                    ]
-                }
-            },
-        },
-    }
+    document = yaml.safe_load(as_ps(plain_job(name, 2, 2, samples=SAMPLES, command=worker)))
+    document["metadata"]["annotations"]["edl.dev/coordinator-args"] = (
+        f"--samples {SAMPLES} --shard-size 10 --epochs {EPOCHS} --lease-timeout-s 15"
+    )
+    document["spec"]["timeouts"]["drainSeconds"] = 20
+    (container,) = document["spec"]["template"]["spec"]["containers"]
+    container["env"] = [{"name": "EDL_TIMEOUT_S", "value": "120"}]
     return yaml.safe_dump(document, sort_keys=False)
 
 

@@ -11,7 +11,10 @@ is built from the store alone.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from edl_scheduler.api import load_training_job
 from edl_scheduler.core import Resources, Role
@@ -21,55 +24,52 @@ from edl_scheduler.local.processes import ProcessSupervisor
 from edl_scheduler.local.snapshotting import local_snapshot
 from edl_scheduler.local.storing import ResizeRow, Store, WorkerRow
 
-from .jobs import plain_job
+from .jobs import as_ps, plain_job
 
 
-def test_the_snapshot_counts_recorded_resizes_but_not_the_start(tmp_path: Path) -> None:
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[tuple[LocalCluster, Store]]:
+    """A local cluster of 4 slots whose jobs are submitted but never run (no cycle)."""
     home = tmp_path / "home"
     store = Store(home / "state.db")
     supervisor = ProcessSupervisor()
     try:
-        cluster = LocalCluster(build_config(home, 4, None), store, supervisor)
-        keys = []
-        for name in ("moved", "quiet"):
-            job = load_training_job(plain_job(name, 1, 4))
-            cluster.submit(job, str(home))
-            keys.append(job.key)
-        moved, quiet = keys
-        for before, after in ((0, 2), (2, 4), (4, 1), (1, 0)):  # start, grow, shrink, preempt
-            store.add_resize(ResizeRow(moved, 1.0, before, after, "test"))
-        store.add_resize(ResizeRow(quiet, 1.0, 0, 1, "test"))
-        snapshot = local_snapshot(store.jobs(), store, 4, ())
-        assert {j.name: j.resizes for j in snapshot.jobs} == {moved: 3, quiet: 0}
+        yield LocalCluster(build_config(home, 4, None), store, supervisor), store
     finally:
         supervisor.close(grace_s=1)
         store.close()
 
 
-def test_a_ps_jobs_servers_hold_no_slot(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    store = Store(home / "state.db")
-    supervisor = ProcessSupervisor()
-    try:
-        cluster = LocalCluster(build_config(home, 4, None), store, supervisor)
-        text = plain_job("ps", 1, 2, gpus=2).replace(
-            "framework: none",
-            "framework: torch\n  strategy: ps\n  pserver: {minReplicas: 2, maxReplicas: 3}",
-        )
-        job = load_training_job(text)
-        cluster.submit(job, str(home))
-        store.add_worker(WorkerRow("s0", job.key, 1, 1.0, (), 1.0, False, None, Role.PSERVER))
-        store.add_worker(WorkerRow("w0", job.key, 2, 1.0, (0, 1), 1.0, False, None))
-        (planned,) = local_snapshot(store.jobs(), store, 4, ()).jobs
-        assert planned.pserver is not None and planned.pserver.resources == Resources()
-        assert (planned.pserver.min_replicas, planned.pserver.max_replicas) == (2, 3)
-        assert planned.worker.resources == Resources(2, 0, 0)
-        assert {r.name: r.role for r in planned.replicas} == {"s0": Role.PSERVER, "w0": Role.WORKER}
-        assert [w.name for w in store.workers(job.key)] == ["w0"]
-        assert [s.name for s in store.servers(job.key)] == ["s0"]
-    finally:
-        supervisor.close(grace_s=1)
-        store.close()
+def submitted(cluster: LocalCluster, text: str) -> str:
+    job = load_training_job(text)
+    cluster.submit(job, str(cluster.config.home))
+    return job.key
+
+
+def test_the_snapshot_counts_recorded_resizes_but_not_the_start(
+    local: tuple[LocalCluster, Store],
+) -> None:
+    cluster, store = local
+    moved, quiet = (submitted(cluster, plain_job(name, 1, 4)) for name in ("moved", "quiet"))
+    for before, after in ((0, 2), (2, 4), (4, 1), (1, 0)):  # start, grow, shrink, preempt
+        store.add_resize(ResizeRow(moved, 1.0, before, after, "test"))
+    store.add_resize(ResizeRow(quiet, 1.0, 0, 1, "test"))
+    snapshot = local_snapshot(store.jobs(), store, 4, ())
+    assert {j.name: j.resizes for j in snapshot.jobs} == {moved: 3, quiet: 0}
+
+
+def test_a_ps_jobs_servers_hold_no_slot(local: tuple[LocalCluster, Store]) -> None:
+    cluster, store = local
+    key = submitted(cluster, as_ps(plain_job("ps", 1, 2, gpus=2), servers=(2, 3)))
+    store.add_worker(WorkerRow("s0", key, 1, 1.0, (), 1.0, False, None, Role.PSERVER))
+    store.add_worker(WorkerRow("w0", key, 2, 1.0, (0, 1), 1.0, False, None))
+    (planned,) = local_snapshot(store.jobs(), store, 4, ()).jobs
+    assert planned.pserver is not None and planned.pserver.resources == Resources()
+    assert (planned.pserver.min_replicas, planned.pserver.max_replicas) == (2, 3)
+    assert planned.worker.resources == Resources(2, 0, 0)
+    assert {r.name: r.role for r in planned.replicas} == {"s0": Role.PSERVER, "w0": Role.WORKER}
+    assert [w.name for w in store.workers(key)] == ["w0"]
+    assert [s.name for s in store.servers(key)] == ["s0"]
 
 
 def test_a_store_without_roles_opens_with_its_processes_as_workers(tmp_path: Path) -> None:
