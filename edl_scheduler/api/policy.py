@@ -43,7 +43,11 @@ class PolicyConfig(ApiModel):
     preemption: Literal["none", "shrink", "shrink-then-suspend", "suspend"] | None = None
     """What may be taken from running jobs to admit a waiting one."""
     reclaim_equal_priority: bool | None = None
-    """Whether a waiting job may take borrowed workers from jobs of its own priority."""
+    """Whether a waiting job may take borrowed workers from jobs of its own priority ranked
+    above it (only where it may shrink equals at all)."""
+    shrink_equal_priority: bool | None = None
+    """Whether a waiting job may shrink running jobs of its own priority; off, it shrinks
+    only lower priorities, and suspends equals whole where the policy suspends them."""
     suspend_equal_priority: bool | None = None
     """Whether a waiting job may suspend a whole job of its own priority ranked below it
     (past its minimum run), where the policy suspends."""

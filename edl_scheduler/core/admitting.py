@@ -126,7 +126,10 @@ class Admitter:
         policy = session.policy
         self.shrink_ok = policy.shrinks
         self.suspend_ok = policy.suspends
-        self.reclaim = self.shrink_ok and policy.reclaim_equal_priority
+        self.reclaim = policy.reclaims
+        #: Whether only jobs of lower priority are shrunk (``may_shrink``): then the
+        #: shrink pool is counted from the end of the job's level.
+        self.below_level = self.shrink_ok and not policy.shrink_equal_priority
         self.by_priority = self.suspend_ok and not policy.suspends_by_rank
         #: Whether a job of the level it starts for must have run its minimum to be
         #: suspended (``may_suspend``): then those are counted apart.
@@ -137,10 +140,10 @@ class Admitter:
         self.level_end: dict[int, int] = {}
         # Ranking puts each priority level in one run of ranks: only its ends are read, and
         # only by pools that tell a job's level from the others (equals that may be
-        # reclaimed, suspension by priority, equals suspended after their minimum run):
-        # under other policies no level is read and none is found.
+        # reclaimed, shrinking or suspension by priority, equals suspended after their
+        # minimum run): under other policies no level is read and none is found.
         level: int | None = None
-        reads = self.reclaim or self.by_priority or self.by_minimum
+        reads = self.reclaim or self.below_level or self.by_priority or self.by_minimum
         for js in session.jobs if reads else ():
             if js.priority != level:
                 level = js.priority
@@ -230,7 +233,9 @@ class Admitter:
         Exact but for node fit: every trial it rejects would fail."""
         rank, total = js.rank, 0
         if self.shrink_ok:
-            total += self.shrinkable.suffix(rank + 1)
+            total += self.shrinkable.suffix(
+                self.level_end[js.priority] if self.below_level else rank + 1
+            )
             if self.reclaim:
                 start = self.level_start[js.priority]
                 total += self.reclaimable.suffix(start) - self.reclaimable.suffix(rank)
@@ -260,6 +265,7 @@ class Admitter:
         # ``_admit`` or ``_move`` they are asked for again.
         shrink_ok, suspend_ok = self.shrink_ok, self.suspend_ok
         reclaim, by_priority, by_minimum = self.reclaim, self.by_priority, self.by_minimum
+        below_level = self.below_level
         level_start, level_end = self.level_start, self.level_end
         shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
         last_classes: frozenset[int] | None = None
@@ -306,7 +312,7 @@ class Admitter:
                 if shrink_ok:
                     if shrink_sums is _NONE:
                         shrink_sums = self.shrinkable.sums()
-                    pool += shrink_sums[rank + 1]
+                    pool += shrink_sums[level_end[js.priority] if below_level else rank + 1]
                     if reclaim:
                         if reclaim_sums is _NONE:
                             reclaim_sums = self.reclaimable.sums()

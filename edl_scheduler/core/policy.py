@@ -101,6 +101,12 @@ class Policy:
     of its queue); without it, FIFO inside a queue lets an older waiting job suspend a
     younger running one of the same queue, and in the last queue (no demotion below it)
     long jobs then wait for every older long job to finish.
+    ``shrink_equal_priority``: a waiting job may take workers above the minimum of a running
+    job of its own priority ranked below it (and, with ``reclaim_equal_priority``, of one
+    ranked above it past its cool-down). Off, it shrinks only jobs of lower priority; where
+    the policy suspends equals, it suspends whole the lowest-ranked of its own level
+    instead, which keeps the others at the sizes they run efficiently at (at a fixed batch,
+    a job shrunk to its minimum loses more than a newcomer gains).
     ``suspend_equal_priority``: where the policy suspends and ranks by priority, admission
     may also suspend a whole running job of the waiting job's own priority ranked below it
     (by the ordering); off, only jobs of lower priority. Without priorities every job
@@ -124,6 +130,7 @@ class Policy:
     admission: Admission = Admission.BACKFILL
     preemption: Preemption = Preemption.SHRINK
     reclaim_equal_priority: bool = True
+    shrink_equal_priority: bool = True
     growth: Growth = Growth.MARGINAL_GAIN
     cooldown_s: float = 300.0
     min_run_s: float = 300.0
@@ -153,8 +160,16 @@ class Policy:
 
     @property
     def shrinks(self) -> bool:
-        """Whether admission may take workers above their minimum from running jobs."""
-        return self.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND)
+        """Whether admission may take workers above their minimum from running jobs (with
+        equals never shrunk and no priorities, every job is an equal: it never does)."""
+        return self.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND) and (
+            self.shrink_equal_priority or self.use_priority
+        )
+
+    @property
+    def reclaims(self) -> bool:
+        """Whether admission may shrink an equal ranked above the job it starts."""
+        return self.shrinks and self.shrink_equal_priority and self.reclaim_equal_priority
 
     @property
     def suspends(self) -> bool:
@@ -195,14 +210,18 @@ PRESETS: dict[str, Policy] = {
     # Within a priority level, least attained service first, in discretized queues (job
     # durations are unknown and heavy-tailed: a job that has had little service is likely
     # to need little more), running jobs first inside a queue (no job of a queue suspends
-    # another of the same queue). A waiting job takes workers above the minimum of jobs
-    # ranked below it, then whole jobs ranked below it that have run their minimum time.
+    # another of the same queue). A waiting job takes workers above the minimum of jobs of
+    # lower priority, then suspends whole jobs ranked below it (of lower priority, or of its
+    # own that have run their minimum time). It never shrinks an equal: at a fixed batch, a
+    # job shrunk to its minimum to start another loses more than the newcomer gains.
     "edl": Policy(
         name="edl",
         ordering=Ordering.LAS_QUEUES,
         queue_thresholds_gpu_s=TIRESIAS_THRESHOLDS_GPU_S,
         las_running_first=True,
         preemption=Preemption.SHRINK_THEN_SUSPEND,
+        reclaim_equal_priority=False,
+        shrink_equal_priority=False,
         suspend_equal_priority=True,
         suspend_cost_s=MEASURED_SUSPEND_COST_S,
     ),

@@ -1,14 +1,15 @@
 """Preemption: which workers, or whole jobs, are taken so that a waiting job starts.
 
 Invariant 4 (priority first) lives here: a waiting job may take every worker above the
-minimum of each preemptible job ranked below it, regardless of cool-downs (``may_shrink``),
-and whole lower jobs where the policy suspends (``may_suspend``). Victims are offered one
-replica (or one whole job) at a time (``victims``), node by node (first the nodes that could
-hold most of the gang, preferring those whose victims have the lowest priority), and on
-each node lowest priority first, then the most fulfilled; workers that growth added earlier
-in this cycle go back first (they are then simply not added). Whole jobs come after the
-workers, and after them the workers left on nodes that a suspension made useful. Admission
-takes them in that order until the gang fits, and gives back those it turns out not to need
+minimum of each preemptible job of lower priority, regardless of cool-downs, and of each
+equal ranked below it where the policy shrinks equals (``may_shrink``), and whole lower
+jobs where the policy suspends (``may_suspend``). Victims are offered one replica (or one
+whole job) at a time (``victims``), node by node (first the nodes that could hold most of
+the gang, preferring those whose victims have the lowest priority), and on each node lowest
+priority first, then the most fulfilled; workers that growth added earlier in this cycle go
+back first (they are then simply not added). Whole jobs come after the workers, and after
+them the workers left on nodes that a suspension made useful. Admission takes them in that
+order until the gang fits, and gives back those it turns out not to need
 (``admitting.Admitter``).
 
 Proofs outside this module rest on these rules: which running jobs no plan can change
@@ -53,16 +54,18 @@ class Victim:
 
 def may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
-    for every preemptible job ranked below; an equal-priority job ranked above gives up its
-    borrowed workers only when the policy lets equals reclaim and it is past its cool-down."""
+    for every preemptible job of lower priority; one of ``js``'s own priority only where the
+    policy shrinks equals (``shrink_equal_priority``): ranked below ``js``, or ranked above
+    it, past its cool-down, where it also lets equals reclaim their borrowed workers."""
     # A job started this cycle may still be one: growth may have given it workers above
     # its minimum in this very cycle, and those are as reclaimable as any.
     if victim is js or not victim.job.preemptible:
         return False
+    policy = session.policy
     if victim.rank > js.rank:
-        return True
+        return policy.shrink_equal_priority or victim.priority < js.priority
     return (
-        session.policy.reclaim_equal_priority
+        policy.reclaims
         and victim.priority == js.priority
         and may_shrink_voluntarily(session, victim)
     )
@@ -147,8 +150,18 @@ def _ranked_below(ranked: list[JobState], js: JobState) -> list[JobState]:
     return ranked[bisect_right(ranked, js.rank, key=_rank) :]
 
 
+def _of_lower_priority(ranked: list[JobState], js: JobState) -> list[JobState]:
+    """The jobs of ``ranked`` (in rank order) of lower priority than ``js``: with
+    priorities, ranking puts each level in one run of ranks, highest first."""
+    return ranked[bisect_right(ranked, -js.priority, key=_negated_priority) :]
+
+
 def _rank(js: JobState) -> int:
     return js.rank
+
+
+def _negated_priority(js: JobState) -> int:
+    return -js.priority
 
 
 def _spare(session: Session) -> list[JobState]:
@@ -163,20 +176,24 @@ def _shrinkable(session: Session, js: JobState) -> Iterator[JobState]:
     """Each job that ``may_shrink`` allows for ``js`` and has workers above its minimum,
     once, and a few that do not (checked again). Those ranked below it (a job of higher
     priority never is) that had such workers at the cycle's start, and with
-    ``reclaim_equal_priority`` those of its priority ranked above that may shrink now;
-    and any such job among those moved this cycle (``touched``). Asked for every waiting
-    job that preempts, so it visits no job that could never be one: under overload most
-    jobs wait, or run at their minimum."""
-    reclaim = session.policy.reclaim_equal_priority
+    ``reclaim_equal_priority`` those of its priority ranked above that may shrink now
+    (without ``shrink_equal_priority``, only those of lower priority); and any such job
+    among those moved this cycle (``touched``). Asked for every waiting job that preempts,
+    so it visits no job that could never be one: under overload most jobs wait, or run at
+    their minimum."""
+    policy = session.policy
+    reclaim = policy.reclaims
     if reclaim:
         for v in _reclaimable(session):
             if v.rank >= js.rank:
                 break
             if v.priority == js.priority:
                 yield v
-    yield from _ranked_below(_spare(session), js)
+    equals = policy.shrink_equal_priority
+    spare = _spare(session)
+    yield from _ranked_below(spare, js) if equals else _of_lower_priority(spare, js)
     for v in session.touched.values():  # (none of them was yielded above)
-        if v.rank > js.rank:
+        if v.rank > js.rank and (equals or v.priority < js.priority):
             if len(v.live_w) <= v.lo:
                 yield v
         elif reclaim and not v.live_w and v.priority == js.priority:

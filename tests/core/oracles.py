@@ -259,13 +259,20 @@ def _suspendable(v: Job, job: Job, rank: dict[str, int], policy: Policy, now: fl
     return ran and rank[v.name] > rank[job.name]
 
 
+def _shrinkable(v: Job, job: Job, policy: Policy) -> bool:
+    """Whether admission may shrink ``v``, ranked below ``job``, for it: of lower priority,
+    or of its own where the policy shrinks equals (``shrink_equal_priority``)."""
+    return policy.shrink_equal_priority or priority(v, policy) < priority(job, policy)
+
+
 def check_priority_first(
     before: Snapshot, plan: Plan, after: Snapshot, policy: Policy, now: float
 ) -> list[str]:
     """Every waiting job (not user-suspended, not too large for the cluster) must not fit
     on what is left after the plan, minus what reservations keep for jobs ranked above it,
-    plus every worker above the minimum of a preemptible job ranked below it (and, where the
-    policy suspends, every replica of a preemptible job it may suspend: ``_suspendable``).
+    plus every worker above the minimum of a preemptible job ranked below it that it may
+    shrink (``_shrinkable``) (and, where the policy suspends, every replica of a preemptible
+    job it may suspend: ``_suspendable``).
 
     Checked for waiting jobs without parameter servers only: exact gang feasibility with two
     replica shapes is a harder search than this oracle should make."""
@@ -295,7 +302,7 @@ def check_priority_first(
                     for r in live(v, role):
                         counts[r.node] = counts.get(r.node, 0) + 1
                     victims.append((1 << 30, counts, per_replica(v, role)))
-            elif rank[v.name] > rank[job.name]:
+            elif rank[v.name] > rank[job.name] and _shrinkable(v, job, policy):
                 spare = len(live(v)) - effective_min(v, policy)
                 if spare > 0:
                     counts = {}
@@ -409,9 +416,15 @@ def check_stable_step(
             takes = beneficiary.workers.add_nodes or (servers is not None and servers.add_nodes)
             if beneficiary.action not in (Action.START, Action.GROW) and not takes:
                 out.append(f"{d.job} shrunk for {d.for_job}, which did not start")
-            if rank[d.for_job] < rank[d.job]:
-                continue
             other = jobs[d.for_job]
+            if rank[d.for_job] < rank[d.job]:
+                # Admission shrinks a job ranked below the one it starts only where it may
+                # (one that lost every worker was suspended, and maybe moved: not shrunk).
+                started = beneficiary.action is Action.START
+                kept = len(d.workers.remove) < len(live(job))
+                if kept and started and not _shrinkable(job, other, policy):
+                    out.append(f"{d.job} shrunk to start {d.for_job}, of its own priority")
+                continue
             if priority(other, policy) != priority(job, policy):
                 out.append(f"{d.job} shrunk for lower-priority {d.for_job}")
                 continue

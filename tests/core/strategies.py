@@ -42,10 +42,19 @@ from edl_scheduler.core import (
     TolerationOp,
 )
 from edl_scheduler.core.matching import allowed_on
+from edl_scheduler.core.policy import preset, with_overrides
 
 GI = 2**30
 #: The instant the drawn snapshots describe; jobs were submitted and started before it.
 NOW = 20_000.0
+#: ``edl`` shrinking equals and reclaiming their borrowed workers, which ``edl`` itself
+#: does not (it suspends equals whole): the admission paths only it takes stay checked.
+SHRINKING_EQUALS = with_overrides(
+    preset("edl"),
+    name="edl-shrinking-equals",
+    shrink_equal_priority=True,
+    reclaim_equal_priority=True,
+)
 
 _TAINTS = (
     (),

@@ -43,8 +43,10 @@ def test_policy_file_overrides_a_preset() -> None:
         "base: edl\ncooldownSeconds: 30\npreemption: shrink\ngrowth: fulfillment\n"
         "suspendEqualPriority: false\nlasRunningFirst: false\nordering: fifo\n"
         "suspendCostSeconds: 90\nrampSeconds: 45\n"
+        "shrinkEqualPriority: true\nreclaimEqualPriority: true\n"
     )
     policy = policy_from_config(cfg)
+    assert policy.shrinks and policy.reclaims and not preset("edl").reclaims
     assert policy.ramp_s == 45 and preset("edl").ramp_s is None
     assert policy.cooldown_s == 30
     assert policy.preemption is Preemption.SHRINK

@@ -36,7 +36,7 @@ from simulations.engine import SimConfig, simulate
 from simulations.traces import load_tiresias
 from simulations.workload import ClusterSpec, Elasticity, with_elasticity
 from tests.core.builders import job, node, snapshot
-from tests.core.strategies import apply_event, scenarios
+from tests.core.strategies import SHRINKING_EQUALS, apply_event, scenarios
 from tests.simulations.recording import recorded
 
 DATA = Path(__file__).parents[1] / "simulations" / "data" / "60_job.csv"
@@ -51,7 +51,7 @@ STARVING = with_overrides(
 
 #: ``edl`` growing on evidence: growth's bound and the ramp read each job's measurements.
 RAMPING = with_overrides(preset("edl"), name="edl-ramp", ramp_s=60.0)
-VARIANTS = {"starving": STARVING, "edl-ramp": RAMPING}
+VARIANTS = {"starving": STARVING, "edl-ramp": RAMPING, SHRINKING_EQUALS.name: SHRINKING_EQUALS}
 
 
 def _policy(name: str) -> Policy:
@@ -73,7 +73,7 @@ def _same(got: Plan, full: Plan) -> bool:
     return got.decisions == full.changes and got.reservations == full.reservations
 
 
-@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "edl-ramp"])
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "edl-ramp", SHRINKING_EQUALS.name])
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataObject) -> None:
@@ -90,7 +90,9 @@ def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataOb
         snap = apply_plan(snap, full)
 
 
-@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "starving", "edl-ramp"])
+@pytest.mark.parametrize(
+    "policy_name", [*sorted(PRESETS), "starving", "edl-ramp", SHRINKING_EQUALS.name]
+)
 def test_recorded_sequences_plan_as_plan_does(
     policy_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -52,6 +52,7 @@ from edl_scheduler.core import (
 from tests.core import oracles
 from tests.core.strategies import (
     NOW,
+    SHRINKING_EQUALS,
     Scenario,
     advances,
     apply_event,
@@ -62,8 +63,13 @@ from tests.core.strategies import (
 )
 from tests.core.strategies import _Usage as Usage
 
-#: Every preset, and ``edl`` growing on evidence (``Policy.ramp_s``).
-POLICIES = [*PRESETS.values(), replace(PRESETS["edl"], name="edl-ramp", ramp_s=60.0)]
+#: Every preset, ``edl`` growing on evidence (``Policy.ramp_s``), and ``edl`` shrinking
+#: equals.
+POLICIES = [
+    *PRESETS.values(),
+    replace(PRESETS["edl"], name="edl-ramp", ramp_s=60.0),
+    SHRINKING_EQUALS,
+]
 
 
 def promising(invariant: Invariant) -> list[object]:

@@ -27,7 +27,7 @@ from edl_scheduler.core.capacity import Cluster
 from edl_scheduler.core.layout import layout_of
 from edl_scheduler.core.session import Eligibility, Statement, job_state
 from edl_scheduler.core.snapshot import Job, Replica, RoleSpec
-from tests.core.strategies import NOW, snapshots
+from tests.core.strategies import NOW, SHRINKING_EQUALS, snapshots
 
 _GIB = 2**30
 CASES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -90,11 +90,18 @@ class _TriesEverything(admitting.Admitter):
         pass  # (the pools stay huge)
 
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+#: Every preset, and ``edl`` shrinking equals (and reclaiming) as it once did.
+_POLICIES = {
+    **PRESETS,
+    SHRINKING_EQUALS.name: SHRINKING_EQUALS,
+}
+
+
+@pytest.mark.parametrize("name", sorted(_POLICIES))
 @CASES
 @given(data=st.data())
 def test_the_quick_reject_rejects_only_trials_that_fail(name: str, data: st.DataObject) -> None:
-    policy = PRESETS[name]
+    policy = _POLICIES[name]
     snap: Snapshot = data.draw(
         snapshots(rigid=not policy.elastic, priorities=st.integers(0, 2)), label="snapshot"
     )
@@ -106,7 +113,7 @@ def test_the_quick_reject_rejects_only_trials_that_fail(name: str, data: st.Data
     assert trying.reservations == rejecting.reservations
 
 
-@pytest.mark.parametrize("name", ["edl", "edl-fulfillment"])
+@pytest.mark.parametrize("name", ["edl-shrinking-equals", "edl-fulfillment"])
 def test_an_equal_ranked_above_gives_back_its_borrowed_workers(name: str) -> None:
     """The reclaim pool counts the equals ranked *above* the waiting job: ``v`` came first
     and borrowed the whole node long ago; ``j``, of its priority, starts by taking two of
@@ -121,7 +128,7 @@ def test_an_equal_ranked_above_gives_back_its_borrowed_workers(name: str) -> Non
     )
     j = Job(name="j", worker=RoleSpec(2, 2, gpu), submit_time=NOW - 10)
     snap = Snapshot((Node("n0", Resources(4, 64_000, 2**36)),), (v, j))
-    decided = plan(snap, PRESETS[name], NOW)
+    decided = plan(snap, _POLICIES[name], NOW)
     assert decided.decision("j").workers.target == 2, decided.describe()
     assert decided.decision("v").workers.target == 2
     assert decided.decision("v").for_job == "j"

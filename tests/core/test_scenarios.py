@@ -45,6 +45,8 @@ from tests.core.builders import JobBuilder, job, node, nodes, snapshot
 EDL = preset("edl")
 #: ``edl`` that only shrinks (never suspends a whole job), for the rules of shrinking alone.
 SHRINKING = with_overrides(EDL, preemption=Preemption.SHRINK)
+#: ``edl`` that shrinks equals too (``edl`` suspends them whole instead).
+SHRINKING_EQUALS = with_overrides(EDL, shrink_equal_priority=True, reclaim_equal_priority=True)
 
 
 def run(snap: Snapshot, now: float = 1000.0, policy_name: str = "edl") -> Plan:
@@ -507,7 +509,7 @@ def test_growth_of_a_lower_job_that_opens_a_way_is_followed_by_admission() -> No
     snap = snapshot(
         [node("n0").gpus(2).cpu(8000), node("n1").gpus(1).cpu(8000)],
         [
-            job("w").min(2).max(2).cpu(500).submitted(0),
+            job("w").min(2).max(2).cpu(500).priority(1).submitted(0),
             job("v")
             .min(1)
             .max(2)
@@ -707,6 +709,39 @@ def test_victims_are_sought_where_the_victims_budget_can_make_room() -> None:
     assert low.reason is Reason.SHRUNK_TO_ADMIT and low.workers.remove == ("low-w3",)
 
 
+def test_edl_never_shrinks_an_equal_it_suspends_one_or_shrinks_lower_priorities() -> None:
+    # "new" (priority 5) needs two GPUs. "old", of its priority, ranked below it (the last
+    # attained-service queue) and holding 4 GPUs above its minimum of 1, has not run the
+    # minimum that lets an equal suspend it; "low" (priority 1) runs 2 workers, 1 above its
+    # minimum. ``edl`` leaves old as it is and suspends low; a policy that shrinks equals
+    # takes two of old's workers instead, which invariant 7's oracle calls wrong for ``edl``.
+    now = 10_000.0
+    snap = snapshot(
+        [node("n0").gpus(4), node("n1").gpus(2)],
+        [
+            job("old")
+            .min(1)
+            .max(4)
+            .priority(5)
+            .attained(100_000)
+            .started(now - 100)
+            .running(("n0", 4)),
+            job("low").min(1).max(2).priority(1).started(now - 100).running(("n1", 2)),
+            job("new").min(2).max(2).priority(5).submitted(now - 10),
+        ],
+    )
+    p = plan(snap, EDL, now)
+    assert sizes(p) == {"old": 4, "low": 0, "new": 2}, p.describe()
+    assert p.decision("low").reason is Reason.SUSPENDED_TO_ADMIT
+    after = apply_plan(snap, p)
+    assert oracles.check_stable_step(snap, p, after, EDL, now) == []
+    assert oracles.check_priority_first(snap, p, after, EDL, now) == []
+    shrinking = plan(snap, SHRINKING_EQUALS, now)
+    assert sizes(shrinking) == {"old": 2, "low": 2, "new": 2}, shrinking.describe()
+    wrong = oracles.check_stable_step(snap, shrinking, apply_plan(snap, shrinking), EDL, now)
+    assert wrong == ["old shrunk to start new, of its own priority"]
+
+
 def test_workers_above_the_minimum_still_go_where_a_suspension_made_room() -> None:
     # "high" fits only on n0, whole (two 4-GPU workers). "spare" ranks below it (same
     # priority, more attained service) and has not run its minimum, so it may only shrink,
@@ -723,7 +758,7 @@ def test_workers_above_the_minimum_still_go_where_a_suspension_made_room() -> No
             job("high").min(2).max(2).gpus(4).priority(9).submitted(5),
         ],
     )
-    p = run(snap)
+    p = plan(snap, SHRINKING_EQUALS, 1000.0)
     assert sizes(p) == {"high": 2, "spare": 1, "small": 0}
     assert p.decision("small").reason is Reason.SUSPENDED_TO_ADMIT
     assert p.decision("spare").reason is Reason.SHRUNK_TO_ADMIT
@@ -796,15 +831,15 @@ def test_growth_that_admission_cuts_back_in_a_later_round_must_still_pay() -> No
             job("w").min(2).max(2).node_selector(zone="x").submitted(now - 10),
         ],
     )
-    p = plan(snap, EDL, now)
+    p = plan(snap, SHRINKING_EQUALS, now)
     after = apply_plan(snap, p)
-    assert oracles.check_stable_step(snap, p, after, EDL, now) == []
+    assert oracles.check_stable_step(snap, p, after, SHRINKING_EQUALS, now) == []
     assert p.decision("w").action is Action.START
     j = p.decision("j")
     assert j.action is Action.KEEP and j.workers.target == 1 and j.for_job is None
     assert j.reason is Reason.GAIN_BELOW_PAUSE and "what admission left" in j.message
     assert p.decision("k").workers.target == 3  # j's GPU on b went to k
-    assert plan(after, EDL, now).is_empty
+    assert plan(after, SHRINKING_EQUALS, now).is_empty
 
 
 def test_growth_of_a_job_shrunk_for_another_is_judged_from_what_it_kept() -> None:
@@ -822,7 +857,7 @@ def test_growth_of_a_job_shrunk_for_another_is_judged_from_what_it_kept() -> Non
             .max(5)
             .started(now - 400)
             .running(("a", 3)),
-            job("w").min(1).max(1).node_selector(zone="x").submitted(now - 10),
+            job("w").min(1).max(1).node_selector(zone="x").priority(1).submitted(now - 10),
         ],
     )
     p = plan(snap, EDL, now)

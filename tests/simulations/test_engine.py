@@ -24,6 +24,7 @@ from edl_scheduler.core import PRESETS, preset
 from edl_scheduler.core.policy import with_overrides
 from simulations.engine import SimConfig, simulate
 from simulations.workload import LINEAR, ClusterSpec, Elasticity, Scaling, SimJob, with_elasticity
+from tests.core.strategies import SHRINKING_EQUALS
 
 NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
 
@@ -69,10 +70,11 @@ def test_completion_frees_gpus_before_an_arrival_at_the_same_instant() -> None:
 
 
 def test_elastic_edl_grows_shrinks_and_pays_pauses() -> None:
-    # a and b: 1000 s at 2 GPUs, elastic in [1, 4], linear scaling; one node of 4 GPUs.
+    # a and b: 1000 s at 2 GPUs, elastic in [1, 4], linear scaling; one node of 4 GPUs;
+    # ``edl`` shrinking equals (``edl`` itself would suspend a whole, later).
     jobs = [job("a", 0, 2, 1000, 1, 4), job("b", 100, 2, 1000, 1, 4)]
     config = SimConfig(tick_s=60.0, resize_pause_s=10.0, restart_pause_s=30.0)
-    result = simulate(jobs, ClusterSpec(1, 4), preset("edl"), config)
+    result = simulate(jobs, ClusterSpec(1, 4), SHRINKING_EQUALS, config)
     a, b = result.jobs
     # a starts at 4 workers (twice its speed). b arrives at 100 and waits for a's minimum
     # run (300 s); then a gives one worker: 600 s of work done, 400 left at 1.5x after a
