@@ -90,6 +90,8 @@ def _explain(js: JobState, action: Action, session: Session) -> tuple[Reason, st
     before, after = len(js.live[Role.WORKER]), js.size()
     if not js.message:
         js.message = said(js, session.now)  # (left unwritten by the action)
+    if js.started and js.reason is Reason.MOVED_TO_ADMIT and after > js.lo:
+        return js.reason, f"{js.message}, then grown to {after} into idle GPUs"
     if js.started and js.reason in HOLD_REASONS | {Reason.MOVED_TO_ADMIT}:
         return js.reason, js.message  # started (or restored), then held below its maximum
     if js.started:

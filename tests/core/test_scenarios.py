@@ -742,6 +742,24 @@ def test_edl_never_shrinks_an_equal_it_suspends_one_or_shrinks_lower_priorities(
     assert wrong == ["old shrunk to start new, of its own priority"]
 
 
+def test_an_equal_that_ran_its_minimum_is_suspended_moved_and_says_it_grew_back() -> None:
+    # Under ``edl`` "new" cannot shrink "old", of its priority; old ran its minimum, so new
+    # suspends it whole, and old is admitted again at once on the GPUs new left, then grown
+    # into them: its message says both (it once said only "with 1 worker").
+    now = 10_000.0
+    snap = snapshot(
+        [node("n0").gpus(4)],
+        [
+            job("old").min(1).max(4).attained(100_000).started(now - 3000).running(("n0", 4)),
+            job("new").min(1).max(1).submitted(now - 10),
+        ],
+    )
+    old = plan(snap, EDL, now).decision("old")
+    assert old.reason is Reason.MOVED_TO_ADMIT and old.for_job == "new"
+    assert old.workers.target == 3 and len(old.workers.remove) == 4
+    assert old.message == "moved to admit new, with 1 worker, then grown to 3 into idle GPUs"
+
+
 def test_workers_above_the_minimum_still_go_where_a_suspension_made_room() -> None:
     # "high" fits only on n0, whole (two 4-GPU workers). "spare" ranks below it (same
     # priority, more attained service) and has not run its minimum, so it may only shrink,
