@@ -44,10 +44,10 @@ class PolicyConfig(ApiModel):
     """What may be taken from running jobs to admit a waiting one."""
     reclaim_equal_priority: bool | None = None
     """Whether a waiting job may take borrowed workers from jobs of its own priority ranked
-    above it (only where it may shrink equals at all)."""
-    shrink_equal_priority: bool | None = None
-    """Whether a waiting job may shrink running jobs of its own priority; off, it shrinks
-    only lower priorities, and suspends equals whole where the policy suspends them."""
+    above it, once they are past their minimum run and cool-down."""
+    shrink_equal_priority: Literal["any", "after-minimum-run", "never"] | None = None
+    """Which running jobs of its own priority ranked below it a waiting job may shrink:
+    any, those that have run the minimum after which they could be suspended, or none."""
     suspend_equal_priority: bool | None = None
     """Whether a waiting job may suspend a whole job of its own priority ranked below it
     (past its minimum run), where the policy suspends."""

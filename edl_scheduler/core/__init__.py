@@ -13,6 +13,7 @@ from edl_scheduler.core.planning import plan
 from edl_scheduler.core.policy import (
     PRESETS,
     Admission,
+    EqualShrinking,
     Growth,
     Invariant,
     Ordering,
@@ -48,6 +49,7 @@ __all__ = [
     "Admission",
     "ClusterError",
     "Constraints",
+    "EqualShrinking",
     "Growth",
     "Invariant",
     "Job",

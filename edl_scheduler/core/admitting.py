@@ -23,7 +23,7 @@ from typing import Final
 from edl_scheduler.core.ordering import las_queue
 from edl_scheduler.core.placing import gang_fits, place_gang
 from edl_scheduler.core.plan import Reason, counted
-from edl_scheduler.core.policy import Admission, Ordering, Policy
+from edl_scheduler.core.policy import Admission, EqualShrinking, Ordering, Policy
 from edl_scheduler.core.preempting import Victim, take, victims
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.sizing import surplus_gpus
@@ -127,9 +127,13 @@ class Admitter:
         self.shrink_ok = policy.shrinks
         self.suspend_ok = policy.suspends
         self.reclaim = policy.reclaims
-        #: Whether only jobs of lower priority are shrunk (``may_shrink``): then the
-        #: shrink pool is counted from the end of the job's level.
-        self.below_level = self.shrink_ok and not policy.shrink_equal_priority
+        #: Whether equals ranked below a job are shrunk for it by a rule of their own
+        #: (``preempting.equal_may_shrink``): then the shrink pool of every job is counted
+        #: from the end of the job's level, and equals that ran their minimum (``paid``)
+        #: apart.
+        equals = policy.shrink_equal_priority
+        self.below_level = self.shrink_ok and equals is not EqualShrinking.ANY
+        self.by_paid = self.shrink_ok and equals is EqualShrinking.AFTER_MINIMUM_RUN
         self.by_priority = self.suspend_ok and not policy.suspends_by_rank
         #: Whether a job of the level it starts for must have run its minimum to be
         #: suspended (``may_suspend``): then those are counted apart.
@@ -165,14 +169,16 @@ class Admitter:
         reclaimable = [0] * len(jobs) if self.reclaim else []
         suspendable = [0] * len(jobs) if self.suspend_ok else []
         ran_minimum = [0] * len(jobs) if self.by_minimum else []
+        paid = [0] * len(jobs) if self.by_paid else []
         if self.shrink_ok or self.suspend_ok:
             # ``_pools`` of each job, inlined: this runs over every job at every plan.
             session, now = self.s, self.s.now
-            shrink, reclaim, suspend, by_minimum = (
+            shrink, reclaim, suspend, by_minimum, by_paid = (
                 self.shrink_ok,
                 self.reclaim,
                 self.suspend_ok,
                 self.by_minimum,
+                self.by_paid,
             )
             min_run = session.policy.suspension_min_run_s
             for rank in range(len(jobs)):
@@ -188,6 +194,8 @@ class Admitter:
                     surplus = shrinkable[rank] = surplus_gpus(workers, js.lo, gpu)
                     if reclaim and surplus and may_shrink_voluntarily(session, js):
                         reclaimable[rank] = surplus
+                    if by_paid and surplus and has_run_minimum(job.start_time, now, min_run):
+                        paid[rank] = surplus
                 if suspend and not js.started:
                     whole = suspendable[rank] = workers * gpu
                     if by_minimum and has_run_minimum(job.start_time, now, min_run):
@@ -196,28 +204,27 @@ class Admitter:
         self.reclaimable = _Suffixes(reclaimable)
         self.suspendable = _Suffixes(suspendable)
         self.ran_minimum = _Suffixes(ran_minimum)
+        self.paid = _Suffixes(paid)
 
-    def _pools(self, js: JobState) -> tuple[int, int, int, int]:
+    def _pools(self, js: JobState) -> tuple[int, int, int, int, int]:
         """GPUs that ``js`` could give up: shrinking for a job ranked above it, shrinking
-        for an equal ranked below it (``may_shrink``), suspended whole, and suspended whole
-        for an equal ranked above it (``may_suspend``). 0 where the policy never asks."""
+        for an equal ranked below it (``may_shrink``), suspended whole, suspended whole for
+        an equal ranked above it (``may_suspend``), and shrinking for such an equal where
+        equals are shrunk only after that minimum run. 0 where the policy never asks."""
         if not js.job.preemptible:
-            return 0, 0, 0, 0
+            return 0, 0, 0, 0, 0
         session, gpu, size = self.s, js.job.worker.resources.gpu, js.size()
         shrink = surplus_gpus(size, js.lo, gpu) if self.shrink_ok else 0
         reclaim = shrink if shrink and self.reclaim and may_shrink_voluntarily(session, js) else 0
         whole = size * gpu if self.suspend_ok and not js.started else 0
-        ran = (
-            whole
-            if whole
-            and self.by_minimum
-            and has_run_minimum(js.job.start_time, session.now, session.policy.suspension_min_run_s)
-            else 0
-        )
-        return shrink, reclaim, whole, ran
+        min_run = session.policy.suspension_min_run_s
+        ran_minimum = has_run_minimum(js.job.start_time, session.now, min_run)
+        ran = whole if whole and self.by_minimum and ran_minimum else 0
+        paid = shrink if shrink and self.by_paid and ran_minimum else 0
+        return shrink, reclaim, whole, ran, paid
 
     def _update_pools(self, js: JobState) -> None:
-        shrink, reclaim, whole, ran = self._pools(js)
+        shrink, reclaim, whole, ran, paid = self._pools(js)
         if self.shrink_ok:
             self.shrinkable.set(js.rank, shrink)
         if self.reclaim:
@@ -226,6 +233,8 @@ class Admitter:
             self.suspendable.set(js.rank, whole)
         if self.by_minimum:
             self.ran_minimum.set(js.rank, ran)
+        if self.by_paid:
+            self.paid.set(js.rank, paid)
 
     def _pool(self, js: JobState) -> int:
         """An upper bound of the GPUs that preemption could free for ``js`` (its quick
@@ -233,9 +242,10 @@ class Admitter:
         Exact but for node fit: every trial it rejects would fail."""
         rank, total = js.rank, 0
         if self.shrink_ok:
-            total += self.shrinkable.suffix(
-                self.level_end[js.priority] if self.below_level else rank + 1
-            )
+            end = self.level_end[js.priority] if self.below_level else rank + 1
+            total += self.shrinkable.suffix(end)
+            if self.by_paid:
+                total += self.paid.suffix(rank + 1) - self.paid.suffix(end)
             if self.reclaim:
                 start = self.level_start[js.priority]
                 total += self.reclaimable.suffix(start) - self.reclaimable.suffix(rank)
@@ -265,9 +275,9 @@ class Admitter:
         # ``_admit`` or ``_move`` they are asked for again.
         shrink_ok, suspend_ok = self.shrink_ok, self.suspend_ok
         reclaim, by_priority, by_minimum = self.reclaim, self.by_priority, self.by_minimum
-        below_level = self.below_level
+        below_level, by_paid = self.below_level, self.by_paid
         level_start, level_end = self.level_start, self.level_end
-        shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
+        shrink_sums = reclaim_sums = suspend_sums = ran_sums = paid_sums = _NONE
         last_classes: frozenset[int] | None = None
         capacity = 0
         only = -1
@@ -280,7 +290,7 @@ class Admitter:
                 continue
             if js.suspended:  # this cycle, to admit a job ranked above it
                 self._move(js)
-                shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
+                shrink_sums = reclaim_sums = suspend_sums = ran_sums = paid_sums = _NONE
                 continue
             needs: dict[Role, int] | None = None
             if job.pserver is None:  # most jobs: ``needs_of`` and ``_gpus`` without calls
@@ -312,7 +322,12 @@ class Admitter:
                 if shrink_ok:
                     if shrink_sums is _NONE:
                         shrink_sums = self.shrinkable.sums()
-                    pool += shrink_sums[level_end[js.priority] if below_level else rank + 1]
+                    end = level_end[js.priority] if below_level else rank + 1
+                    pool += shrink_sums[end]
+                    if by_paid:
+                        if paid_sums is _NONE:
+                            paid_sums = self.paid.sums()
+                        pool += paid_sums[rank + 1] - paid_sums[end]
                     if reclaim:
                         if reclaim_sums is _NONE:
                             reclaim_sums = self.reclaimable.sums()
@@ -332,7 +347,7 @@ class Admitter:
                 hopeless = free + pool < gpus
             if not hopeless:
                 admitted = self._admit(js, needs_of(js) if needs is None else needs, gpus)
-                shrink_sums = reclaim_sums = suspend_sums = ran_sums = _NONE
+                shrink_sums = reclaim_sums = suspend_sums = ran_sums = paid_sums = _NONE
                 if admitted:
                     started += 1
                     continue

@@ -14,6 +14,7 @@ from edl_scheduler.api.policy import PolicyConfig
 from edl_scheduler.api.spec import ReplicaResources, Strategy
 from edl_scheduler.core.policy import (
     Admission,
+    EqualShrinking,
     Growth,
     Ordering,
     Policy,
@@ -36,11 +37,15 @@ from edl_scheduler.core.snapshot import (
     TolerationOp,
 )
 
-_ENUMS: dict[str, type[Ordering] | type[Admission] | type[Preemption] | type[Growth]] = {
+_ENUMS: dict[
+    str,
+    type[Ordering] | type[Admission] | type[Preemption] | type[Growth] | type[EqualShrinking],
+] = {
     "ordering": Ordering,
     "admission": Admission,
     "preemption": Preemption,
     "growth": Growth,
+    "shrink_equal_priority": EqualShrinking,
 }
 
 

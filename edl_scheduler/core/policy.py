@@ -60,6 +60,20 @@ class Preemption(Enum):
     SUSPEND = "suspend"
 
 
+class EqualShrinking(Enum):
+    """Which running jobs of its own priority, ranked below it, a waiting job may shrink
+    (take workers above their minimum from) to start.
+
+    ANY: every one. AFTER_MINIMUM_RUN: those that have run ``Policy.suspension_min_run_s``
+    since they started, the run after which the policy would suspend one whole: a job
+    shrunk to its minimum soon after it started loses more than the newcomer gains, and
+    one that has run that long has paid for the pause. NEVER: none."""
+
+    ANY = "any"
+    AFTER_MINIMUM_RUN = "after-minimum-run"
+    NEVER = "never"
+
+
 class Growth(Enum):
     """How idle GPUs are shared among running jobs below their maximum.
 
@@ -101,12 +115,10 @@ class Policy:
     of its queue); without it, FIFO inside a queue lets an older waiting job suspend a
     younger running one of the same queue, and in the last queue (no demotion below it)
     long jobs then wait for every older long job to finish.
-    ``shrink_equal_priority``: a waiting job may take workers above the minimum of a running
-    job of its own priority ranked below it (and, with ``reclaim_equal_priority``, of one
-    ranked above it past its cool-down). Off, it shrinks only jobs of lower priority; where
-    the policy suspends equals, it suspends whole the lowest-ranked of its own level
-    instead, which keeps the others at the sizes they run efficiently at (at a fixed batch,
-    a job shrunk to its minimum loses more than a newcomer gains).
+    ``shrink_equal_priority``: which running jobs of its own priority ranked below it a
+    waiting job may shrink (``EqualShrinking``); jobs of lower priority it always may.
+    ``reclaim_equal_priority``: a waiting job may also shrink an equal ranked above it once
+    that one is past its minimum run and cool-down (it gives back workers it borrowed).
     ``suspend_equal_priority``: where the policy suspends and ranks by priority, admission
     may also suspend a whole running job of the waiting job's own priority ranked below it
     (by the ordering); off, only jobs of lower priority. Without priorities every job
@@ -130,7 +142,7 @@ class Policy:
     admission: Admission = Admission.BACKFILL
     preemption: Preemption = Preemption.SHRINK
     reclaim_equal_priority: bool = True
-    shrink_equal_priority: bool = True
+    shrink_equal_priority: EqualShrinking = EqualShrinking.ANY
     growth: Growth = Growth.MARGINAL_GAIN
     cooldown_s: float = 300.0
     min_run_s: float = 300.0
@@ -163,13 +175,15 @@ class Policy:
         """Whether admission may take workers above their minimum from running jobs (with
         equals never shrunk and no priorities, every job is an equal: it never does)."""
         return self.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND) and (
-            self.shrink_equal_priority or self.use_priority
+            self.use_priority
+            or self.shrink_equal_priority is not EqualShrinking.NEVER
+            or self.reclaim_equal_priority
         )
 
     @property
     def reclaims(self) -> bool:
         """Whether admission may shrink an equal ranked above the job it starts."""
-        return self.shrinks and self.shrink_equal_priority and self.reclaim_equal_priority
+        return self.shrinks and self.reclaim_equal_priority
 
     @property
     def suspends(self) -> bool:
@@ -210,10 +224,10 @@ PRESETS: dict[str, Policy] = {
     # Within a priority level, least attained service first, in discretized queues (job
     # durations are unknown and heavy-tailed: a job that has had little service is likely
     # to need little more), running jobs first inside a queue (no job of a queue suspends
-    # another of the same queue). A waiting job takes workers above the minimum of jobs of
-    # lower priority, then suspends whole jobs ranked below it (of lower priority, or of its
-    # own that have run their minimum time). It never shrinks an equal: at a fixed batch, a
-    # job shrunk to its minimum to start another loses more than the newcomer gains.
+    # another of the same queue). A waiting job takes workers above the minimum of jobs
+    # ranked below it, those of its own priority only once they have run their minimum
+    # time, then suspends whole jobs ranked below it (of its own priority, after that
+    # minimum too); it does not reclaim workers from equals ranked above it.
     "edl": Policy(
         name="edl",
         ordering=Ordering.LAS_QUEUES,
@@ -221,7 +235,7 @@ PRESETS: dict[str, Policy] = {
         las_running_first=True,
         preemption=Preemption.SHRINK_THEN_SUSPEND,
         reclaim_equal_priority=False,
-        shrink_equal_priority=False,
+        shrink_equal_priority=EqualShrinking.AFTER_MINIMUM_RUN,
         suspend_equal_priority=True,
         suspend_cost_s=MEASURED_SUSPEND_COST_S,
     ),

@@ -25,6 +25,7 @@ from bisect import bisect_right
 from collections.abc import Iterator
 from typing import Final
 
+from edl_scheduler.core.policy import EqualShrinking
 from edl_scheduler.core.session import JobState, Session, Statement
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import has_run_minimum, may_shrink_voluntarily
@@ -54,21 +55,33 @@ class Victim:
 
 def may_shrink(session: Session, js: JobState, victim: JobState) -> bool:
     """May ``victim`` lose workers above its minimum so that ``js`` starts? Rule 4 says yes
-    for every preemptible job of lower priority; one of ``js``'s own priority only where the
-    policy shrinks equals (``shrink_equal_priority``): ranked below ``js``, or ranked above
-    it, past its cool-down, where it also lets equals reclaim their borrowed workers."""
+    for every preemptible job of lower priority; one of ``js``'s own priority ranked below
+    it as the policy says (``shrink_equal_priority``), and one ranked above it past its
+    cool-down where the policy lets equals reclaim their borrowed workers."""
     # A job started this cycle may still be one: growth may have given it workers above
     # its minimum in this very cycle, and those are as reclaimable as any.
     if victim is js or not victim.job.preemptible:
         return False
     policy = session.policy
     if victim.rank > js.rank:
-        return policy.shrink_equal_priority or victim.priority < js.priority
+        return victim.priority < js.priority or equal_may_shrink(session, victim)
     return (
         policy.reclaims
         and victim.priority == js.priority
         and may_shrink_voluntarily(session, victim)
     )
+
+
+def equal_may_shrink(session: Session, victim: JobState) -> bool:
+    """May ``victim`` be shrunk for a job of its own priority ranked above it? (Its surplus
+    is counted for the admission's quick reject by the same rule: ``Admitter``.)"""
+    rule = session.policy.shrink_equal_priority
+    if rule is EqualShrinking.ANY:
+        return True
+    if rule is EqualShrinking.NEVER:
+        return False
+    min_run = session.policy.suspension_min_run_s
+    return has_run_minimum(victim.job.start_time, session.now, min_run)
 
 
 def may_suspend(session: Session, js: JobState, victim: JobState) -> bool:
@@ -177,10 +190,10 @@ def _shrinkable(session: Session, js: JobState) -> Iterator[JobState]:
     once, and a few that do not (checked again). Those ranked below it (a job of higher
     priority never is) that had such workers at the cycle's start, and with
     ``reclaim_equal_priority`` those of its priority ranked above that may shrink now
-    (without ``shrink_equal_priority``, only those of lower priority); and any such job
-    among those moved this cycle (``touched``). Asked for every waiting job that preempts,
-    so it visits no job that could never be one: under overload most jobs wait, or run at
-    their minimum."""
+    (where equals are never shrunk, only those of lower priority are ranked below it); and
+    any such job among those moved this cycle (``touched``). Asked for every waiting job
+    that preempts, so it visits no job that could never be one: under overload most jobs
+    wait, or run at their minimum."""
     policy = session.policy
     reclaim = policy.reclaims
     if reclaim:
@@ -189,7 +202,7 @@ def _shrinkable(session: Session, js: JobState) -> Iterator[JobState]:
                 break
             if v.priority == js.priority:
                 yield v
-    equals = policy.shrink_equal_priority
+    equals = policy.shrink_equal_priority is not EqualShrinking.NEVER
     spare = _spare(session)
     yield from _ranked_below(spare, js) if equals else _of_lower_priority(spare, js)
     for v in session.touched.values():  # (none of them was yielded above)

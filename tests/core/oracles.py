@@ -31,7 +31,7 @@ from edl_scheduler.core import (
 )
 from edl_scheduler.core.matching import allowed_on
 from edl_scheduler.core.ordering import ranked
-from edl_scheduler.core.policy import SUSPEND_PAYBACK
+from edl_scheduler.core.policy import SUSPEND_PAYBACK, EqualShrinking
 from edl_scheduler.core.throughput import fit
 
 NONE = Resources()
@@ -259,10 +259,18 @@ def _suspendable(v: Job, job: Job, rank: dict[str, int], policy: Policy, now: fl
     return ran and rank[v.name] > rank[job.name]
 
 
-def _shrinkable(v: Job, job: Job, policy: Policy) -> bool:
+def _shrinkable(v: Job, job: Job, policy: Policy, now: float) -> bool:
     """Whether admission may shrink ``v``, ranked below ``job``, for it: of lower priority,
-    or of its own where the policy shrinks equals (``shrink_equal_priority``)."""
-    return policy.shrink_equal_priority or priority(v, policy) < priority(job, policy)
+    or of its own where the policy shrinks equals (``shrink_equal_priority``): any, or those
+    that ran the minimum after which they could be suspended."""
+    if priority(v, policy) < priority(job, policy):
+        return True
+    rule = policy.shrink_equal_priority
+    if rule is not EqualShrinking.AFTER_MINIMUM_RUN:
+        return rule is EqualShrinking.ANY
+    start = v.start_time
+    least = max(policy.min_run_s, SUSPEND_PAYBACK * policy.suspend_cost_s)
+    return start is not None and now - start >= least
 
 
 def check_priority_first(
@@ -302,7 +310,7 @@ def check_priority_first(
                     for r in live(v, role):
                         counts[r.node] = counts.get(r.node, 0) + 1
                     victims.append((1 << 30, counts, per_replica(v, role)))
-            elif rank[v.name] > rank[job.name] and _shrinkable(v, job, policy):
+            elif rank[v.name] > rank[job.name] and _shrinkable(v, job, policy, now):
                 spare = len(live(v)) - effective_min(v, policy)
                 if spare > 0:
                     counts = {}
@@ -422,7 +430,7 @@ def check_stable_step(
                 # (one that lost every worker was suspended, and maybe moved: not shrunk).
                 started = beneficiary.action is Action.START
                 kept = len(d.workers.remove) < len(live(job))
-                if kept and started and not _shrinkable(job, other, policy):
+                if kept and started and not _shrinkable(job, other, policy, now):
                     out.append(f"{d.job} shrunk to start {d.for_job}, of its own priority")
                 continue
             if priority(other, policy) != priority(job, policy):

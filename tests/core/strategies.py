@@ -42,7 +42,7 @@ from edl_scheduler.core import (
     TolerationOp,
 )
 from edl_scheduler.core.matching import allowed_on
-from edl_scheduler.core.policy import preset, with_overrides
+from edl_scheduler.core.policy import EqualShrinking, preset, with_overrides
 
 GI = 2**30
 #: The instant the drawn snapshots describe; jobs were submitted and started before it.
@@ -52,7 +52,7 @@ NOW = 20_000.0
 SHRINKING_EQUALS = with_overrides(
     preset("edl"),
     name="edl-shrinking-equals",
-    shrink_equal_priority=True,
+    shrink_equal_priority=EqualShrinking.ANY,
     reclaim_equal_priority=True,
 )
 

@@ -12,7 +12,7 @@ import pytest
 
 from edl_scheduler.api import TrainingJobError, load_training_job
 from edl_scheduler.api.policy import load_policy_config
-from edl_scheduler.core import Growth, Ordering, Preemption, Snapshot, plan, preset
+from edl_scheduler.core import EqualShrinking, Growth, Ordering, Preemption, Snapshot, plan, preset
 from edl_scheduler.core.building import job_from_training_job, policy_from_config
 from tests.core.builders import node
 
@@ -43,10 +43,11 @@ def test_policy_file_overrides_a_preset() -> None:
         "base: edl\ncooldownSeconds: 30\npreemption: shrink\ngrowth: fulfillment\n"
         "suspendEqualPriority: false\nlasRunningFirst: false\nordering: fifo\n"
         "suspendCostSeconds: 90\nrampSeconds: 45\n"
-        "shrinkEqualPriority: true\nreclaimEqualPriority: true\n"
+        "shrinkEqualPriority: never\nreclaimEqualPriority: true\n"
     )
     policy = policy_from_config(cfg)
-    assert policy.shrinks and policy.reclaims and not preset("edl").reclaims
+    assert policy.shrink_equal_priority is EqualShrinking.NEVER
+    assert policy.reclaims and not preset("edl").reclaims
     assert policy.ramp_s == 45 and preset("edl").ramp_s is None
     assert policy.cooldown_s == 30
     assert policy.preemption is Preemption.SHRINK
@@ -66,6 +67,8 @@ def test_policy_file_errors_name_the_field() -> None:
         load_policy_config("suspendCostSeconds: -1\n")
     with pytest.raises(TrainingJobError, match="rampSeconds"):
         load_policy_config("rampSeconds: -5\n")
+    with pytest.raises(TrainingJobError, match=r"shrinkEqualPriority.*after-minimum-run"):
+        load_policy_config("shrinkEqualPriority: sometimes\n")
 
 
 def test_training_job_becomes_a_planner_job_with_its_constraints() -> None:

@@ -28,6 +28,7 @@ import pytest
 
 from edl_scheduler.core import (
     Action,
+    EqualShrinking,
     Plan,
     Preemption,
     Reason,
@@ -41,12 +42,11 @@ from edl_scheduler.core import (
 from edl_scheduler.core.policy import SUSPEND_PAYBACK, with_overrides
 from tests.core import oracles
 from tests.core.builders import JobBuilder, job, node, nodes, snapshot
+from tests.core.strategies import SHRINKING_EQUALS
 
 EDL = preset("edl")
 #: ``edl`` that only shrinks (never suspends a whole job), for the rules of shrinking alone.
 SHRINKING = with_overrides(EDL, preemption=Preemption.SHRINK)
-#: ``edl`` that shrinks equals too (``edl`` suspends them whole instead).
-SHRINKING_EQUALS = with_overrides(EDL, shrink_equal_priority=True, reclaim_equal_priority=True)
 
 
 def run(snap: Snapshot, now: float = 1000.0, policy_name: str = "edl") -> Plan:
@@ -709,12 +709,18 @@ def test_victims_are_sought_where_the_victims_budget_can_make_room() -> None:
     assert low.reason is Reason.SHRUNK_TO_ADMIT and low.workers.remove == ("low-w3",)
 
 
-def test_edl_never_shrinks_an_equal_it_suspends_one_or_shrinks_lower_priorities() -> None:
+@pytest.mark.parametrize("ran", [100.0, 3000.0])
+def test_edl_shrinks_an_equal_only_once_it_ran_the_minimum_that_pays_a_suspension(
+    ran: float,
+) -> None:
     # "new" (priority 5) needs two GPUs. "old", of its priority, ranked below it (the last
-    # attained-service queue) and holding 4 GPUs above its minimum of 1, has not run the
-    # minimum that lets an equal suspend it; "low" (priority 1) runs 2 workers, 1 above its
-    # minimum. ``edl`` leaves old as it is and suspends low; a policy that shrinks equals
-    # takes two of old's workers instead, which invariant 7's oracle calls wrong for ``edl``.
+    # attained-service queue), holds 3 GPUs above its minimum of 1; "low" (priority 1) runs
+    # 2 workers, 1 above its minimum. Until old has run the minimum after which an equal
+    # could suspend it (``Policy.suspension_min_run_s``), ``edl`` leaves it as it is and
+    # suspends low; a policy that shrinks any equal takes two of old's workers, which
+    # invariant 7's oracle then calls wrong for ``edl``. Once old has run it, ``edl`` shrinks
+    # it too (cheaper than a suspension), and low runs on.
+    assert 100.0 < EDL.suspension_min_run_s < 3000.0
     now = 10_000.0
     snap = snapshot(
         [node("n0").gpus(4), node("n1").gpus(2)],
@@ -724,28 +730,33 @@ def test_edl_never_shrinks_an_equal_it_suspends_one_or_shrinks_lower_priorities(
             .max(4)
             .priority(5)
             .attained(100_000)
-            .started(now - 100)
+            .started(now - ran)
             .running(("n0", 4)),
-            job("low").min(1).max(2).priority(1).started(now - 100).running(("n1", 2)),
+            job("low").min(1).max(2).priority(1).started(now - ran).running(("n1", 2)),
             job("new").min(2).max(2).priority(5).submitted(now - 10),
         ],
     )
     p = plan(snap, EDL, now)
-    assert sizes(p) == {"old": 4, "low": 0, "new": 2}, p.describe()
-    assert p.decision("low").reason is Reason.SUSPENDED_TO_ADMIT
     after = apply_plan(snap, p)
     assert oracles.check_stable_step(snap, p, after, EDL, now) == []
     assert oracles.check_priority_first(snap, p, after, EDL, now) == []
     shrinking = plan(snap, SHRINKING_EQUALS, now)
     assert sizes(shrinking) == {"old": 2, "low": 2, "new": 2}, shrinking.describe()
     wrong = oracles.check_stable_step(snap, shrinking, apply_plan(snap, shrinking), EDL, now)
-    assert wrong == ["old shrunk to start new, of its own priority"]
+    if ran < EDL.suspension_min_run_s:
+        assert sizes(p) == {"old": 4, "low": 0, "new": 2}, p.describe()
+        assert p.decision("low").reason is Reason.SUSPENDED_TO_ADMIT
+        assert wrong == ["old shrunk to start new, of its own priority"]
+    else:
+        assert sizes(p) == sizes(shrinking), p.describe()
+        assert p.decision("old").reason is Reason.SHRUNK_TO_ADMIT
+        assert wrong == []
 
 
 def test_an_equal_that_ran_its_minimum_is_suspended_moved_and_says_it_grew_back() -> None:
-    # Under ``edl`` "new" cannot shrink "old", of its priority; old ran its minimum, so new
-    # suspends it whole, and old is admitted again at once on the GPUs new left, then grown
-    # into them: its message says both (it once said only "with 1 worker").
+    # Where equals are never shrunk, "new" cannot shrink "old", of its priority; old ran its
+    # minimum, so new suspends it whole, and old is admitted again at once on the GPUs new
+    # left, then grown into them: its message says both (it once said only "with 1 worker").
     now = 10_000.0
     snap = snapshot(
         [node("n0").gpus(4)],
@@ -754,7 +765,8 @@ def test_an_equal_that_ran_its_minimum_is_suspended_moved_and_says_it_grew_back(
             job("new").min(1).max(1).submitted(now - 10),
         ],
     )
-    old = plan(snap, EDL, now).decision("old")
+    never = with_overrides(EDL, shrink_equal_priority=EqualShrinking.NEVER)
+    old = plan(snap, never, now).decision("old")
     assert old.reason is Reason.MOVED_TO_ADMIT and old.for_job == "new"
     assert old.workers.target == 3 and len(old.workers.remove) == 4
     assert old.message == "moved to admit new, with 1 worker, then grown to 3 into idle GPUs"
