@@ -62,7 +62,7 @@ from simulations.runs import JobRecord, Run, SimResult
 from simulations.showing import arrivals_settled, collect, shown_from_all, shown_from_sides
 from simulations.snapshot_jobs import SnapshotJobs
 from simulations.snapshot_lists import SnapshotLists
-from simulations.wakes import GrowthWakes, next_epoch
+from simulations.wakes import GrowthWakes, YieldWakes, next_epoch
 from simulations.workload import ClusterSpec, SimJob
 
 __all__ = ["Engine", "SimConfig", "SimResult", "simulate"]
@@ -156,6 +156,10 @@ class Engine:
         #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
         #: where ``_apply`` sets them.
         self.wakes = GrowthWakes(policy)
+        #: When running jobs have run long enough for a waiting equal to take from them:
+        #: read only while some job waits (``_next_wake``).
+        after = policy.equals_yield_after_s
+        self.yields = YieldWakes(after) if after is not None else None
 
     # -- events -----------------------------------------------------------------------------
 
@@ -449,6 +453,8 @@ class Engine:
         self._schedule_completion(run)  # bumps the version: older events of the job are void
         if after and self.grows:
             self.wakes.push(run)
+        if after and self.yields is not None:
+            self.yields.push(run)
         if after and pause > 0:
             self._push(now + pause, _PAUSE_END, run)
         elif after:
@@ -474,6 +480,8 @@ class Engine:
                         break
         if self.grows:
             wake = min(wake, self.wakes.next_after(now, self.running))
+        if self.yields is not None and len(self.active) > len(self.running):
+            wake = min(wake, self.yields.next_after(now, self.running))
         if self.profiled and self.config.report_throughput:
             wake = min(wake, next_epoch(self.running.values(), now))
         if policy.starvation_limit_s is not None:

@@ -1,6 +1,8 @@
 """When running jobs' cool-downs, ramp intervals (``Policy.ramp_s``) and minimum run times
-end, and when profiled jobs enter a new epoch: the instants at which a plan may grow or
-shrink a job that the last plan had to leave alone (``Engine._next_wake``).
+end, when they have run long enough for a waiting equal to take from them
+(``Policy.equals_yield_after_s``), and when profiled jobs enter a new epoch: the instants at
+which a plan may grow or shrink a job that the last plan had to leave alone
+(``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -25,14 +27,48 @@ from edl_scheduler.core.stability import cooldown_end, min_run_end, ramp_end
 from simulations.runs import Run
 
 
-class GrowthWakes:
+class _Wakes:
+    """A heap of (when, job version, job name), least first."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, str]] = []
+
+    def next_after(self, now: float, running: dict[str, Run]) -> float:
+        """The first instant after ``now`` noted for a job in ``running`` as it is now
+        (infinity: none)."""
+        heap = self.heap
+        while heap:
+            at, version, name = heap[0]
+            run = running.get(name)
+            if at > now and run is not None and run.version == version:
+                return at
+            heapq.heappop(heap)
+        return math.inf
+
+
+class YieldWakes(_Wakes):
+    """When running jobs have run ``Policy.equals_yield_after_s``, least first: from then
+    on a waiting job of their own priority may shrink or suspend them."""
+
+    def __init__(self, after_s: float) -> None:
+        super().__init__()
+        self.after_s = after_s
+
+    def push(self, run: Run) -> None:
+        """Note when ``run``, as the engine just left it (running), has run that long."""
+        at = min_run_end(run.start_time, self.after_s)
+        if at is not None:
+            heapq.heappush(self.heap, (at, run.version, run.job.name))
+
+
+class GrowthWakes(_Wakes):
     """The ends of running jobs' cool-downs and minimum run times, least first."""
 
     def __init__(self, policy: Policy) -> None:
+        super().__init__()
         self.cooldown_s = policy.cooldown_s
         self.min_run_s = policy.min_run_s
         self.ramp_s = policy.ramp_s
-        self.heap: list[tuple[float, int, str]] = []
 
     def push(self, run: Run) -> None:
         """Note when ``run``'s cool-down and minimum run time end, as the engine just left
@@ -50,18 +86,6 @@ class GrowthWakes:
             at = min_run_end(run.start_time, self.min_run_s)
             if at is not None:
                 heapq.heappush(self.heap, (at, run.version, job.name))
-
-    def next_after(self, now: float, running: dict[str, Run]) -> float:
-        """The first end after ``now`` of a cool-down or minimum run time of a job in
-        ``running`` (infinity: none)."""
-        heap = self.heap
-        while heap:
-            at, version, name = heap[0]
-            run = running.get(name)
-            if at > now and run is not None and run.version == version:
-                return at
-            heapq.heappop(heap)
-        return math.inf
 
 
 def next_epoch(running: Iterable[Run], now: float) -> float:

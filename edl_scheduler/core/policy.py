@@ -172,8 +172,9 @@ class Policy:
 
     @property
     def shrinks(self) -> bool:
-        """Whether admission may take workers above their minimum from running jobs (with
-        equals never shrunk and no priorities, every job is an equal: it never does)."""
+        """Whether admission may take workers above their minimum from running jobs. Without
+        priorities every job is an equal: where equals are never shrunk, only reclaiming
+        does."""
         return self.preemption in (Preemption.SHRINK, Preemption.SHRINK_THEN_SUSPEND) and (
             self.use_priority
             or self.shrink_equal_priority is not EqualShrinking.NEVER
@@ -204,6 +205,17 @@ class Policy:
         jobs of lower priority (those that have not run their minimum time excepted, where
         the two differ: ``preempting.may_suspend``)."""
         return self.suspends and (not self.use_priority or self.suspend_equal_priority)
+
+    @property
+    def equals_yield_after_s(self) -> float | None:
+        """How long after its start a running job first becomes one that a waiting job of
+        its own priority may shrink or suspend, where a run of its own decides that
+        (``preempting.equal_may_shrink``, ``may_suspend``); None where nothing does. A
+        time-based rule: a driver that plans only when something happens (the simulator)
+        wakes a plan then."""
+        after = self.suspension_min_run_s
+        shrink = self.shrinks and self.shrink_equal_priority is EqualShrinking.AFTER_MINIMUM_RUN
+        return after if after > 0 and (shrink or self.suspends_by_rank) else None
 
     @property
     def moves_whole_jobs_only(self) -> bool:

@@ -268,9 +268,9 @@ def _shrinkable(v: Job, job: Job, policy: Policy, now: float) -> bool:
     rule = policy.shrink_equal_priority
     if rule is not EqualShrinking.AFTER_MINIMUM_RUN:
         return rule is EqualShrinking.ANY
-    start = v.start_time
+    start = v.start_time  # (a job started by this plan has ``now``: not yet run at all)
     least = max(policy.min_run_s, SUSPEND_PAYBACK * policy.suspend_cost_s)
-    return start is not None and now - start >= least
+    return start is not None and start < now and now - start >= least
 
 
 def check_priority_first(

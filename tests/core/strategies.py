@@ -42,7 +42,7 @@ from edl_scheduler.core import (
     TolerationOp,
 )
 from edl_scheduler.core.matching import allowed_on
-from edl_scheduler.core.policy import EqualShrinking, preset, with_overrides
+from edl_scheduler.core.policy import EqualShrinking, Preemption, preset, with_overrides
 
 GI = 2**30
 #: The instant the drawn snapshots describe; jobs were submitted and started before it.
@@ -53,6 +53,24 @@ SHRINKING_EQUALS = with_overrides(
     preset("edl"),
     name="edl-shrinking-equals",
     shrink_equal_priority=EqualShrinking.ANY,
+    reclaim_equal_priority=True,
+)
+#: ``edl`` as the Kubernetes manifest's policy file sets it (shrinking only, never
+#: suspending) with equals shrunk only after their minimum run, and a policy without
+#: priorities that never shrinks an equal but reclaims: the equal-shrinking rules' other
+#: paths (the admission's pool of equals that ran their minimum, ``Policy.shrinks``).
+SHRINKING_AFTER_MINIMUM = with_overrides(
+    preset("edl"),
+    name="edl-shrink-after-minimum",
+    preemption=Preemption.SHRINK,
+    shrink_equal_priority=EqualShrinking.AFTER_MINIMUM_RUN,
+)
+RECLAIMING_ONLY = with_overrides(
+    preset("edl"),
+    name="edl-reclaiming-only",
+    use_priority=False,
+    preemption=Preemption.SHRINK,
+    shrink_equal_priority=EqualShrinking.NEVER,
     reclaim_equal_priority=True,
 )
 
@@ -243,7 +261,8 @@ def running_job(draw: st.DrawFn, job: Job, usage: _Usage, now: float, rigid: boo
     if draw(st.integers(0, 3)) == 0:
         extra = _place(draw, usage, job, Role.WORKER, draw(st.integers(1, 2)), draining=True)
         job = replace(job, replicas=job.replicas + tuple(extra))
-    start = now - draw(st.sampled_from((0, 60, 250, 299, 300, 301, 700, 5000)))
+    # (520 s: ``edl``'s minimum run before an equal may shrink or suspend the job)
+    start = now - draw(st.sampled_from((0, 60, 250, 299, 300, 301, 519, 520, 521, 700, 5000)))
     start = max(start, job.submit_time)
     last = None
     if draw(st.booleans()):

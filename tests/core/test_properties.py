@@ -52,6 +52,7 @@ from edl_scheduler.core import (
 from tests.core import oracles
 from tests.core.strategies import (
     NOW,
+    SHRINKING_AFTER_MINIMUM,
     SHRINKING_EQUALS,
     Scenario,
     advances,
@@ -63,12 +64,13 @@ from tests.core.strategies import (
 )
 from tests.core.strategies import _Usage as Usage
 
-#: Every preset, ``edl`` growing on evidence (``Policy.ramp_s``), and ``edl`` shrinking
-#: equals.
+#: Every preset, ``edl`` growing on evidence (``Policy.ramp_s``), ``edl`` shrinking every
+#: equal, and ``edl`` shrinking only (equals after their minimum run).
 POLICIES = [
     *PRESETS.values(),
     replace(PRESETS["edl"], name="edl-ramp", ramp_s=60.0),
     SHRINKING_EQUALS,
+    SHRINKING_AFTER_MINIMUM,
 ]
 
 

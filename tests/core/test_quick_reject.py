@@ -27,7 +27,13 @@ from edl_scheduler.core.capacity import Cluster
 from edl_scheduler.core.layout import layout_of
 from edl_scheduler.core.session import Eligibility, Statement, job_state
 from edl_scheduler.core.snapshot import Job, Replica, RoleSpec
-from tests.core.strategies import NOW, SHRINKING_EQUALS, snapshots
+from tests.core.strategies import (
+    NOW,
+    RECLAIMING_ONLY,
+    SHRINKING_AFTER_MINIMUM,
+    SHRINKING_EQUALS,
+    snapshots,
+)
 
 _GIB = 2**30
 CASES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,6 +88,7 @@ class _TriesEverything(admitting.Admitter):
             ("reclaimable", self.reclaim),
             ("suspendable", self.suspend_ok),
             ("ran_minimum", self.by_minimum),
+            ("paid", self.by_paid),
         ):
             if on:
                 setattr(self, pool, admitting._Suffixes(list(huge)))
@@ -90,10 +97,10 @@ class _TriesEverything(admitting.Admitter):
         pass  # (the pools stay huge)
 
 
-#: Every preset, and ``edl`` shrinking equals (and reclaiming) as it once did.
+#: Every preset, and ``edl`` variants under the other rules for shrinking equals.
 _POLICIES = {
     **PRESETS,
-    SHRINKING_EQUALS.name: SHRINKING_EQUALS,
+    **{p.name: p for p in (SHRINKING_EQUALS, SHRINKING_AFTER_MINIMUM, RECLAIMING_ONLY)},
 }
 
 

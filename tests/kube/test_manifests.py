@@ -57,6 +57,7 @@ from edl_scheduler.api.policy import load_policy_config
 from edl_scheduler.controller.app import main as controller_main
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.core.building import policy_from_config
+from edl_scheduler.core.policy import EqualShrinking
 
 from .controller_harness import ensure_namespace, running_controller, training_job
 from .kubelet import running_kubelet
@@ -383,6 +384,7 @@ def test_policy_config_map_is_a_valid_policy() -> None:
     policy = policy_from_config(config)
     assert config.base == "edl"
     assert policy.cooldown_s == config.cooldown_seconds
+    assert policy.shrink_equal_priority is EqualShrinking.ANY  # (it never suspends)
 
 
 def test_controller_accepts_the_deployment_arguments(cluster: KubeAPI, tmp_path: Path) -> None:

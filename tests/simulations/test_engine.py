@@ -87,6 +87,22 @@ def test_elastic_edl_grows_shrinks_and_pays_pauses() -> None:
     assert b.resizes == 1
 
 
+def test_an_equal_is_shrunk_the_moment_it_has_run_the_minimum_that_allows_it() -> None:
+    # a: 5000 s at 1 GPU, elastic in [1, 8], linear; b: 4 GPUs for 1000 s, rigid; one node
+    # of 8. a grows to 8 at once and leaves the first attained-service queue at 406 s, so
+    # b (arrived at 100) ranks above it from then on; but ``edl`` shrinks an equal only once
+    # it has run ``suspension_min_run_s`` (520 s), and nothing else happens then: the plan
+    # at that instant is a wake-up of its own (without it b waited for the next event).
+    edl = preset("edl")
+    assert edl.suspension_min_run_s == 520.0
+    jobs = [job("a", 0, 1, 5000, 1, 8), job("b", 100, 4, 1000, 4, 4)]
+    config = SimConfig(tick_s=0.0, resize_pause_s=10.0, restart_pause_s=30.0)
+    a, b = simulate(jobs, ClusterSpec(1, 8), edl, config).jobs
+    assert b.first_start == 520.0 and b.end == pytest.approx(1520.0)
+    # a: 8 x 520 s done, then 840 s of work at 4 workers after a 10 s pause.
+    assert a.end == pytest.approx(520 + 10 + (5000 - 8 * 520) / 4)
+
+
 def test_tiresias_suspends_a_job_that_crosses_its_threshold() -> None:
     jobs = [job("long", 0, 1, 10_000), job("short", 1000, 1, 100)]
     result = simulate(jobs, ClusterSpec(1, 1), preset("tiresias"), NO_COSTS)

@@ -6,6 +6,8 @@ Aspects:
   ticks and event-driven, elastic where the policy is), the first end of a running job's
   cool-down or minimum run time that the heap gives (``GrowthWakes.next_after``) equals the one
   a loop over every running job finds, and so does the whole wake-up;
+- so does the first instant a running job has run long enough for a waiting equal to take
+  from it (``Policy.equals_yield_after_s``, ``YieldWakes``);
 - the heap's entries are dropped once stale: a job that finished, was resized again or
   was suspended leaves nothing behind that a later answer takes.
 Seen to fail with the entries' version left unchecked (a resized job's old cool-down end
@@ -59,6 +61,7 @@ class _Checked(Engine):
 
     asked = 0
     found = 0
+    yielded = 0
 
     def _next_wake(self, now: float) -> float:
         expected = _by_a_loop(list(self.running.values()), self.policy, now)
@@ -66,6 +69,14 @@ class _Checked(Engine):
         assert got == expected, (now, got, expected)
         type(self).asked += 1
         type(self).found += got < _INF
+        after = self.policy.equals_yield_after_s
+        if after is not None:
+            assert self.yields is not None
+            starts = [r.start_time for r in self.running.values() if r.start_time is not None]
+            expected = min((s + after for s in starts if s + after > now), default=_INF)
+            got = self.yields.next_after(now, self.running)
+            assert got == expected, ("yield", now, got, expected)
+            type(self).yielded += got < _INF
         return super()._next_wake(now)
 
 
@@ -73,8 +84,10 @@ class _Checked(Engine):
 @pytest.mark.parametrize("name", sorted(WAKE_POLICIES))
 def test_the_heap_gives_the_loops_wake(name: str, config: str) -> None:
     policy = WAKE_POLICIES[name]
-    _Checked.asked = _Checked.found = 0
+    _Checked.asked = _Checked.found = _Checked.yielded = 0
     _Checked(_jobs(policy), CLUSTER, policy, CONFIGS[config]).run()
     assert _Checked.asked > 0
+    if policy.equals_yield_after_s is not None:
+        assert _Checked.yielded > 0  # (``edl``: equals shrunk after their minimum run)
     if policy.elastic and policy.growth is not Growth.NONE and policy.cooldown_s > 0:
         assert _Checked.found > 0  # the heap answered something, not only "never"
