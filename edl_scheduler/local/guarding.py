@@ -108,6 +108,10 @@ def peer_uid(transport: asyncio.BaseTransport) -> int | None:
     return int(uid)
 
 
+#: How long a refused peer may go on sending before its connection is closed.
+REFUSED_LINGER_S = 5.0
+
+
 def refusal(owner: int, uid: int | None) -> bytes:
     """The whole answer to a peer that is not the owner: 403, the reason, and the end."""
     who = "an unknown user" if uid is None else f"uid {uid}"
@@ -126,7 +130,7 @@ def refusal(owner: int, uid: int | None) -> bytes:
 
 def owner_only(base: type[asyncio.Protocol], owner: int) -> type[asyncio.Protocol]:
     """``base`` (uvicorn's HTTP protocol) for connections from ``owner`` only: any other
-    peer gets ``refusal`` and is disconnected before a byte of its request is read."""
+    peer gets ``refusal`` and nothing of its request is read."""
 
     class OwnerOnly(base):  # type: ignore[valid-type, misc]
         _refused = False
@@ -140,7 +144,15 @@ def owner_only(base: type[asyncio.Protocol], owner: int) -> type[asyncio.Protoco
             LOG.warning("refused a connection from %s: not the service's owner", uid)
             assert isinstance(transport, asyncio.WriteTransport)
             transport.write(refusal(owner, uid))
-            transport.close()
+            # Closed at once, the socket made a peer still sending its request fail with a
+            # broken pipe before it read the answer. So the answer ends (half-close), what
+            # the peer sends is dropped unread, and the connection closes when the peer
+            # does, or after ``REFUSED_LINGER_S``.
+            if transport.can_write_eof():
+                transport.write_eof()
+                asyncio.get_running_loop().call_later(REFUSED_LINGER_S, transport.close)
+            else:
+                transport.close()
 
         def data_received(self, data: bytes) -> None:
             if not self._refused:

@@ -8,7 +8,9 @@ Aspects tested:
 - a home another user owns, or others may write, is refused at start with the fix;
 - a process of another uid that reaches the socket (its mode and the home's opened up by
   hand) gets 403 naming the owner, and no request of it is carried out (no job is
-  submitted, the service keeps running); the owner is still answered.
+  submitted, the service keeps running); the owner is still answered;
+- one whose request comes after the refusal was written still reads it (seen to fail, a
+  broken pipe instead of the answer, with the connection closed as the refusal was sent).
 """
 
 from __future__ import annotations
@@ -78,10 +80,11 @@ def test_a_home_others_may_write_or_own_is_refused(tmp_path: Path) -> None:
             prepare_home(theirs)
 
 
-def call_as(uid: int, home: Path) -> str:
+def call_as(uid: int, home: Path, pause_s: float = 0.0) -> str:
     """What the service answers a submission from a process of ``uid``: a child of this
     process that enters ``home`` as root, becomes ``uid`` and connects to the socket by its
-    name there (so no folder above it need let that user through)."""
+    name there (so no folder above it need let that user through), and sends its request
+    ``pause_s`` after connecting."""
     body = json.dumps({"manifest": plain_job("intruder", samples=100), "workdir": "/"}).encode()
     request = (
         b"POST /jobs HTTP/1.1\r\nhost: edl\r\ncontent-type: application/json\r\n"
@@ -99,6 +102,7 @@ def call_as(uid: int, home: Path) -> str:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
                 s.settimeout(20)
                 s.connect(SOCKET_NAME)
+                time.sleep(pause_s)
                 s.sendall(request)
                 while chunk := s.recv(4096):
                     os.write(write, chunk)
@@ -113,6 +117,16 @@ def call_as(uid: int, home: Path) -> str:
     os.close(read)
     os.waitpid(pid, 0)
     return answer.decode()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another uid needs root")
+def test_a_refused_peer_that_sends_late_still_reads_why(home: Path) -> None:
+    os.chmod(home, 0o711)
+    os.chmod(home / SOCKET_NAME, 0o666)
+    answer = call_as(NOBODY, home, pause_s=0.5)
+    assert answer.startswith("HTTP/1.1 403"), answer
+    with LocalClient(home) as client:
+        assert client.list() == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another uid needs root")
