@@ -23,6 +23,11 @@ drain and the end of the walk a session flushes explicitly, so nothing waits on 
 interval. A batch of a generation that closed meanwhile is fenced and dropped for the same
 reason.
 
+On a GPU the optimizer step is queued on the device when `s.step` returns; a window handed
+over with its step's completion (a CUDA event) is sent only once the device ran it, so a
+step counts only once its update is in rank 0's memory, with no device-wide wait on the
+training thread.
+
 What must stay true: windows go out in the order they were applied; `flushing` returns True
 only once every window handed over before the call is answered; a failure other than a
 fence is kept in `failure`, for the training thread to raise or ignore at its step
@@ -37,6 +42,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
@@ -96,6 +102,13 @@ def mean_step_time(since: float | None, applied: list[float]) -> float:
     return max(0.0, applied[-1] - applied[0]) / (len(applied) - 1)
 
 
+class Completion(Protocol):
+    """The device's work of an applied step (a CUDA event recorded after its optimizer step):
+    the sender waits for it before the step counts."""
+
+    def synchronize(self) -> None: ...
+
+
 class Committer:
     """Sends the windows that `enqueue` hands over, in batches, from its own thread.
 
@@ -114,7 +127,7 @@ class Committer:
         self.agent = agent
         self.retry = retry
         self.ahead = ahead
-        self.waiting: deque[tuple[int, StepWindow, float]] = deque()
+        self.waiting: deque[tuple[int, StepWindow, float, Completion | None]] = deque()
         self.handed = 0  # windows handed over; written by the training thread only
         self.answered = 0  # windows answered (committed or fenced); by the sender only
         self.answers = threading.Condition()
@@ -132,10 +145,17 @@ class Committer:
         self.thread = threading.Thread(target=self.sending, name=name, daemon=True)
         self.thread.start()
 
-    def enqueue(self, generation: int, window: StepWindow, applied_at: float) -> None:
+    def enqueue(
+        self,
+        generation: int,
+        window: StepWindow,
+        applied_at: float,
+        done: Completion | None = None,
+    ) -> None:
         """Hand over one window applied at `applied_at` (`time.monotonic()`); the hot path:
-        no lock, no RPC."""
-        self.waiting.append((generation, window, applied_at))
+        no lock, no RPC. `done`: the step's device work, queued and maybe not run yet (a
+        CUDA event); the window is sent once it completed."""
+        self.waiting.append((generation, window, applied_at, done))
         self.handed += 1
         if len(self.waiting) == FLUSH_WINDOWS:
             self.hurry.set()
@@ -170,10 +190,14 @@ class Committer:
         generation = self.waiting[0][0]
         batch: list[StepWindow] = []
         applied: list[float] = []
+        last_done: Completion | None = None
         while self.waiting and self.waiting[0][0] == generation:
-            _, window, applied_at = self.waiting.popleft()
+            _, window, applied_at, done = self.waiting.popleft()
             batch.append(window)
             applied.append(applied_at)
+            last_done = done or last_done
+        if last_done is not None:  # the device ran the steps in order: the last one's
+            last_done.synchronize()  # completion is every earlier one's too
         last = self.last_sent
         since = last[1] if last is not None and last[0] == generation else None
         self.last_sent = (generation, applied[-1])

@@ -7,7 +7,9 @@ Aspects:
 - a lone window goes out within the interval, unasked;
 - a batch carries its mean step time, counted from the last window sent of its generation;
 - the windows of each generation go out in their own call, oldest generation first;
-- a rank 0 whose commits go unanswered waits once it is `ahead` windows past them.
+- a rank 0 whose commits go unanswered waits once it is `ahead` windows past them;
+- a window handed over with its step's device work (a CUDA event) is sent only once that
+  work ran, waiting on the last one of the batch.
 """
 
 from __future__ import annotations
@@ -139,3 +141,31 @@ def test_rank_0_waits_before_it_runs_further_ahead_than_it_may() -> None:
     finally:
         client.release.set()
         committer.closing()
+
+
+class DeviceWork:
+    """A step's queued device work (a CUDA event's stand-in): `synchronize` waits until
+    the test lets the device finish."""
+
+    def __init__(self) -> None:
+        self.ran = threading.Event()
+        self.waited = False
+
+    def synchronize(self) -> None:
+        self.waited = True
+        assert self.ran.wait(30), "the test never let the device finish"
+
+
+def test_a_step_counts_only_once_its_device_work_ran(
+    sent: tuple[Committer, RecordingClient],
+) -> None:
+    committer, client = sent
+    works = [DeviceWork(), DeviceWork()]
+    for step, work in enumerate(works, start=1):
+        committer.enqueue(1, window(step), float(step), work)
+    committer.hurry.set()
+    assert not client.called.wait(0.3), "sent before the device ran the step"
+    assert works[-1].waited and not works[0].waited  # the last one's completion is enough
+    works[-1].ran.set()
+    assert committer.flushing(5.0)
+    assert [w.step for w in client.calls[0][2]] == [1, 2]

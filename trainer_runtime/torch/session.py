@@ -323,8 +323,21 @@ class ElasticSession(generations.Member):
         self.step_count = self.window.step
         self.applied.append(self.window)
         if self.rank == 0:
-            self.committer.enqueue(self.generation, self.window, time.monotonic())
+            self.committer.enqueue(
+                self.generation, self.window, time.monotonic(), self.completion()
+            )
         self.rebuilding_buckets()
+
+    def completion(self) -> torch.cuda.Event | None:
+        """The step's device work, as a CUDA event recorded after its optimizer step: rank
+        0's sender commits the window once the device ran it (`Committer.enqueue`). None
+        on a CPU, where the step ran when `step` returned. The event blocks its waiter
+        (the sender thread) rather than spinning on a core."""
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
+        event.record()
+        return event
 
     def rebuilding_buckets(self) -> None:
         """Let DDP rebuild its gradient buckets now, if this step made that due.
