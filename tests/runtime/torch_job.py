@@ -5,6 +5,8 @@ momentum): see `elastic_job.py`, whose loop it runs. `--deaf-steps K` makes the 
 of each new generation K reads after it opened (a notice that reaches it late);
 `--lost-after-first-step` makes it exit right after its first step as rank 0 of a group;
 `--width` sets the MLP's hidden width (its parameters are about 11 times that).
+`--stand-in-shrink` lets the session shrink its gloo group as NCCL's would (`standing_in_shrink`);
+`--failing-shrink` makes that shrink fail on this worker.
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -82,6 +85,35 @@ def lost_after_first_step(s: Any) -> None:
     s.step = step
 
 
+def standing_in_shrink(failing: bool, timeout: Any) -> Any:
+    """A shrink for gloo, which has none (`shrinking.Shrinker`): the survivors, and only
+    they, leave the old group and build one of their own in the old group's store, ranked
+    in their old order; it becomes the default group, as NCCL's shrink does. `failing`: it
+    raises on this worker once the group is built, as a shrink that went wrong late on
+    one member (its peers' shrinks succeeded)."""
+    import torch.distributed as dist
+    from torch._C._distributed_c10d import PrefixStore
+
+    def shrink(excluded: list[int], aborting: bool) -> None:
+        c10d = dist.distributed_c10d
+        group = c10d._get_default_group()
+        store = c10d._world.pg_map[group][1]
+        rank, world = dist.get_rank(), dist.get_world_size()
+        survivors = [r for r in range(world) if r not in excluded]
+        dist.destroy_process_group()
+        dist.init_process_group(
+            "gloo",
+            store=PrefixStore(f"shrunk{world}/", store),
+            rank=survivors.index(rank),
+            world_size=len(survivors),
+            timeout=timeout,
+        )
+        if failing:
+            raise RuntimeError("this worker's shrink fails (--failing-shrink)")
+
+    return shrink
+
+
 def main() -> None:
     parser = arguments()
     parser.add_argument("--deaf-steps", type=int, default=0, help="hear of changes late")
@@ -89,6 +121,8 @@ def main() -> None:
         "--lost-after-first-step", action="store_true", help="as rank 0 of a group, exit then"
     )
     parser.add_argument("--width", type=int, default=16, help="the MLP's hidden width")
+    parser.add_argument("--stand-in-shrink", action="store_true", help="shrink gloo groups")
+    parser.add_argument("--failing-shrink", action="store_true", help="a shrink that fails")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
@@ -108,7 +142,13 @@ def main() -> None:
             deafened(s.agent, args.deaf_steps)
         if args.lost_after_first_step:
             lost_after_first_step(s)
+        if args.stand_in_shrink:
+            shrink = standing_in_shrink(args.failing_shrink, s.stores.timeout)
+            s.shrinker_of = lambda device: shrink if dist.is_initialized() else None
         summary = training(s, args, nn.functional.cross_entropy, trace)
+        summary["reformations"] = [
+            [r.generation, r.attempt, r.path.value, r.state_sent] for r in s.reformations
+        ]
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {k: v.detach().clone() for k, v in model.state_dict().items()}, args.out / f"{worker}.pt"

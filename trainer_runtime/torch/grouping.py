@@ -26,8 +26,13 @@ or may have been aborted half-way, when backward returns; `settling` waits for i
 the communicator whether it failed, so a step applies only gradients that were whole (on an
 H100 a SIGKILLed peer otherwise cost the survivor 4 samples of the step it was in).
 
+A generation that only drops members of the previous one may keep the live group instead
+(`trainer_runtime.torch.shrinking`), and members that already hold rank 0's state are not
+sent it again (`broadcasting_state`).
+
 What must stay true: every collective runs under the group's bounded timeout; after
-`forming` returns, all members hold rank 0's state; an applied step's collectives completed.
+`broadcasting_state` returns, all members hold rank 0's state; an applied step's
+collectives completed.
 """
 
 from __future__ import annotations
@@ -45,6 +50,14 @@ from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
 
 from trainer_runtime.agent import Assignment
 from trainer_runtime.rollcall import Abandoned, calling_roll
+from trainer_runtime.torch.shrinking import (
+    Reformation,
+    Shrinker,
+    agreed,
+    leavers,
+    offering,
+    shrinking,
+)
 
 LOG = logging.getLogger(__name__)
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
@@ -85,17 +98,40 @@ def forming(
     stores: StoreHost,
     device: torch.device,
     superseded: Callable[[], bool] = lambda: False,
-) -> None:
-    """Leave the old group (if any) and join attempt `attempt` at this generation's group
-    (a generation that failed to form, or whose step failed while nobody left, is formed
-    again under keys of its own: `job/g<generation>/` at attempt 0, `job/g<generation>a<n>/`
-    at attempt n)."""
-    dissolving()
+    previous: Assignment | None = None,
+    shrinker: Shrinker | None = None,
+    aborting: bool = False,
+) -> Reformation:
+    """Join attempt `attempt` at this generation's group (a generation that failed to form,
+    or whose step failed while nobody left, is formed again under keys of its own:
+    `job/g<generation>/` at attempt 0, `job/g<generation>a<n>/` at attempt n).
+
+    `previous`: the assignment this process's live group was formed as (None: no live
+    group). When the new generation only drops members of it, and every member can, the
+    live group is shrunk (`shrinking`); otherwise, or when a shrink fails, the old group
+    (if any) is left and a new one built. `aborting`: the live group broke (a collective
+    failed), so a shrink aborts its pending work first."""
     leader = next(p for p in assignment.peers if p.rank == 0)
     tag = f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
     store = PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
     timeout_s = stores.timeout.total_seconds()
+    excluded = leavers(previous, assignment) if shrinker is not None and attempt == 0 else None
+    if excluded is not None:
+        offering(store)
+    else:
+        dissolving()
     meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
+    if excluded is not None:
+        assert shrinker is not None
+        if agreed(store, assignment.world_size):
+            deadline = time.monotonic() + timeout_s
+            if shrinking(store, shrinker, excluded, aborting, assignment.world_size, deadline):
+                return Reformation.SHRUNK
+            store = PrefixStore("full/", store)  # all build anew, under keys of their own
+            dissolving()
+            meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
+        else:
+            dissolving()
     backend = backend_for(device)
     if backend == "nccl":
         nccl_environment(timeout_s)
@@ -106,6 +142,7 @@ def forming(
         world_size=assignment.world_size,
         timeout=stores.timeout,
     )
+    return Reformation.FORMED
 
 
 def meeting(
@@ -199,16 +236,32 @@ def broadcasting_state(
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
     device: torch.device,
-) -> dict[str, Any]:
+    mark: tuple[int, ...] | None = None,
+) -> tuple[dict[str, Any], bool]:
     """Make every member hold rank 0's model, optimizer state and `extra`; returns `extra`
-    as rank 0 sent it."""
+    as rank 0 sent it, and whether the parameters and optimizer state were sent.
+
+    `mark` names this member's state: the formation it adopted and the step it reached
+    since (None: a state of its own, a newcomer's or one restored). Members whose marks
+    equal rank 0's hold its parameters and optimizer state already: they adopted the same
+    state and applied the same averaged gradients since. When all of them do (a graceful
+    shrink, a step that failed everywhere), one flag's allreduce says so and only the
+    buffers are sent (each rank's own between formations: DDP here does not broadcast
+    them); otherwise everything is, as to a newcomer."""
     rank = dist.get_rank()
     tensors: list[torch.Tensor] = []
     header: list[Any] = [None]
     if rank == 0:
-        header = [(placeholders(optimizer.state_dict(), tensors), extra)]
+        header = [(placeholders(optimizer.state_dict(), tensors), extra, mark)]
     dist.broadcast_object_list(header, src=0)
-    optimizer_tree, sent = header[0]
+    optimizer_tree, sent, leading = header[0]
+    holding = torch.tensor([int(mark is not None and mark == leading)], device=device)
+    dist.all_reduce(holding, op=dist.ReduceOp.MIN)
+    if int(holding.item()) == 1:
+        with torch.no_grad():
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
+        return sent, False
     if rank != 0:
         optimizer_tree = rebuilding(optimizer_tree, tensors, device)
     with torch.no_grad():
@@ -224,4 +277,4 @@ def broadcasting_state(
     if rank != 0:
         optimizer.load_state_dict(optimizer_tree)
     result: dict[str, Any] = sent
-    return result
+    return result, True

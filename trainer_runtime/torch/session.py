@@ -45,7 +45,9 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,9 +73,22 @@ from trainer_runtime.torch.grouping import (
     settling,
 )
 from trainer_runtime.torch.measuring import NoiseMeter
+from trainer_runtime.torch.shrinking import Reformation, Shrinker, shrinker_for
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
+REFORMATIONS_KEPT = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Reformed:
+    """How one generation formed on this worker: the path its group took and whether rank
+    0's parameters and optimizer state were sent (what a benchmark reports per event)."""
+
+    generation: int
+    attempt: int
+    path: Reformation
+    state_sent: bool
 
 
 class CommitFailed(Exception):
@@ -91,6 +106,9 @@ class ElasticSession(generations.Member):
     max_failed_formations = MAX_FAILED_FORMATIONS
     stores: StoreHost
     policy: BatchPolicy
+    #: How this process's live group may shrink (`shrinking.shrinker_for`): None where it
+    #: cannot, and the group is built anew. A test swaps in a stand-in on gloo.
+    shrinker_of: Callable[[torch.device], Shrinker | None] = staticmethod(shrinker_for)
 
     def __init__(
         self,
@@ -120,6 +138,13 @@ class ElasticSession(generations.Member):
         self.vote = torch.zeros(1 + CARRIED, dtype=torch.float32, device=self.device)
         self.voting: dist.Work | None = None
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
+        self.last_vote: dist.Work | None = None  # held until its group is gone (`unwrapping`)
+        # The generation the live group was formed as (None: no live group), and the
+        # formation whose state this rank adopted (None: a state of its own, or one cut
+        # short): what a shrink and a skipped state broadcast go by.
+        self.formed: Assignment | None = None
+        self.origin: tuple[int, int] | None = None
+        self.reformations: deque[Reformed] = deque(maxlen=REFORMATIONS_KEPT)
 
     # ----- lifecycle -----
 
@@ -147,10 +172,22 @@ class ElasticSession(generations.Member):
     # ----- generations -----
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
-        self.leaving_group()
-        forming(
-            assignment, attempt, self.contract.job_id, self.stores, self.device, self.agent.changed
+        previous, aborting = self.formed, self.broken
+        shrinker = self.shrinker_of(self.device)  # read while the live group is there
+        self.formed = None
+        self.unwrapping()
+        path = forming(
+            assignment,
+            attempt,
+            self.contract.job_id,
+            self.stores,
+            self.device,
+            self.agent.changed,
+            previous=previous,
+            shrinker=shrinker,
+            aborting=aborting,
         )
+        self.last_vote = None  # the old group is gone (left or shrunk): release it here
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
         extra: dict[str, Any] = {}
@@ -166,7 +203,12 @@ class ElasticSession(generations.Member):
             extra = generations.handover(
                 self.step_count, view, self.policy.shared_state(), noise, self.applied
             )
-        sent = broadcasting_state(self.module, self.optimizer, extra, self.device)
+        mark = None if self.origin is None else (*self.origin, self.step_count)
+        self.origin = None  # until the state is whole again
+        sent, state_sent = broadcasting_state(self.module, self.optimizer, extra, self.device, mark)
+        self.origin = (assignment.generation, attempt)
+        self.formed = assignment
+        self.reformations.append(Reformed(assignment.generation, attempt, path, state_sent))
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.walk = generations.adopting(sent, self.policy, self.noise)
         self.step_count = self.walk.step
@@ -178,28 +220,36 @@ class ElasticSession(generations.Member):
         self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
 
-    def leaving_group(self) -> None:
-        """Leave the generation's group, if any, and let go of everything that holds it.
+    def unwrapping(self) -> None:
+        """Let go of everything that holds the generation's group but the group itself.
 
         The old DDP (and the meter's reference to it) goes first: its reducer holds the
-        group, so the group is destroyed in ``dissolving``, here. The last vote is held
-        until then. On gloo a vote may still run after a failed step (a peer died): if
-        gloo's worker thread then held its last reference, releasing the vote tensor there
-        would take the GIL, while the group's destructor joins that thread holding the GIL
-        (seen: a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of
-        9). So the vote is waited for (bounded by the group's timeout) and released after
-        the group, on this thread. (On NCCL each step's ``settling`` already waited for the
+        group. The last vote is kept (`last_vote`) until the group is gone, dissolved or
+        shrunk. On gloo a vote may still run after a failed step (a peer died): if gloo's
+        worker thread then held its last reference, releasing the vote tensor there would
+        take the GIL, while the group's destructor joins that thread holding the GIL (seen:
+        a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of 9). So
+        the vote is waited for (bounded by the group's timeout) and released after the
+        group, on this thread. (On NCCL each step's ``settling`` already waited for the
         device's collectives, the vote's among them.)"""
         self.ddp = None
         self.meter.detaching()
-        last_vote, self.voting = self.voting, None
-        if last_vote is not None and self.device.type != "cuda":
+        voting, self.voting = self.voting, None
+        if voting is not None and self.device.type != "cuda":
             try:
-                last_vote.wait()
+                voting.wait()
             except RuntimeError as error:  # the group failed: the vote is moot
                 LOG.debug("the vote of the group left behind failed (%s)", error)
+        if voting is not None:
+            self.last_vote = voting
+
+    def leaving_group(self) -> None:
+        """Leave the generation's group, if any, and let go of everything that holds it
+        (`unwrapping`); the last vote is released after the group, on this thread."""
+        self.unwrapping()
+        self.formed = None
         dissolving()
-        del last_vote  # after the group: released on this thread
+        self.last_vote = None
 
     def noise_state(self) -> dict[str, Any]:
         """Rank 0's gradient statistics for the generation; a job that measured nothing yet
