@@ -72,7 +72,11 @@ def ledger_worker(args: argparse.Namespace) -> None:
         def timed_forming(assignment: Any, *attempt: Any) -> None:
             started = time.time()
             forming(assignment, *attempt)
-            trace.write(f"formed {time.time()} {worker} {time.time() - started}\n")
+            how = s.reformations[-1]  # shrunk or formed, and whether the state was sent
+            trace.write(
+                f"formed {time.time()} {worker} {time.time() - started} {how.path.value} "
+                f"{int(how.state_sent)}\n"
+            )
 
         s.forming_generation = timed_forming  # type: ignore[method-assign]
         for (index,) in s.batches():
@@ -84,7 +88,12 @@ def ledger_worker(args: argparse.Namespace) -> None:
             trace.write(f"step {time.time()} {worker} g{s.generation} {s.world_size}\n")
             if args.step_sleep_s:
                 time.sleep(args.step_sleep_s)
-        summary = {"steps": steps, "step": s.step_count, "generations": s.generations_formed}
+        summary = {
+            "steps": steps, "step": s.step_count, "generations": s.generations_formed,
+            "reformations": [
+                [r.generation, r.attempt, r.path.value, r.state_sent] for r in s.reformations
+            ],
+        }  # fmt: skip
     torch.save({"counts": model.counts.detach().cpu()}, Path(args.out) / f"{worker}.pt")
     summary.update(
         pid=os.getpid(), worlds=sorted(worlds), error_handling=os.environ.get(ERROR_HANDLING)
@@ -255,6 +264,7 @@ def ledger_check(logs: Path, device: str, mode: str) -> dict[str, Any]:
             "ok": not failures, "failures": failures, "samples": samples, "epochs": epochs,
             "wrong_counters": wrong, "w0": summary, "pauses_s": pauses,
             "reform_s": [round(t, 4) for t in reform_times(trace, "w0")],
+            "paths": summary["reformations"],  # [generation, attempt, path, state sent]
         }  # fmt: skip
 
 

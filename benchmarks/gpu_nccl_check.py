@@ -25,7 +25,8 @@ Checks:
   never builds its group. NCCL sets its communicator up at the first collective; the check
   passes when w0 gets an error (not a hang) within its timeout and then finishes alone.
 - `step_overhead`: the steady step time of our session against plain DDP, world size 1 (and
-  2 with two ranks), an MLP of about 22M parameters, both sides alive at once and run in
+  2 with two ranks), an MLP of about 22M parameters and a GPT-style transformer of about
+  124M in bfloat16 autocast (`gpt_model.py`), both sides alive at once and run in
   alternating blocks; `ratio` = median ours / median DDP.
 - `resize_pause`: from each event (join: the newcomer's registration; drain and SIGKILL:
   the driver's call; a failed member leaving) to w0's first step in the new group, and
@@ -59,7 +60,12 @@ from benchmarks.gpu_check_ledger import (  # noqa: E402
     ledger_worker,
     never_initializes_check,
 )
-from benchmarks.gpu_check_overhead import going_quick, overhead_check, overhead_worker  # noqa: E402
+from benchmarks.gpu_check_overhead import (  # noqa: E402
+    MODELS,
+    going_quick,
+    overhead_check,
+    overhead_worker,
+)
 
 RESULTS: list[dict[str, Any]] = []
 CHECKS = ("ledger", "peer_never_initializes", "step_overhead")
@@ -178,6 +184,7 @@ def main() -> None:
     parser.add_argument("--role", default="driver", help=argparse.SUPPRESS)
     for option in ("--rank", "--port", "--world", "--samples", "--global-batch"):
         parser.add_argument(option, type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--model", choices=MODELS, default=MODELS[0], help=argparse.SUPPRESS)
     for option in ("--side", "--out", "--trace"):
         parser.add_argument(option, default="", help=argparse.SUPPRESS)
     parser.add_argument("--step-sleep-s", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -200,10 +207,12 @@ def main() -> None:
         checked("ledger", lambda: ledger_check(logs, args.device, mode))
     if "peer_never_initializes" in args.checks:
         checked("peer_never_initializes", lambda: never_initializes_check(logs, args.device, mode))
-    if "step_overhead" in args.checks:
-        checked("step_overhead", lambda: overhead_check(logs, args.device, mode, 1))
-        if mode != "none":
-            checked("step_overhead", lambda: overhead_check(logs, args.device, mode, 2))
+    for model in MODELS if "step_overhead" in args.checks else ():
+        for world in (1, 2) if mode != "none" else (1,):
+            checked(
+                "step_overhead",
+                lambda w=world, m=model: overhead_check(logs, args.device, mode, w, m),  # type: ignore[misc]
+            )
     failed = [r["check"] for r in RESULTS if not r["ok"]]
     summary = {"summary": True, "ok": not failed, "failed": failed, "logs": str(logs)}
     print(json.dumps(summary), flush=True)
