@@ -47,6 +47,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
+from torch.distributed.utils import _verify_param_shape_across_processes as verify_shapes
 
 from trainer_runtime.agent import Assignment
 from trainer_runtime.rollcall import Abandoned, calling_roll
@@ -262,6 +263,9 @@ def broadcasting_state(
             for buffer in model.buffers():
                 dist.broadcast(buffer, src=0)
         return sent, False
+    # the parameters' shapes first, as DDP would: a member built from another model is a
+    # clear error here rather than a broadcast into tensors of the wrong size
+    verify_shapes(dist.distributed_c10d._get_default_group(), list(model.parameters()))
     if rank != 0:
         optimizer_tree = rebuilding(optimizer_tree, tensors, device)
     with torch.no_grad():

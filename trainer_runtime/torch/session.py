@@ -214,9 +214,14 @@ class ElasticSession(generations.Member):
         self.step_count = self.walk.step
         self.applied.clear()
         self.applied.extend(generations.adopted_windows(sent))
-        with warnings.catch_warnings():  # buffers were just broadcast: no sync in forward
+        # Every member holds rank 0's parameters (`broadcasting_state`, which also checked
+        # their shapes where it sent them): DDP's own sync at construction, a second
+        # broadcast of the whole model, is skipped; buffers stay each rank's own in forward.
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
-            self.ddp = DistributedDataParallel(self.module, broadcast_buffers=False)
+            self.ddp = DistributedDataParallel(
+                self.module, broadcast_buffers=False, init_sync=False
+            )
         self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
 
