@@ -26,7 +26,8 @@ reason.
 On a GPU the optimizer step is queued on the device when `s.step` returns; a window handed
 over with its step's completion (a CUDA event) is sent only once the device ran it, so a
 step counts only once its update is in rank 0's memory, with no device-wide wait on the
-training thread.
+training thread; steps the device failed are not sent, and the failure is kept
+(`DeviceFailed`).
 
 What must stay true: windows go out in the order they were applied; `flushing` returns True
 only once every window handed over before the call is answered; a failure other than a
@@ -109,6 +110,11 @@ class Completion(Protocol):
     def synchronize(self) -> None: ...
 
 
+class DeviceFailed(RuntimeError):
+    """The device failed applied steps before they ran (a CUDA error): they are not
+    committed, and the training thread stops at its next step boundary."""
+
+
 class Committer:
     """Sends the windows that `enqueue` hands over, in batches, from its own thread.
 
@@ -133,7 +139,7 @@ class Committer:
         self.answers = threading.Condition()
         self.hurry = threading.Event()
         self.closed = False
-        self.failure: CoordinatorError | None = None
+        self.failure: CoordinatorError | DeviceFailed | None = None
         # the job's gradient statistics now, set by the training thread (one assignment)
         # and sent with the next batch of windows
         self.noise: NoiseEstimate | None = None
@@ -196,13 +202,12 @@ class Committer:
             batch.append(window)
             applied.append(applied_at)
             last_done = done or last_done
-        if last_done is not None:  # the device ran the steps in order: the last one's
-            last_done.synchronize()  # completion is every earlier one's too
         last = self.last_sent
         since = last[1] if last is not None and last[0] == generation else None
         self.last_sent = (generation, applied[-1])
         in_use = self.batch
         try:
+            self.waiting_for_device(last_done)
             self.agent.client.commit(
                 self.agent.worker_id,
                 generation,
@@ -219,9 +224,23 @@ class Committer:
             self.failure = error
         except ValueError:  # the session closed its channel: nothing more can be sent
             self.closed = True
+        except DeviceFailed as error:  # the steps never count: the worker stops
+            LOG.warning("the device failed %d applied steps: %s", len(batch), error)
+            self.failure = error
         with self.answers:
             self.answered += len(batch)
             self.answers.notify_all()
+
+    @staticmethod
+    def waiting_for_device(done: Completion | None) -> None:
+        """Wait until the device ran a batch's steps (in order: the last one's completion
+        is every earlier one's too); `DeviceFailed` when it failed them."""
+        if done is None:
+            return
+        try:
+            done.synchronize()
+        except RuntimeError as error:
+            raise DeviceFailed(str(error)) from error
 
     def flushing(self, timeout_s: float) -> bool:
         """Send what is waiting now; whether it was all answered within `timeout_s`."""

@@ -9,7 +9,8 @@ Aspects:
 - the windows of each generation go out in their own call, oldest generation first;
 - a rank 0 whose commits go unanswered waits once it is `ahead` windows past them;
 - a window handed over with its step's device work (a CUDA event) is sent only once that
-  work ran, waiting on the last one of the batch.
+  work ran, waiting on the last one of the batch; steps the device failed are not sent,
+  and the failure is kept for the training thread.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from trainer_runtime.committing import FLUSH_INTERVAL_S, FLUSH_WINDOWS, Committer
+from trainer_runtime.committing import FLUSH_INTERVAL_S, FLUSH_WINDOWS, Committer, DeviceFailed
 from trainer_runtime.sharding import SampleRange, StepWindow
 
 
@@ -169,3 +170,22 @@ def test_a_step_counts_only_once_its_device_work_ran(
     works[-1].ran.set()
     assert committer.flushing(5.0)
     assert [w.step for w in client.calls[0][2]] == [1, 2]
+
+
+class FailedWork:
+    """A step's device work that the device failed (a CUDA error at `synchronize`)."""
+
+    def synchronize(self) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def test_steps_the_device_failed_are_not_committed_and_stop_the_worker(
+    sent: tuple[Committer, RecordingClient],
+) -> None:
+    committer, client = sent
+    committer.enqueue(1, window(1), 1.0, FailedWork())
+    assert committer.flushing(5.0), "the sender stopped answering"
+    assert client.calls == []
+    assert isinstance(committer.failure, DeviceFailed)
+    committer.enqueue(1, window(2), 2.0)  # the sender still runs
+    assert committer.flushing(5.0) and [w.step for w in client.calls[0][2]] == [2]

@@ -78,7 +78,7 @@ def test_a_walk_cuts_the_windows_of_taking_window(
     windows, epoch after epoch, as `taking_window` applied to the rest of the list."""
     plan = DatasetPlan(samples, shard, epochs, seed=7)
     walk = Walk(plan, 0, 0, plan.epoch_order(0))
-    epoch, todo, step = 0, plan.epoch_order(0), 0
+    epoch, todo = 0, plan.epoch_order(0)
     for index in range(samples * epochs + 2):
         batch = batches[index % len(batches)]
         while not todo and epoch < epochs:
@@ -89,8 +89,7 @@ def test_a_walk_cuts_the_windows_of_taking_window(
             assert got is None
             return
         taken, todo = taking_window(todo, batch)
-        step += 1
-        assert got == StepWindow(step, epoch, tuple(taken))
+        assert got == StepWindow(index + 1, epoch, tuple(taken))
     raise AssertionError("the walk never ended")
 
 

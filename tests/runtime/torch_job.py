@@ -94,7 +94,7 @@ def standing_in_shrink(failing: bool, timeout: Any) -> Any:
     import torch.distributed as dist
     from torch._C._distributed_c10d import PrefixStore
 
-    def shrink(excluded: list[int], aborting: bool) -> None:
+    def shrink(excluded: list[int]) -> None:
         c10d = dist.distributed_c10d
         group = c10d._get_default_group()
         store = c10d._world.pg_map[group][1]

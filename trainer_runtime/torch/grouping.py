@@ -101,7 +101,6 @@ def forming(
     superseded: Callable[[], bool] = lambda: False,
     previous: Assignment | None = None,
     shrinker: Shrinker | None = None,
-    aborting: bool = False,
 ) -> Reformation:
     """Join attempt `attempt` at this generation's group (a generation that failed to form,
     or whose step failed while nobody left, is formed again under keys of its own:
@@ -110,8 +109,8 @@ def forming(
     `previous`: the assignment this process's live group was formed as (None: no live
     group). When the new generation only drops members of it, and every member can, the
     live group is shrunk (`shrinking`); otherwise, or when a shrink fails, the old group
-    (if any) is left and a new one built. `aborting`: the live group broke (a collective
-    failed), so a shrink aborts its pending work first."""
+    (if any) is left and a new one built. `shrinker`: how the live group shrinks
+    (`shrinking.shrinker_for`), None where it cannot."""
     leader = next(p for p in assignment.peers if p.rank == 0)
     tag = f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
     store = PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
@@ -125,8 +124,10 @@ def forming(
     if excluded is not None:
         assert shrinker is not None
         if agreed(store, assignment.world_size):
-            deadline = time.monotonic() + timeout_s
-            if shrinking(store, shrinker, excluded, aborting, assignment.world_size, deadline):
+            # past NCCL's own bound on the shrink (the group's timeout), so that only a
+            # member that is gone is waited for to the end
+            deadline = time.monotonic() + 2 * timeout_s
+            if shrinking(store, shrinker, excluded, assignment.world_size, deadline):
                 return Reformation.SHRUNK
             store = PrefixStore("full/", store)  # all build anew, under keys of their own
             dissolving()

@@ -172,7 +172,8 @@ class ElasticSession(generations.Member):
     # ----- generations -----
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
-        previous, aborting = self.formed, self.broken
+        # a broken group is not shrunk: torch's watchdog aborted its communicator
+        previous = None if self.broken else self.formed
         shrinker = self.shrinker_of(self.device)  # read while the live group is there
         self.formed = None
         self.unwrapping()
@@ -185,7 +186,6 @@ class ElasticSession(generations.Member):
             self.agent.changed,
             previous=previous,
             shrinker=shrinker,
-            aborting=aborting,
         )
         self.last_vote = None  # the old group is gone (left or shrunk): release it here
         self.rank, self.world_size = assignment.rank, assignment.world_size
@@ -364,8 +364,12 @@ class ElasticSession(generations.Member):
             if self.meter.keeping() and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
                 self.committer.batch = self.batch_in_use(self.world_size)
+            # the state changes from here: a step that fails inside it (an out-of-memory
+            # error half-way through the update) leaves no mark that a peer could match
+            origin, self.origin = self.origin, None
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
+            self.origin = origin
         except RuntimeError as error:
             if not dist.is_initialized():
                 raise
@@ -391,7 +395,7 @@ class ElasticSession(generations.Member):
         if self.device.type != "cuda":
             return None
         event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def rebuilding_buckets(self) -> None:

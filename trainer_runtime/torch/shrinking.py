@@ -7,8 +7,10 @@ generation's minus some, in the same order, can instead keep its communicator an
 leavers (`torch.distributed.shrink_group`, NCCL's `ncclCommShrink`, NCCL >= 2.27).
 
 When a worker shrinks (`leavers` says which old ranks go):
-- its live group is whole, formed as the previous generation, and this is the new
-  generation's first attempt (any failure before falls back to building anew);
+- its live group is whole and healthy, formed as the previous generation, and this is the
+  new generation's first attempt (any failure before falls back to building anew; after
+  a failed collective torch's watchdog has aborted the communicator, so the survivors of
+  a lost peer build anew);
 - every member of the new generation was a member of the previous one, ranked in the same
   order, and at least one member left; the previous rank 0 stays (a shrunk group keeps the
   old group's store, which lives in that worker's process);
@@ -18,36 +20,48 @@ The members of a generation must all take the same path, since a shrink is a col
 the survivors. Each one that could shrink says so in the generation's store before it checks
 in at the roll call (`offering`); once the roll call's verdict is to build, every member
 reads the same count (`agreed`), and all shrink only when all offered. After the shrink
-each member reports how it went (`confirming`); if any failed, all of them build a new
-group in the same attempt, under keys of their own, so a failed shrink costs one round
-trip, not a timeout.
+each member reports how it went, and one verdict (the first proposed, as the roll call's)
+says whether all shrank (`confirming`); if not, all of them build a new group in the same
+attempt, under keys of their own. A failure NCCL reports on every member costs one round
+trip; one member's failure alone can cost the others NCCL's own bound on the shrink (the
+group's timeout), and a member that never reports is given twice that.
 
 What must stay true: the members of one attempt all shrink or all build; a member that
-shrank alone never trains (it waits for the others' reports, bounded); a failed or missing
-shrink leaves today's path (`grouping.forming`) whole.
+shrank alone never trains (it reads the one verdict, bounded); a failed or missing shrink
+leaves today's path (`grouping.forming`) whole.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ErrorType
 
 from trainer_runtime.agent import Assignment
-from trainer_runtime.rollcall import ROLL_POLL_S, CountingStore
+from trainer_runtime.rollcall import (
+    ABANDON,
+    BUILD,
+    ROLL_POLL_S,
+    CountingStore,
+    proposing,
+    verdict_in,
+)
 
 LOG = logging.getLogger(__name__)
 OFFER_KEY = "shrink/offered"
 SHRUNK_KEY = "shrink/shrunk"
 FAILED_KEY = "shrink/failed"
+VERDICT_PREFIX = "shrink/"  # the verdict's keys (`rollcall.proposing`)
+KEPT, DROPPED = BUILD, ABANDON  # the verdict: every member shrank, or all build anew
 
-#: Shrink the live group: the old ranks to drop, and whether pending work is aborted first
-#: (the group broke: a peer died inside a collective).
-Shrinker = Callable[[list[int], bool], None]
+#: Shrink the live group: the old ranks to drop.
+Shrinker = Callable[[list[int]], None]
 
 
 class Reformation(enum.Enum):
@@ -71,29 +85,33 @@ def leavers(previous: Assignment | None, current: Assignment) -> list[int] | Non
     return [rank for rank, worker in enumerate(before) if worker not in after]
 
 
-def nccl_shrinking(excluded: list[int], aborting: bool) -> None:
+def nccl_shrinking(device: torch.device, excluded: list[int]) -> None:
     """Shrink the default NCCL group in place: it becomes the survivors' group, ranks
     compacted in their order (`torch.distributed.shrink_group`). The group is bound to
-    this process's device first: torch registers the shrunk backend under the bound
-    device's type, and a lazily initialized group has none bound."""
+    `device` first: torch registers the shrunk backend under the bound device's type, and a
+    lazily initialized group has none bound."""
     group = dist.distributed_c10d._get_default_group()
     if getattr(group, "bound_device_id", None) is None:
-        group.bound_device_id = torch.device("cuda", torch.cuda.current_device())
-    c10d = dist.distributed_c10d  # the flags have no public name
-    flags = c10d.SHRINK_ABORT if aborting else c10d.SHRINK_DEFAULT
-    dist.shrink_group(excluded, shrink_flags=flags)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        group.bound_device_id = torch.device("cuda", index)
+    dist.shrink_group(excluded)
 
 
 def shrinker_for(device: torch.device) -> Shrinker | None:
     """The shrink this process's live group can take, or None: only NCCL's, with a PyTorch
-    that has the call and a backend that says it can."""
+    that has the call, a backend that says it can, and a communicator that has not failed
+    (torch's watchdog aborts a failed one, `grouping.nccl_environment`: after a lost peer
+    the survivors build anew)."""
     if device.type != "cuda" or not hasattr(dist, "shrink_group") or not dist.is_initialized():
         return None
     try:
         backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    except RuntimeError:
+        healthy = backend.get_error() == ErrorType.SUCCESS
+    except (RuntimeError, AttributeError):
         return None
-    return nccl_shrinking if bool(getattr(backend, "supports_shrinking", False)) else None
+    if not healthy or not bool(getattr(backend, "supports_shrinking", False)):
+        return None
+    return functools.partial(nccl_shrinking, device)
 
 
 def offering(store: CountingStore) -> None:
@@ -109,32 +127,35 @@ def agreed(store: CountingStore, world_size: int) -> bool:
 
 
 def confirming(store: CountingStore, shrunk: bool, world_size: int, deadline: float) -> bool:
-    """Report this member's shrink and wait for everybody's; True when all of them shrank.
-    Raises TimeoutError at `deadline` (a `time.monotonic()` time) when some never report."""
+    """Report this member's shrink and return the attempt's one verdict: True when all of
+    them shrank. The verdict is the first proposed (`rollcall.proposing`): KEPT once every
+    member reported a shrink, DROPPED once one reported a failure or at `deadline` (a
+    `time.monotonic()` time; a member stuck in its shrink), so a member that reads it late
+    still takes the path the others took."""
     store.add(SHRUNK_KEY if shrunk else FAILED_KEY, 1)
-    while True:
+    while (verdict := verdict_in(store, VERDICT_PREFIX)) == 0:
         done, failed = int(store.add(SHRUNK_KEY, 0)), int(store.add(FAILED_KEY, 0))
-        if failed:
-            return False
+        if failed or time.monotonic() > deadline:
+            verdict = proposing(store, VERDICT_PREFIX, DROPPED)
+            break
         if done >= world_size:
-            return True
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{world_size - done} members never reported their shrink")
+            verdict = proposing(store, VERDICT_PREFIX, KEPT)
+            break
         time.sleep(ROLL_POLL_S)
+    return verdict == KEPT
 
 
 def shrinking(
     store: CountingStore,
     shrinker: Shrinker,
     excluded: Sequence[int],
-    aborting: bool,
     world_size: int,
     deadline: float,
 ) -> bool:
     """Shrink with every member of the attempt (they agreed to); True when all of them
-    shrank, False when one failed (then all build a new group instead)."""
+    shrank, False when one failed or never reported (then all build a new group instead)."""
     try:
-        shrinker(list(excluded), aborting)
+        shrinker(list(excluded))
         shrunk = True
     except (RuntimeError, TypeError, ValueError) as error:
         LOG.info("shrinking the group failed (%s): building a new one", error)
