@@ -124,7 +124,21 @@ class Member(WorkerSession):
         self.done = False
         self.generations_formed = 0
         self.step_started: float | None = None  # the wall clock at the last step boundary
+        #: The formation (generation, attempt) whose state this rank adopted; None: a state
+        #: of its own (a newcomer's, a restored one) or one a failure cut short
+        #: (`state_mark`).
+        self.origin: tuple[int, int] | None = None
         self.shape_steps = 0  # boundaries passed at the batch in force
+
+    def state_mark(self) -> tuple[int, int, int] | None:
+        """What names this rank's model and optimizer state when a generation forms: the
+        formation it adopted and the step it reached since; None when it has no such name.
+        Ranks with equal marks hold the same state (they adopted the same one and applied
+        the same averaged gradients since), so a framework's state broadcast skips the
+        members whose mark equals rank 0's when all of them do. A session sets `origin`
+        to None before anything could leave its state half-written (a broadcast it
+        receives, an update that may fail half-way) and back once the state is whole."""
+        return None if self.origin is None else (*self.origin, self.step_count)
 
     @property
     def store_address(self) -> str:

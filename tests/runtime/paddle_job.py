@@ -73,6 +73,7 @@ def main() -> None:
     waiting_for_gate(args)
     with session(model, optimizer, dataset, policy(args, AdaptiveBatch)) as s:
         summary = training(s, args, nn.functional.cross_entropy, trace)
+        summary["states_sent"] = [[generation, sent] for generation, sent in s.states_sent]
     args.out.mkdir(parents=True, exist_ok=True)
     arrays = {key: value.numpy() for key, value in model.state_dict().items()}
     np.savez(args.out / f"{worker}.npz", **arrays)  # type: ignore[arg-type]

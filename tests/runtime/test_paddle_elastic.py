@@ -5,6 +5,7 @@ Aspects:
 - the model is the ledger: through a graceful shrink 3->2, a join 2->3 and a SIGKILL 3->2,
   every per-sample counter ends at exactly the number of epochs on every survivor, and the
   survivors keep their PIDs (no restart) while forming several generations;
+- after the graceful shrink the survivors, who hold rank 0's state, are not sent it again;
 - with a fixed global batch, the final parameters of every survivor equal those of a
   fixed-size, one-process Paddle run over the same sample sequence, through a join and a
   SIGKILL (Momentum state included: it is handed to the newcomer);
@@ -91,6 +92,7 @@ def test_model_ledger_is_exact_through_shrink_join_and_sigkill(cluster: Cluster)
     client.drain(victim)  # 3 -> 2, graceful
     assert cluster.waiting_exit(victim, 60) == 0, cluster.log(victim)[-3000:]
     advancing(5)
+    drained_at = int(client.progress().generation)
     gate.touch()  # 2 -> 3
     waiting_for(lambda: "w3" in members(), 60, "w3 to join")
     advancing(5)
@@ -110,6 +112,8 @@ def test_model_ledger_is_exact_through_shrink_join_and_sigkill(cluster: Cluster)
         assert summary["pid"] == pids[name]
         if name != "w3":
             assert summary["generations"] >= 3 and {2, 3} <= set(summary["worlds"])
+            # after the drain the survivors held rank 0's state: it was not sent again
+            assert [drained_at, False] in summary["states_sent"], summary["states_sent"]
 
 
 def reference_parameters(samples: int, epochs: int, batch: int) -> dict[str, np.ndarray]:

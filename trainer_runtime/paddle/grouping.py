@@ -448,11 +448,20 @@ def layout(tensors: Sequence[Any]) -> list[tuple[tuple[int, ...], str]]:
 
 
 def broadcasting_state(
-    group: Group, model: paddle.nn.Layer, optimizer: Any, extra: dict[str, Any] | None
-) -> dict[str, Any] | None:
+    group: Group,
+    model: paddle.nn.Layer,
+    optimizer: Any,
+    extra: dict[str, Any] | None,
+    mark: tuple[int, ...] | None = None,
+) -> tuple[dict[str, Any] | None, bool]:
     """Make every member hold rank 0's parameters, buffers, optimizer state, learning
-    rate and `extra`; returns `extra` as rank 0 sent it. Rank 0 sends None to abandon the
-    generation: then nothing else is sent, and every member gets None."""
+    rate and `extra`; returns `extra` as rank 0 sent it, and whether the parameters and
+    optimizer state were sent. Rank 0 sends None to abandon the generation: then nothing
+    else is sent, and every member gets None.
+
+    `mark`: this member's `Member.state_mark`. When every member's equals rank 0's (one
+    flag's allreduce says so), all hold its parameters and optimizer state already, and
+    only the buffers are sent."""
     state = list(model.state_dict().values())
     accumulators = optimizer_tensors(optimizer, trainable(model))
     header = {
@@ -462,10 +471,11 @@ def broadcasting_state(
         "lr": optimizer._learning_rate
         if isinstance(optimizer._learning_rate, float | int)
         else optimizer._learning_rate.state_dict(),
+        "mark": mark,
     }
     sent = broadcasting_object(group, header)
     if sent["extra"] is None:
-        return None
+        return None, False
     for what, mine in (("model", layout(state)), ("optimizer", layout(accumulators))):
         if sent[what] != mine:
             raise ValueError(
@@ -473,8 +483,12 @@ def broadcasting_state(
                 f"against {len(sent[what])}): every worker of a job must build the same "
                 "model and optimizer"
             )
+    leading = None if sent["mark"] is None else tuple(sent["mark"])
+    holding = paddle.to_tensor([float(mark is not None and mark == leading)], dtype="float32")
+    group.all_reduce(holding)  # (a sum: Paddle's groups here reduce by sum only)
+    whole = round(float(holding.numpy()[0])) == group.world_size
     with paddle.no_grad():
-        for tensor in state + accumulators:
+        for tensor in model.buffers() if whole else state + accumulators:
             group.broadcast(tensor)
     if group.rank != 0:
         if isinstance(sent["lr"], dict):
@@ -482,4 +496,4 @@ def broadcasting_state(
         else:
             optimizer.set_lr(float(sent["lr"]))
     result: dict[str, Any] | None = sent["extra"]
-    return result
+    return result, not whole

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -103,6 +104,9 @@ class ElasticSession(generations.Member):
         self.group: Group | None = None
         self.retired: list[Group] = []
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
+        #: Per generation formed: whether rank 0's parameters and optimizer state were sent
+        #: (`broadcasting_state`; what a test or benchmark reads), the latest 64.
+        self.states_sent: deque[tuple[int, bool]] = deque(maxlen=64)
 
     # ----- lifecycle -----
 
@@ -159,11 +163,15 @@ class ElasticSession(generations.Member):
                 failure = error
         # Rank 0 abandons a generation by sending None: its peers are already in the
         # broadcast, and a Paddle group cannot be torn down to release them.
-        sent = broadcasting_state(group, self.module, self.optimizer, extra)
+        mark = self.state_mark()
+        self.origin = None  # until the state is whole again
+        sent, state_sent = broadcasting_state(group, self.module, self.optimizer, extra, mark)
         if failure is not None:
             raise failure
         if sent is None:
             raise Fenced(f"rank 0 abandoned generation {group.generation}")
+        self.origin = (assignment.generation, attempt)
+        self.states_sent.append((assignment.generation, state_sent))
         self.walk = generations.adopting(sent, self.policy, self.noise)
         self.step_count = self.walk.step
         self.applied.clear()

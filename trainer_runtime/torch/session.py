@@ -139,11 +139,9 @@ class ElasticSession(generations.Member):
         self.voting: dist.Work | None = None
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
         self.last_vote: dist.Work | None = None  # held until its group is gone (`unwrapping`)
-        # The generation the live group was formed as (None: no live group), and the
-        # formation whose state this rank adopted (None: a state of its own, or one cut
-        # short): what a shrink and a skipped state broadcast go by.
+        # The generation the live group was formed as (None: no live group): what a shrink
+        # goes by (a skipped state broadcast goes by `state_mark`).
         self.formed: Assignment | None = None
-        self.origin: tuple[int, int] | None = None
         self.reformations: deque[Reformed] = deque(maxlen=REFORMATIONS_KEPT)
 
     # ----- lifecycle -----
@@ -203,7 +201,7 @@ class ElasticSession(generations.Member):
             extra = generations.handover(
                 self.step_count, view, self.policy.shared_state(), noise, self.applied
             )
-        mark = None if self.origin is None else (*self.origin, self.step_count)
+        mark = self.state_mark()
         self.origin = None  # until the state is whole again
         sent, state_sent = broadcasting_state(self.module, self.optimizer, extra, self.device, mark)
         self.origin = (assignment.generation, attempt)
