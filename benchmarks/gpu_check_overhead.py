@@ -55,25 +55,17 @@ def going_quick() -> None:
     os.environ[QUICK_ENV] = "1"
 
 
-def model_25m(samples: int) -> tuple[Any, Any, Any]:
-    """The MLP of about 22M parameters and its data, as the CPU benchmark
-    (`step_overhead.py`, setting "25m") builds them."""
-    from benchmarks.step_overhead import building
-
-    model, (inputs, targets) = building("25m", samples)
-    return model, inputs, targets
-
-
 def built(name: str, samples: int) -> tuple[Any, tuple[Any, ...], Callable[..., Any]]:
     """(model, dataset tensors, loss of the model on one batch of them) of `name`; the
     transformer at its dry-run size under `--quick`."""
     import torch
 
     from benchmarks.gpt_model import GPT_124M, GPT_DRY_RUN, building_gpt, gpt_loss
+    from benchmarks.step_overhead import building
 
-    if name == "mlp25m":
-        model, inputs, targets = model_25m(samples)
-        return model, (inputs, targets), lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
+    if name == "mlp25m":  # as the CPU benchmark (`step_overhead.py`, "25m") builds it
+        model, tensors = building("25m", samples)
+        return model, tensors, lambda m, x, y: torch.nn.functional.cross_entropy(m(x), y)
     config = GPT_DRY_RUN if os.environ.get(QUICK_ENV) == "1" else GPT_124M
     model, tokens = building_gpt(config, samples)
     return model, (tokens,), gpt_loss

@@ -135,9 +135,10 @@ class Member(WorkerSession):
         formation it adopted and the step it reached since; None when it has no such name.
         Ranks with equal marks hold the same state (they adopted the same one and applied
         the same averaged gradients since), so a framework's state broadcast skips the
-        members whose mark equals rank 0's when all of them do. A session sets `origin`
-        to None before anything could leave its state half-written (a broadcast it
-        receives, an update that may fail half-way) and back once the state is whole."""
+        members whose mark equals rank 0's when all of them do (`holding_state`). A session
+        sets `origin` to None before anything could leave its state half-written (a
+        broadcast it receives, an update that may fail half-way) and back once the state
+        is whole."""
         return None if self.origin is None else (*self.origin, self.step_count)
 
     @property
@@ -357,6 +358,13 @@ class Member(WorkerSession):
                     error,
                 )
         raise RuntimeError(f"no generation formed after {self.max_failed_formations} attempts")
+
+
+def holding_state(mark: Sequence[int] | None, leading: Sequence[int] | None) -> bool:
+    """Whether a member whose `Member.state_mark` is `mark` holds the state of rank 0, whose
+    mark is `leading` (as it came over the wire: a list or a tuple). A framework's state
+    broadcast skips the state only when this holds on every member."""
+    return mark is not None and leading is not None and tuple(mark) == tuple(leading)
 
 
 def accumulation_of(policy: BatchPolicy[Any], world_size: int) -> int:

@@ -49,6 +49,7 @@ from paddle.base import core
 from paddle.distributed import collective
 
 from trainer_runtime.agent import Assignment
+from trainer_runtime.generations import holding_state
 from trainer_runtime.noise import NoiseSample
 from trainer_runtime.rollcall import calling_roll
 
@@ -483,8 +484,7 @@ def broadcasting_state(
                 f"against {len(sent[what])}): every worker of a job must build the same "
                 "model and optimizer"
             )
-    leading = None if sent["mark"] is None else tuple(sent["mark"])
-    holding = paddle.to_tensor([float(mark is not None and mark == leading)], dtype="float32")
+    holding = paddle.to_tensor([float(holding_state(mark, sent["mark"]))], dtype="float32")
     group.all_reduce(holding)  # (a sum: Paddle's groups here reduce by sum only)
     whole = round(float(holding.numpy()[0])) == group.world_size
     with paddle.no_grad():

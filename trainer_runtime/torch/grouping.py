@@ -50,6 +50,7 @@ from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
 from torch.distributed.utils import _verify_param_shape_across_processes as verify_shapes
 
 from trainer_runtime.agent import Assignment
+from trainer_runtime.generations import holding_state
 from trainer_runtime.rollcall import Abandoned, calling_roll
 from trainer_runtime.torch.shrinking import (
     Reformation,
@@ -257,7 +258,7 @@ def broadcasting_state(
         header = [(placeholders(optimizer.state_dict(), tensors), extra, mark)]
     dist.broadcast_object_list(header, src=0)
     optimizer_tree, sent, leading = header[0]
-    holding = torch.tensor([int(mark is not None and mark == leading)], device=device)
+    holding = torch.tensor([int(holding_state(mark, leading))], device=device)
     dist.all_reduce(holding, op=dist.ReduceOp.MIN)
     if int(holding.item()) == 1:
         with torch.no_grad():
