@@ -58,9 +58,10 @@ class PolicyConfig(ApiModel):
     min_run_seconds: float | None = Field(default=None, ge=0)
     """Least run time before a voluntary shrink."""
     ramp_seconds: float | None = Field(default=None, ge=0)
-    """Growth on evidence: no job grows past twice the largest size it measured, and one on
-    its way up (its last step up measured worth the pause) may grow again this long after
-    its last resize, within its cool-down. Unset: growth trusts the model at any size."""
+    """Growth on evidence: no job grows past its requested size (spec.replicas) or twice
+    the largest size it measured, whichever is larger, and one on its way up (its last step
+    up measured worth the pause) may grow again this long after its last resize, within its
+    cool-down. Unset: the base's (60 in edl); null: growth trusts the model at any size."""
     suspend_cost_seconds: float | None = Field(default=None, ge=0)
     """What one suspension and resume costs a job (checkpoint save, restart, restore): a job
     of the waiting job's own level is suspended only after ten times that of run."""

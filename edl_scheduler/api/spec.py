@@ -252,6 +252,8 @@ class TrainingJobSpec(ApiModel):
     """Fewest workers the job runs with; it starts only when this many fit at once."""
     max_replicas: int = Field(ge=1, le=MAX_REPLICAS, strict=True)
     """Most workers the job may be given; `kubectl scale` sets this."""
+    replicas: int | None = Field(default=None, ge=1, le=MAX_REPLICAS, strict=True)
+    """The size the job asks for: rigid policies run it so; edl gives it so before it measures."""
     priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX, strict=True)
     """A plain priority value; higher runs first. Give this or priorityClassName."""
     priority_class_name: str | None = Field(default=None, min_length=1)
@@ -313,6 +315,14 @@ class TrainingJobSpec(ApiModel):
     def coordinator_image(self) -> str:
         """The coordinator's image: `coordinator.image`, else the worker's image."""
         return self.coordinator.effective_image(self.template)
+
+    @property
+    def requested_replicas(self) -> int | None:
+        """The size the job asks for, within its bounds (``replicas`` moved to the nearer
+        bound where a scale left it outside), or None."""
+        if self.replicas is None:
+            return None
+        return max(self.min_replicas, min(self.replicas, self.max_replicas))
 
     @property
     def elastic(self) -> bool:

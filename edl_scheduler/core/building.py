@@ -118,6 +118,7 @@ def job_from_training_job(
         priority=priority,
         preemptible=spec.preemptible,
         pserver=pserver,
+        requested=spec.requested_replicas,
         constraints=_constraints(spec.template.spec),
         replicas=replicas,
         suspended=spec.suspend,

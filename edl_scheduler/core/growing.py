@@ -5,9 +5,9 @@ throughput gain (the job's fitted model, or the prior where it measured nothing;
 the least fulfilled) or by fulfillment alone. One worker is handed out at a time and the
 winner is scored again, so GPUs spread the way the scaling curves say they pay.
 
-Where the policy grows on evidence (``Policy.ramp_s``), no job grows past twice the largest
-size it measured, and a job on its way up may grow again before its cool-down ends
-(``stability.may_ramp``).
+Where the policy grows on evidence (``Policy.ramp_s``), no job grows past its requested size
+or twice the largest size it measured, whichever is larger, and a job on its way up may grow
+again before its cool-down ends (``stability.may_ramp``).
 
 A job may be held back, and its decision says why (``plan.HOLD_REASONS``): its cool-down,
 a gain over the horizon smaller than the resize pause (``stability``), the policy's load
@@ -47,6 +47,13 @@ from edl_scheduler.core.stability import (
 WAITING: Final = frozenset(
     {Reason.WAITING_FOR_CAPACITY, Reason.WAITING_IN_LINE, Reason.BELOW_MINIMUM}
 )
+
+
+def _has_evidence(js: JobState) -> bool:
+    """Whether growth on evidence has anything to bound ``js`` by: a requested size or a
+    measured throughput."""
+    job = js.job
+    return job.requested is not None or any(t.samples_per_second > 0 for t in job.throughput)
 
 
 def _score(js: JobState, session: Session) -> tuple[float, ...]:
@@ -220,8 +227,11 @@ class Grower:
 
     def _limit(self, js: JobState) -> int:
         """The most workers growth gives ``js``: its maximum, or, where the policy grows on
-        evidence, twice the largest size it measured (``explored_limit``)."""
-        if self.s.policy.ramp_s is None:
+        evidence, its requested size or twice the largest size it measured
+        (``explored_limit``). A job that gives neither (no requested size, no throughput
+        reported: a runtime that does not measure) is bounded by its maximum alone, as
+        without growth on evidence: nothing would ever raise its limit above its minimum."""
+        if self.s.policy.ramp_s is None or not _has_evidence(js):
             return js.hi
         return explored_limit(js.job, js.lo, js.hi)
 
@@ -320,8 +330,9 @@ class Grower:
             Rebalancer(s, self.pool).run()
 
     def _say_if_unmeasured(self, js: JobState) -> None:
-        """A job that growth on evidence stopped at twice the largest size it measured,
-        while a GPU it could use is idle, says so: invariant 5 allows only stated holds."""
+        """A job that growth on evidence stopped at its limit (its requested size, or twice
+        the largest size it measured), while a GPU it could use is idle, says so: invariant 5
+        allows only stated holds."""
         size, limit = js.size(), self._limit(js)
         if size >= js.hi or size < limit or js.reason in HOLD_REASONS:
             return
@@ -330,8 +341,13 @@ class Grower:
             return  # no room anyway
         before = len(js.live_w)
         grew = f"grew {before}->{size} into idle GPUs; " if before and size > before else ""
-        measured = any(t.samples_per_second > 0 for t in js.job.throughput)
-        bound = "twice the largest size it measured" if measured else "it measured no size yet"
+        job = js.job
+        if job.requested is not None and limit <= job.requested:
+            bound = "its requested size"
+        elif any(t.samples_per_second > 0 for t in job.throughput):
+            bound = "twice the largest size it measured"
+        else:
+            bound = "it measured no size yet"
         js.hold(
             Reason.AWAITING_MEASUREMENT,
             f"{grew}below maximum, held at {counted(limit, 'worker')} ({bound}) until its runtime "

@@ -97,11 +97,13 @@ class Margins:
 
 def explored_limit(job: Job, lo: int, hi: int) -> int:
     """The most workers a rebalancing move, or growth on evidence (``Policy.ramp_s``), may
-    give ``job`` (bounds ``lo`` and ``hi`` under the policy): twice the largest size its
-    runtime measured a throughput at, within its bounds (its minimum when it measured
-    none). Beyond that its speed-up is the prior's guess."""
+    give ``job`` (bounds ``lo`` and ``hi`` under the policy): its requested size (the size
+    its user asked for, taken on their word), or twice the largest size its runtime
+    measured a throughput at, whichever is larger, within its bounds (its minimum when it
+    has neither). Beyond that its speed-up is the prior's guess."""
     measured = max((s.workers for s in job.throughput if s.samples_per_second > 0), default=0)
-    return min(hi, max(lo, 1, 2 * measured))
+    asked = job.requested if job.requested is not None else 0
+    return min(hi, max(lo, 1, asked, 2 * measured))
 
 
 def derive(

@@ -51,8 +51,9 @@ class Reason(Enum):
     NO_ROOM = "NoRoom"
     COOLING_DOWN = "CoolingDown"
     GAIN_BELOW_PAUSE = "GainBelowPause"
-    #: At twice the largest size it measured, where the policy grows on evidence
-    #: (``Policy.ramp_s``): it grows further once its runtime measures the size it runs at.
+    #: At its requested size or twice the largest size it measured, where the policy grows
+    #: on evidence (``Policy.ramp_s``): it grows further once its runtime measures the size
+    #: it runs at.
     AWAITING_MEASUREMENT = "AwaitingMeasurement"
     HELD_FOR_WAITING = "HeldForWaitingJob"
     LOAD_THRESHOLD = "LoadThreshold"

@@ -128,11 +128,12 @@ class Policy:
     (the checkpoint saved, the job restarted, the checkpoint restored: measured by
     ``benchmarks/suspend_cost.py``); 0 where the policy counts no cost.
     ``ramp_s``: growth on evidence (``stability.may_ramp``). Set, growth never takes a job
-    past twice the largest size its runtime measured (its minimum when it measured none),
-    and a job on its way up (at the largest size it measured, its last growth's measured
-    speed-up worth the pause) may grow again ``ramp_s`` after its last resize instead of
-    after its cool-down. None: growth trusts the fitted model or the prior at any size,
-    once per cool-down.
+    past its requested size or twice the largest size its runtime measured, whichever is
+    larger (``margins.explored_limit``; a job that gives neither is bounded by its maximum
+    alone), and a job on its way up (at the largest size it measured, its last growth's
+    measured speed-up worth the pause) may grow again ``ramp_s`` after its last resize
+    instead of after its cool-down. None: growth trusts the fitted model or the prior at
+    any size, once per cool-down.
     """
 
     name: str
@@ -232,6 +233,10 @@ _RIGID_PROMISES = frozenset(
 #: until it has held about one GPU-hour, the second until two, the last after.
 TIRESIAS_THRESHOLDS_GPU_S = (3250.0, 7200.0)
 
+#: How soon a job on its way up may grow again (``Policy.ramp_s``): one planning period
+#: of the Pollux simulator's rounds, so a young job doubles each round while it pays.
+RAMP_S = 60.0
+
 PRESETS: dict[str, Policy] = {
     # Within a priority level, least attained service first, in discretized queues (job
     # durations are unknown and heavy-tailed: a job that has had little service is likely
@@ -239,7 +244,9 @@ PRESETS: dict[str, Policy] = {
     # another of the same queue). A waiting job takes workers above the minimum of jobs
     # ranked below it, those of its own priority only once they have run their minimum
     # time, then suspends whole jobs ranked below it (of its own priority, after that
-    # minimum too); it does not reclaim workers from equals ranked above it.
+    # minimum too); it does not reclaim workers from equals ranked above it. It grows on
+    # evidence: a job gets its requested size on its user's word and more as its measured
+    # speed-up vouches, a minute after each step up while each step pays.
     "edl": Policy(
         name="edl",
         ordering=Ordering.LAS_QUEUES,
@@ -250,6 +257,7 @@ PRESETS: dict[str, Policy] = {
         shrink_equal_priority=EqualShrinking.AFTER_MINIMUM_RUN,
         suspend_equal_priority=True,
         suspend_cost_s=MEASURED_SUSPEND_COST_S,
+        ramp_s=RAMP_S,
     ),
     "edl-fulfillment": Policy(
         name="edl-fulfillment",

@@ -34,7 +34,9 @@ step does the same, greedily, one worker at a time, within the planner's rules:
   resized in this cycle already (started, grown, shrunk, restored), non-preemptible donors,
   jobs with parameter servers, and jobs below their minimum take no part.
 - Trust (as Pollux): a recipient takes workers only up to twice the largest size it has
-  measured (``explored_limit``). Beyond that its speed-up is the prior's near-linear guess,
+  measured, or its requested size where that is larger (``explored_limit``: the size its
+  user asked for is taken on their word). Beyond that its speed-up is the prior's
+  near-linear guess,
   which would win every comparison with a donor's measured curve and move GPUs from known
   use to hope; the limit doubles each time the job runs at a new largest size. Growth into
   idle GPUs is not limited: an idle GPU costs nothing to try.

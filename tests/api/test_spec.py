@@ -66,6 +66,18 @@ def test_elastic_means_more_than_one_size(document: Document) -> None:
     assert not load_training_job(document).spec.elastic
 
 
+def test_requested_replicas_stay_within_the_bounds(document: Document) -> None:
+    spec = load_training_job(document).spec
+    assert spec.replicas is None and spec.requested_replicas is None
+    document["spec"]["replicas"] = 6
+    assert load_training_job(document).spec.requested_replicas == 6
+    # `kubectl scale` moves one bound alone: the job stays valid, asking for the nearer one
+    document["spec"]["maxReplicas"] = 5
+    assert load_training_job(document).spec.requested_replicas == 5
+    document["spec"]["replicas"] = 2  # below minReplicas (4)
+    assert load_training_job(document).spec.requested_replicas == 4
+
+
 def test_ps_job_loads_with_its_pserver(ps_job_document: Document) -> None:
     spec = load_training_job(ps_job_document).spec
     assert spec.strategy is Strategy.PS
@@ -141,6 +153,7 @@ INVALID: list[tuple[str, Callable[[Document], None], str, tuple[str, ...]]] = [
         "spec.maxReplicas",
         ("2 is below spec.minReplicas (4)", "raise spec.maxReplicas or lower spec.minReplicas"),
     ),
+    ("replicas zero", _set("spec.replicas", 0), "spec.replicas", ("at least 1", "use 1")),
     ("min zero", _set("spec.minReplicas", 0), "spec.minReplicas", ("at least 1", "use 1")),
     ("min missing", _delete("spec.minReplicas"), "spec.minReplicas", ("is required", "add it")),
     ("min text", _set("spec.minReplicas", "four"), "spec.minReplicas", ("whole number",)),

@@ -399,9 +399,13 @@ def check_stable_step(
             out.append(f"{d.job} grown to {d.workers.target} at t={now:g}, within its cool-down")
         if policy.ramp_s is not None and d.workers.target > floor:
             measured = [t.workers for t in job.throughput if t.samples_per_second > 0]
-            limit = max(effective_min(job, policy), 1, 2 * max(measured, default=0))
-            if d.workers.target > limit:
-                out.append(f"{d.job} grown to {d.workers.target}, past twice what it measured")
+            asked = job.requested or 0
+            limit = max(effective_min(job, policy), 1, asked, 2 * max(measured, default=0))
+            if (measured or job.requested is not None) and d.workers.target > limit:
+                out.append(
+                    f"{d.job} grown to {d.workers.target}, past its requested size and "
+                    "twice what it measured"
+                )
         if d.action is Action.GROW and current >= effective_min(job, policy):
             model = fit(job.throughput)
             removed = set(d.workers.remove)

@@ -48,7 +48,7 @@ def test_policy_file_overrides_a_preset() -> None:
     policy = policy_from_config(cfg)
     assert policy.shrink_equal_priority is EqualShrinking.NEVER
     assert policy.reclaims and not preset("edl").reclaims
-    assert policy.ramp_s == 45 and preset("edl").ramp_s is None
+    assert policy.ramp_s == 45 and preset("edl").ramp_s == 60
     assert policy.cooldown_s == 30
     assert policy.preemption is Preemption.SHRINK
     assert policy.growth is Growth.FULFILLMENT
@@ -56,6 +56,8 @@ def test_policy_file_overrides_a_preset() -> None:
     assert not policy.suspend_equal_priority and not policy.las_running_first
     assert policy.min_run_s == preset("edl").min_run_s
     assert policy.suspend_cost_s == 90 and policy.suspension_min_run_s == 900
+    trusting = policy_from_config(load_policy_config("base: edl\nrampSeconds: null\n"))
+    assert trusting.ramp_s is None  # growth on evidence turned off
 
 
 def test_policy_file_errors_name_the_field() -> None:
@@ -75,6 +77,9 @@ def test_training_job_becomes_a_planner_job_with_its_constraints() -> None:
     job = job_from_training_job(load_training_job(JOB), priority=7)
     assert job.name == "research/bert"
     assert (job.worker.min_replicas, job.worker.max_replicas) == (2, 6)
+    assert job.requested is None
+    asking = JOB.replace("maxReplicas: 6", "maxReplicas: 6\n  replicas: 4")
+    assert job_from_training_job(load_training_job(asking), priority=7).requested == 4
     assert job.worker.resources.cpu_milli == 1500
     assert job.worker.resources.memory_bytes == 8 * 2**30
     cluster = (

@@ -4,12 +4,16 @@
 Aspects:
 - a job measured only at one worker takes at most one worker from a flat donor in a cycle,
   however linear the prior it is predicted by; once measured at two it may reach four;
-- a job that has measured nothing takes nothing by rebalancing (its minimum is its limit);
+- a job that has measured nothing takes nothing by rebalancing (its minimum is its limit,
+  or its requested size where it gives one: ``test_ramping``);
 - the limit never exceeds the job's maximum nor falls below its minimum;
-- growth into idle GPUs is not limited (invariant 5: an idle GPU costs nothing to try).
+- growth into idle GPUs is not limited where the policy does not grow on evidence
+  (``Policy.ramp_s`` None; the ``edl`` preset does: ``test_ramping``).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from edl_scheduler.core import Action, Reason, plan, preset
 from edl_scheduler.core.margins import explored_limit
@@ -56,7 +60,8 @@ def test_the_limit_stays_within_the_bounds() -> None:
     assert limits == {"big": 5, "small": 2}
 
 
-def test_growth_into_idle_gpus_is_not_limited() -> None:
+def test_growth_into_idle_gpus_is_not_limited_without_growth_on_evidence() -> None:
     young = job("young").min(1).max(8).measured(1, 1, 100.0).running(("n0", 1))
-    grew = plan(snapshot(nodes(1), [young]), preset("edl"), NOW).decision("young")
+    trusting = replace(preset("edl"), ramp_s=None)
+    grew = plan(snapshot(nodes(1), [young]), trusting, NOW).decision("young")
     assert grew.action is Action.GROW and grew.workers.target == 8, grew.message

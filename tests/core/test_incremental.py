@@ -49,9 +49,10 @@ STARVING = with_overrides(
 )
 
 
-#: ``edl`` growing on evidence: growth's bound and the ramp read each job's measurements.
-RAMPING = with_overrides(preset("edl"), name="edl-ramp", ramp_s=60.0)
-VARIANTS = {"starving": STARVING, "edl-ramp": RAMPING, SHRINKING_EQUALS.name: SHRINKING_EQUALS}
+#: ``edl`` without growth on evidence (``Policy.ramp_s`` None): growth trusts the model at
+#: any size (the preset's growth reads each job's measurements and requested size).
+TRUSTING = with_overrides(preset("edl"), name="edl-trusting", ramp_s=None)
+VARIANTS = {"starving": STARVING, "edl-trusting": TRUSTING, SHRINKING_EQUALS.name: SHRINKING_EQUALS}
 
 
 def _policy(name: str) -> Policy:
@@ -73,7 +74,7 @@ def _same(got: Plan, full: Plan) -> bool:
     return got.decisions == full.changes and got.reservations == full.reservations
 
 
-@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "edl-ramp", SHRINKING_EQUALS.name])
+@pytest.mark.parametrize("policy_name", [*sorted(PRESETS), "edl-trusting", SHRINKING_EQUALS.name])
 @settings(max_examples=40, deadline=None)
 @given(data=st.data())
 def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataObject) -> None:
@@ -91,7 +92,7 @@ def test_generated_sequences_plan_as_plan_does(policy_name: str, data: st.DataOb
 
 
 @pytest.mark.parametrize(
-    "policy_name", [*sorted(PRESETS), "starving", "edl-ramp", SHRINKING_EQUALS.name]
+    "policy_name", [*sorted(PRESETS), "starving", "edl-trusting", SHRINKING_EQUALS.name]
 )
 def test_recorded_sequences_plan_as_plan_does(
     policy_name: str, monkeypatch: pytest.MonkeyPatch

@@ -64,11 +64,12 @@ from tests.core.strategies import (
 )
 from tests.core.strategies import _Usage as Usage
 
-#: Every preset, ``edl`` growing on evidence (``Policy.ramp_s``), ``edl`` shrinking every
-#: equal, and ``edl`` shrinking only (equals after their minimum run).
+#: Every preset, ``edl`` without growth on evidence (``Policy.ramp_s`` None: growth trusts
+#: the model at any size), ``edl`` shrinking every equal, and ``edl`` shrinking only (equals
+#: after their minimum run).
 POLICIES = [
     *PRESETS.values(),
-    replace(PRESETS["edl"], name="edl-ramp", ramp_s=60.0),
+    replace(PRESETS["edl"], name="edl-trusting", ramp_s=None),
     SHRINKING_EQUALS,
     SHRINKING_AFTER_MINIMUM,
 ]

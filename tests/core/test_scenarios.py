@@ -328,9 +328,20 @@ def test_marginal_gain_favours_the_job_that_scales() -> None:
     snap = snapshot(
         nodes(1),
         [
-            # Measured: "flat" barely speeds up with more workers, "linear" doubles.
-            job("flat").min(1).max(8).measured(1, 1, 100.0).measured(1, 2, 105.0),
-            job("linear").min(1).max(8).measured(1, 1, 100.0).measured(1, 2, 200.0),
+            # Measured: "flat" barely speeds up with more workers, "linear" doubles (at 4
+            # as well: the preset grows no job past twice the largest size it measured).
+            job("flat")
+            .min(1)
+            .max(8)
+            .measured(1, 1, 100.0)
+            .measured(1, 2, 105.0)
+            .measured(1, 4, 110.0),
+            job("linear")
+            .min(1)
+            .max(8)
+            .measured(1, 1, 100.0)
+            .measured(1, 2, 200.0)
+            .measured(1, 4, 400.0),
         ],
     )
     p = run(snap)
@@ -398,7 +409,10 @@ def test_tiresias_preempts_the_job_with_most_attained_service() -> None:
 def test_rigid_policies_run_the_requested_size() -> None:
     snap = snapshot(nodes(1), [job("e").min(2).max(8).requested(4)])
     assert sizes(run(snap, policy_name="fifo-gang")) == {"e": 4}
-    assert sizes(run(snap)) == {"e": 8}
+    # ``edl`` takes the requested size on its user's word, and more once measured
+    assert sizes(run(snap)) == {"e": 4}
+    trusting = replace(preset("edl"), ramp_s=None)
+    assert sizes(plan(snap, trusting, 1000.0)) == {"e": 8}  # the prior's word alone
 
 
 def test_user_suspended_job_gets_nothing() -> None:

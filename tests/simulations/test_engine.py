@@ -45,6 +45,13 @@ def ends(result: object) -> dict[str, float | None]:
     return {j.name: j.end for j in result.jobs}  # type: ignore[attr-defined]
 
 
+#: Growth straight to the maximum on the prior's word (``Policy.ramp_s`` None), so that
+#: the scenarios below can be computed by hand; growth on evidence has its own tests
+#: (``tests/core/test_ramping.py``, ``test_wakes.py``).
+TRUSTING_EQUALS = with_overrides(SHRINKING_EQUALS, ramp_s=None)
+TRUSTING_EDL = with_overrides(preset("edl"), ramp_s=None)
+
+
 def test_a_job_alone_takes_its_duration() -> None:
     result = simulate([job("a", 5, 2, 100)], ClusterSpec(1, 4), preset("fifo-gang"), NO_COSTS)
     (record,) = result.jobs
@@ -74,7 +81,7 @@ def test_elastic_edl_grows_shrinks_and_pays_pauses() -> None:
     # ``edl`` shrinking equals (``edl`` itself would suspend a whole, later).
     jobs = [job("a", 0, 2, 1000, 1, 4), job("b", 100, 2, 1000, 1, 4)]
     config = SimConfig(tick_s=60.0, resize_pause_s=10.0, restart_pause_s=30.0)
-    result = simulate(jobs, ClusterSpec(1, 4), SHRINKING_EQUALS, config)
+    result = simulate(jobs, ClusterSpec(1, 4), TRUSTING_EQUALS, config)
     a, b = result.jobs
     # a starts at 4 workers (twice its speed). b arrives at 100 and waits for a's minimum
     # run (300 s); then a gives one worker: 600 s of work done, 400 left at 1.5x after a
@@ -93,7 +100,7 @@ def test_an_equal_is_shrunk_the_moment_it_has_run_the_minimum_that_allows_it() -
     # b (arrived at 100) ranks above it from then on; but ``edl`` shrinks an equal only once
     # it has run ``suspension_min_run_s`` (520 s), and nothing else happens then: the plan
     # at that instant is a wake-up of its own (without it b waited for the next event).
-    edl = preset("edl")
+    edl = TRUSTING_EDL
     assert edl.suspension_min_run_s == 520.0
     jobs = [job("a", 0, 1, 5000, 1, 8), job("b", 100, 4, 1000, 4, 4)]
     config = SimConfig(tick_s=0.0, resize_pause_s=10.0, restart_pause_s=30.0)
@@ -152,7 +159,7 @@ def test_amdahl_scaling_slows_extra_workers() -> None:
     # speedup(8) / speedup(4) = (1 / (0.5 + 0.5 / 8)) / (1 / (0.5 + 0.5 / 4)) = 0.625 / 0.5625.
     amdahl = Scaling(0.5)
     one = [job("a", 0, 4, 900, 2, 8, amdahl)]
-    result = simulate(one, ClusterSpec(2, 4), preset("edl"), NO_COSTS)
+    result = simulate(one, ClusterSpec(2, 4), TRUSTING_EDL, NO_COSTS)
     assert result.jobs[0].end == pytest.approx(900 * 0.5625 / 0.625)
 
 

@@ -12,8 +12,8 @@ import pytest
 from edl_scheduler.core import preset
 from simulations.engine import SimConfig, simulate
 from simulations.workload import LINEAR, ClusterSpec, SimJob
-from tests.core.strategies import SHRINKING_EQUALS
 from tests.simulations.recording import watch
+from tests.simulations.test_engine import TRUSTING_EQUALS
 
 NO_COSTS = SimConfig(tick_s=0.0, resize_pause_s=0.0, restart_pause_s=0.0, start_delay_s=0.0)
 
@@ -38,8 +38,8 @@ def counts(seen: Seen, name: str) -> list[tuple[float, int]]:
 
 
 def test_a_shrink_and_a_grow_count_one_each(seen: Seen) -> None:
-    # As in test_engine (``edl`` shrinking equals): a starts at 4 workers, is shrunk to admit
-    # b at 300; b grows at 600.
+    # As in test_engine (``edl`` shrinking equals, growing on the prior's word): a starts at
+    # 4 workers, is shrunk to admit b at 300; b grows at 600.
     # c (one GPU for 10 s, arriving at 400, and d at 900) makes the planner look again.
     jobs = [
         SimJob("a", 0, 2, 1000, 1, 4, LINEAR),
@@ -48,7 +48,7 @@ def test_a_shrink_and_a_grow_count_one_each(seen: Seen) -> None:
         SimJob("d", 900, 1, 10, 1, 1, LINEAR),
     ]
     config = SimConfig(tick_s=60.0, resize_pause_s=10.0, restart_pause_s=30.0)
-    result = simulate(jobs, ClusterSpec(1, 4), SHRINKING_EQUALS, config)
+    result = simulate(jobs, ClusterSpec(1, 4), TRUSTING_EQUALS, config)
     # a's shrink at 300 is seen at the next plan (c's arrival); b grew at 600 (seen at d's
     # arrival, 900), was shrunk there for d and is seen again when d ends.
     assert counts(seen, "a") == [(0, 0), (400, 1)]

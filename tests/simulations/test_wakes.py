@@ -26,9 +26,13 @@ from simulations.runs import Run
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 _INF = float("inf")
-#: The presets and variants of ``test_settled``, and ``edl`` growing on evidence, whose
-#: jobs on their way up wake a plan at the end of their ramp interval (``Policy.ramp_s``).
-WAKE_POLICIES = {**POLICIES, "edl-ramp": replace(POLICIES["edl"], name="edl-ramp", ramp_s=60.0)}
+#: The presets and variants of ``test_settled`` (``edl`` grows on evidence: its jobs on their
+#: way up wake a plan at the end of their ramp interval, ``Policy.ramp_s``), and ``edl``
+#: without it.
+WAKE_POLICIES = {
+    **POLICIES,
+    "edl-trusting": replace(POLICIES["edl"], name="edl-trusting", ramp_s=None),
+}
 
 
 def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
