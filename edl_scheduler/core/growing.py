@@ -34,7 +34,7 @@ from edl_scheduler.core.plan import HOLD_REASONS, Reason, counted
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.rebalancing import Rebalancer
 from edl_scheduler.core.session import JobState, Session, Statement
-from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.snapshot import Job, Role
 from edl_scheduler.core.stability import (
     cooldown_end,
     cooling_until,
@@ -49,11 +49,15 @@ WAITING: Final = frozenset(
 )
 
 
+def _measured(job: Job) -> bool:
+    """Whether ``job``'s runtime measured a throughput at some size."""
+    return any(t.samples_per_second > 0 for t in job.throughput)
+
+
 def _has_evidence(js: JobState) -> bool:
     """Whether growth on evidence has anything to bound ``js`` by: a requested size or a
     measured throughput."""
-    job = js.job
-    return job.requested is not None or any(t.samples_per_second > 0 for t in job.throughput)
+    return js.job.requested is not None or _measured(js.job)
 
 
 def _score(js: JobState, session: Session) -> tuple[float, ...]:
@@ -341,13 +345,10 @@ class Grower:
             return  # no room anyway
         before = len(js.live_w)
         grew = f"grew {before}->{size} into idle GPUs; " if before and size > before else ""
+        # (one with neither a requested size nor a measurement is limited by its maximum)
         job = js.job
-        if job.requested is not None and limit <= job.requested:
-            bound = "its requested size"
-        elif any(t.samples_per_second > 0 for t in job.throughput):
-            bound = "twice the largest size it measured"
-        else:
-            bound = "it measured no size yet"
+        doubled = _measured(job) and (job.requested is None or limit > job.requested)
+        bound = "twice the largest size it measured" if doubled else "its requested size"
         js.hold(
             Reason.AWAITING_MEASUREMENT,
             f"{grew}below maximum, held at {counted(limit, 'worker')} ({bound}) until its runtime "
