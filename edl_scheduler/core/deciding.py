@@ -1,6 +1,7 @@
-"""Steps 2-4 of a cycle over an open session: obey the specs, admit, grow, and admit and
-grow again while that starts jobs. ``plan()`` and the incremental planner both decide
-through ``decide``; what they differ in is how the session is opened and what is written.
+"""Steps 2-4 of a cycle over an open session: obey the specs, retreat, admit, grow, and
+admit and grow again while that starts jobs. ``plan()`` and the incremental planner both
+decide through ``decide``; what they differ in is how the session is opened and what is
+written.
 
 What must stay true: ``decide`` reads only the session (its jobs in rank order, the
 cluster, the policy, ``now``) and changes only it, so a session opened from kept states
@@ -14,6 +15,7 @@ from typing import Final
 from edl_scheduler.core.admitting import Admitter
 from edl_scheduler.core.complying import comply
 from edl_scheduler.core.growing import WAITING, Grower
+from edl_scheduler.core.retreating import retreat
 from edl_scheduler.core.session import Session
 
 #: Admission-growth rounds after the first; each must start a job to go on.
@@ -27,6 +29,7 @@ def decide(session: Session, rounds: int = EXTRA_ROUNDS) -> None:
     a job: ``admitting.rounds_start_nothing``)."""
     policy = session.policy
     comply(session)  # 2
+    retreat(session)  # 2: before admission, which counts what it frees
     admitter, grower = Admitter(session), Grower(session)
     started = admitter.run()  # 3
     grower.run()  # 4

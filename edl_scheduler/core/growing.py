@@ -125,9 +125,10 @@ class Grower:
         (``rebalancing.Rebalancer.split``), so that its step visits those alone. Each job
         left out here stays out until then: it runs no worker or fewer than its minimum
         (growth changes only the sizes of the jobs returned here, parameter servers aside,
-        and a job with servers never takes part), it is suspended, it cools down (a time
-        that this plan does not change), or it gets a hold reason here (a higher-ranked
-        waiting job), which nothing before rebalancing takes back."""
+        and a job with servers never takes part), it is suspended, it retreated in this
+        cycle (``retreating``; rebalancing leaves out a job resized in the cycle), it cools
+        down (a time that this plan does not change), or it gets a hold reason here (a
+        higher-ranked waiting job), which nothing before rebalancing takes back."""
         s = self.s
         cooldown, now = s.policy.cooldown_s, s.now
         ramps = s.policy.ramp_s is not None
@@ -144,8 +145,8 @@ class Grower:
             if not workers or workers < js.lo:
                 continue
             job = js.job
-            if js.suspended or job.suspended:
-                continue
+            if js.suspended or job.suspended or js.reason is Reason.RETREATED:
+                continue  # (a retreated job gave its GPUs back for the others)
             # When its cool-down ends, if it has not ended (``cooling_until``).
             live = js.live_w
             until = None

@@ -44,6 +44,8 @@ class Reason(Enum):
     SHRUNK_TO_MAXIMUM = "ShrunkToMaximum"
     #: Gave workers to a running job that makes more progress with them (``rebalancing``).
     REBALANCED = "Rebalanced"
+    #: Gave back workers its own measurements say slow it down (``retreating``).
+    RETREATED = "Retreated"
     SUSPENDED_TO_ADMIT = "SuspendedToAdmit"
     MOVED_TO_ADMIT = "MovedToAdmit"
     AT_MAXIMUM = "AtMaximum"
@@ -83,6 +85,7 @@ HOLD_REASONS: Final = frozenset(
         Reason.LOAD_THRESHOLD,
         Reason.RIGID,
         Reason.BELOW_MINIMUM,
+        Reason.RETREATED,
     }
 )
 

@@ -9,7 +9,9 @@ The cycle, in order:
 2. Open a session: capacity left on every node after other pods and every live replica;
    reservations from the last plan that still hold; jobs ranked by the policy. What a
    job's spec asks now is obeyed first (``complying``): a running job whose spec says
-   ``suspend`` gives up every replica, one above its maximum the surplus.
+   ``suspend`` gives up every replica, one above its maximum the surplus. Where the policy
+   grows by marginal gain, a running job that its own measurements say runs faster at a
+   smaller size goes back to it (``retreating``), so that what it frees is for the others.
 3. Admit (``admitting``): in rank order, every waiting job starts as a whole gang, taking
    workers (or whole jobs) from lower-ranked ones where the policy allows; or it says why
    it waits.

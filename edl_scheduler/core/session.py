@@ -58,6 +58,8 @@ class JobState:
         "removed",
         "removed_w",
         "reserve",
+        "retreat_known",
+        "retreat_to",
         "started",
         "suspended",
         "wait_ahead",
@@ -114,6 +116,10 @@ class JobState:
         #: What a worker more or fewer is worth at its live size (``worth``): the job's
         #: alone, so a kept state keeps it; derived when first asked for.
         self.margins: Margins | None = None
+        #: Where the job would retreat to (``retreating.target``), once ``retreat_known``:
+        #: the job's alone as well, so a kept state keeps it.
+        self.retreat_known = False
+        self.retreat_to: tuple[int, int, float] | None = None
         # What a message left unwritten would say (``said``): an action that holds a job
         # unmoved, or leaves it waiting, notes the numbers and leaves ``message`` empty, and
         # the plan writes the message only for a decision it returns. Each is read only

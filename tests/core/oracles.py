@@ -20,6 +20,7 @@ from edl_scheduler.core import (
     HOLD_REASONS,
     Action,
     Job,
+    JobDecision,
     Plan,
     Policy,
     Preemption,
@@ -32,7 +33,7 @@ from edl_scheduler.core import (
 from edl_scheduler.core.matching import allowed_on
 from edl_scheduler.core.ordering import ranked
 from edl_scheduler.core.policy import SUSPEND_PAYBACK, EqualShrinking
-from edl_scheduler.core.throughput import fit
+from edl_scheduler.core.throughput import fit, job_model
 
 NONE = Resources()
 
@@ -360,6 +361,28 @@ def check_work_conserving(
 # Invariant 7 ----------------------------------------------------------------------------
 
 
+def _check_retreat(
+    job: Job, d: JobDecision, after: Job, policy: Policy, now: float, cooling: bool
+) -> list[str]:
+    """A job that retreated (a shrink for its own sake, named for no other job) has run its
+    minimum time, is past its cool-down, and its model says the workers it keeps run faster
+    than those it had by more than the pause over the horizon."""
+    out = []
+    if d.action is not Action.SHRINK or d.for_job is not None:
+        out.append(f"{d.job} retreated by {d.action.value}, for {d.for_job}")
+    if job.start_time is None or now - job.start_time < policy.min_run_s:
+        out.append(f"{d.job} retreated before its minimum run (started {job.start_time})")
+    if cooling:
+        out.append(f"{d.job} retreated within its cool-down")
+    model = job_model(job)
+    was = model.throughput(_distinct_nodes(live(job)), len(live(job)))
+    kept = live(after)
+    gain = model.throughput(_distinct_nodes(kept), len(kept)) / was - 1.0
+    if gain * policy.gain_horizon_s <= policy.resize_pause_s:
+        out.append(f"{d.job} retreated for a gain of {gain:.3%}, not worth its pause")
+    return out
+
+
 def _distinct_nodes(replicas: Iterable[Replica]) -> int:
     return len({r.node for r in replicas})
 
@@ -416,6 +439,9 @@ def check_stable_step(
             gain = now_thr / was - 1.0 if was > 0 else float("inf")
             if gain * policy.gain_horizon_s <= policy.resize_pause_s:
                 out.append(f"{d.job} grown for a gain of {gain:.3%}, not worth its pause")
+        if d.reason is Reason.RETREATED:
+            out.extend(_check_retreat(job, d, jobs_after[d.job], policy, now, cooling))
+            continue
         if d.action in (Action.SHRINK, Action.SUSPEND) and not job.suspended:  # not by its user
             if d.for_job is None or d.for_job not in jobs:
                 out.append(f"{d.job} shrunk for no named job")
