@@ -15,6 +15,7 @@ Aspects:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
@@ -185,6 +186,12 @@ def hooked_rank(rank: int, world: int, init_file: str, out: str) -> None:
         "batch": sample.batch,
     }
     Path(out, f"{rank}.json").write_text(json.dumps(result))
+    # The DDP wrappers go before their group, as the runtime lets go of a generation's
+    # (``NoiseMeter.detaching``): a group destroyed under a live reducer left a C++ thread
+    # to the interpreter's exit, which aborted the rank there now and then.
+    meter.detaching()
+    del measuring, plain
+    gc.collect()
     dist.destroy_process_group()
 
 
