@@ -32,7 +32,7 @@ from edl_scheduler.core.plan import Reason, counted
 from edl_scheduler.core.policy import Growth
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Job
-from edl_scheduler.core.stability import may_shrink_voluntarily
+from edl_scheduler.core.stability import may_shrink_voluntarily, worth_the_pause
 from edl_scheduler.core.throughput import ThroughputModel
 
 
@@ -42,13 +42,12 @@ def best_retreat(
     counts: tuple[int, ...],
     lo: int,
     measured: frozenset[tuple[int, bool]],
-    margin: float,
 ) -> tuple[int, int, float] | None:
     """Where a job with ``counts`` workers per node (fullest first) runs fastest, by
     ``model``, among the smaller sizes from ``lo`` up that it has evidence for, each kept on
-    its fullest nodes: ``(workers, nodes, relative speed-up)``, or None where none beats its
-    present size by more than ``margin`` (the pause over the horizon). Ties go to the
-    smaller size.
+    its fullest nodes: ``(workers, nodes, relative speed-up)``, or None where none runs
+    faster than its present size. Ties go to the smaller size. Whether the speed-up pays
+    the pause is the caller's to ask (``stability.worth_the_pause``).
 
     ``measured`` holds each size the job measured as ``(workers, on one node)``. A size
     counts where the job measured it as it would run (on one node, or across nodes), or up
@@ -62,7 +61,7 @@ def best_retreat(
     if now <= 0:
         return None
     best: tuple[int, int, float] | None = None
-    best_rate = now * (1.0 + margin)
+    best_rate = now
     nodes, held = 0, 0
     for size in range(max(1, lo), workers):
         while held < size:
@@ -106,7 +105,7 @@ def _measured(job: Job) -> frozenset[tuple[int, bool]]:
     return frozenset((s.workers, s.nodes <= 1) for s in job.throughput if s.samples_per_second > 0)
 
 
-def target(js: JobState, margin: float) -> tuple[int, int, float] | None:
+def target(js: JobState) -> tuple[int, int, float] | None:
     """``best_retreat`` for ``js`` at its live size, worked out once for its ``Job`` object
     and kept on its state (it reads the job and its bounds alone, and a state serves one
     Job object under one policy)."""
@@ -115,7 +114,7 @@ def target(js: JobState, margin: float) -> tuple[int, int, float] | None:
     found = None
     measured = _measured(js.job)
     if len(measured) >= 2:  # (one size measured or none: nothing to compare)
-        found = best_retreat(js.model(), _counts(js)[1], js.lo, measured, margin)
+        found = best_retreat(js.model(), _counts(js)[1], js.lo, measured)
     js.retreat_known, js.retreat_to = True, found
     return found
 
@@ -127,7 +126,6 @@ def retreat(session: Session) -> None:
         return
     if policy.gain_horizon_s <= 0:
         return
-    margin = policy.resize_pause_s / policy.gain_horizon_s
     for js in session.jobs:
         workers = js.workers
         if workers < 2 or workers <= js.lo or len(js.live_w) != workers:
@@ -137,8 +135,10 @@ def retreat(session: Session) -> None:
             continue
         if js.started or js.added_w or js.removed_w or job.worker.resources.gpu <= 0:
             continue
-        found = target(js, margin)
-        if found is None or not may_shrink_voluntarily(session, js):
+        found = target(js)
+        if found is None or not worth_the_pause(session, found[2]):
+            continue
+        if not may_shrink_voluntarily(session, js):
             continue
         size, nodes, gain = found
         _shrink(session, js, size)

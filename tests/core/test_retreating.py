@@ -9,11 +9,14 @@ Aspects:
   only (its model of more is the prior's), for one measured at one worker and at six alone
   (the fit's best size between them is a guess), for one that cannot be preempted, or under
   a policy that does not grow by marginal gain;
-- ``best_retreat`` looks only at sizes the measurements give evidence for, from the minimum,
-  beats the pause's margin, and takes the smaller size on a tie.
+- the speed-up must pay the pause over the horizon;
+- ``best_retreat`` looks only at faster sizes the measurements give evidence for, from the
+  minimum, and takes the smaller size on a tie.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from edl_scheduler.core import Action, Reason, plan, preset
 from edl_scheduler.core.retreating import best_retreat
@@ -78,6 +81,16 @@ def test_a_job_measured_at_one_worker_only_keeps_its_size() -> None:
     assert decision.action is Action.KEEP, decision.message
 
 
+def test_the_speed_up_must_pay_the_pause() -> None:
+    # About 85% faster on four of one node: over the 600 s horizon that pays a 300 s
+    # pause, not a 600 s one
+    snap = snapshot(nodes(3, gpus=4), [wide().running(("n0", 4), ("n1", 2), ("n2", 2))])
+    paid = plan(snap, replace(preset("edl"), resize_pause_s=300.0), NOW).decision("wide")
+    assert paid.reason is Reason.RETREATED, paid.message
+    unpaid = plan(snap, replace(preset("edl"), resize_pause_s=600.0), NOW).decision("wide")
+    assert unpaid.action is Action.KEEP, unpaid.message
+
+
 def test_a_job_that_cannot_be_preempted_keeps_its_size() -> None:
     kept = wide().not_preemptible().running(("n0", 4), ("n1", 2), ("n2", 2))
     decision = plan(snapshot(nodes(3, gpus=4), [kept]), preset("edl"), NOW).decision("wide")
@@ -109,27 +122,24 @@ def test_the_best_size_is_one_the_measurements_give_evidence_for() -> None:
     linear = ThroughputModel(1.0, 0.0, 0.0, 10.0, 0.0)
     gain3, gain2 = 3 / (6 / 11) - 1.0, 2 / (6 / 11) - 1.0
     measured = ONE | {(6, False), (2, True)}
-    assert best_retreat(linear, (3, 3), 1, measured, 0.0) == (3, 1, gain3)
+    assert best_retreat(linear, (3, 3), 1, measured) == (3, 1, gain3)
     # measured at two at most: no larger size counts
-    assert best_retreat(linear, (3, 3), 1, ONE | {(2, True)}, 0.0) == (2, 1, gain2)
+    assert best_retreat(linear, (3, 3), 1, ONE | {(2, True)}) == (2, 1, gain2)
     # at four on one node, and at two: three lies between
-    assert best_retreat(linear, (3, 3), 1, ONE | {(4, True), (2, True)}, 0.0) == (3, 1, gain3)
+    assert best_retreat(linear, (3, 3), 1, ONE | {(4, True), (2, True)}) == (3, 1, gain3)
     # at four on one node alone: below it the fit's shape is a guess; one worker is measured
-    assert best_retreat(linear, (3, 3), 1, ONE | {(4, True)}, 0.0) == (1, 1, 1 / (6 / 11) - 1.0)
-    assert best_retreat(linear, (3, 3), 2, ONE | {(4, True)}, 0.0) is None
-    assert best_retreat(linear, (3, 3), 4, measured, 0.0) is None  # its minimum is four
-    # the margin (the pause over the horizon) must be beaten: the gain is 4.5
-    assert best_retreat(linear, (3, 3), 1, measured, 4.4) == (3, 1, gain3)
-    assert best_retreat(linear, (3, 3), 1, measured, 4.6) is None
+    assert best_retreat(linear, (3, 3), 1, ONE | {(4, True)}) == (1, 1, 1 / (6 / 11) - 1.0)
+    assert best_retreat(linear, (3, 3), 2, ONE | {(4, True)}) is None
+    assert best_retreat(linear, (3, 3), 4, measured) is None  # its minimum is four
 
 
 def test_a_tie_goes_to_the_smaller_size() -> None:
     # One worker and two on one node run equally fast (a second doubles the step)
     model = ThroughputModel(1.0, 1.0, 0.0, 10.0, 0.0)
-    found = best_retreat(model, (2, 2), 1, ONE | {(2, True), (4, False)}, 0.0)
+    found = best_retreat(model, (2, 2), 1, ONE | {(2, True), (4, False)})
     assert found is not None and found[:2] == (1, 1)
 
 
 def test_a_job_that_scales_is_never_sent_back() -> None:
     model = ThroughputModel(1.0, 0.05, 0.01, 0.1, 0.02)
-    assert best_retreat(model, (4, 4), 1, ONE | {(4, True), (8, False)}, 0.0) is None
+    assert best_retreat(model, (4, 4), 1, ONE | {(4, True), (8, False)}) is None
