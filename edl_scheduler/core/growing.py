@@ -28,7 +28,6 @@ from __future__ import annotations
 import heapq
 from typing import Final
 
-from edl_scheduler.core.margins import explored_limit
 from edl_scheduler.core.placing import place
 from edl_scheduler.core.plan import HOLD_REASONS, Reason, counted
 from edl_scheduler.core.policy import Growth
@@ -238,7 +237,7 @@ class Grower:
         without growth on evidence: nothing would ever raise its limit above its minimum."""
         if self.s.policy.ramp_s is None or not _has_evidence(js):
             return js.hi
-        return explored_limit(js.job, js.lo, js.hi)
+        return js.explored_limit()
 
     def settle(self) -> None:
         """Make this round's growth final, so that admission may take part of it back (a
@@ -338,8 +337,11 @@ class Grower:
         """A job that growth on evidence stopped at its limit (its requested size, or twice
         the largest size it measured), while a GPU it could use is idle, says so: invariant 5
         allows only stated holds."""
-        size, limit = js.size(), self._limit(js)
-        if size >= js.hi or size < limit or js.reason in HOLD_REASONS:
+        size = js.size()
+        if size >= js.hi or js.reason in HOLD_REASONS:
+            return
+        limit = self._limit(js)
+        if size < limit:
             return
         gpu = js.resources(Role.WORKER).gpu
         if gpu and self.s.cluster.free_in(js.classes) < gpu:

@@ -267,7 +267,7 @@ class Rebalancer:
             if cooling_until(s, js) is not None:
                 continue
             kept = js.margins
-            limit = kept.limit if kept is not None else explored_limit(js.job, js.lo, js.hi)
+            limit = kept.limit if kept is not None else js.explored_limit()
             if workers < limit:
                 takers.append(js)
             elif workers > max(1, js.lo) and job.preemptible:

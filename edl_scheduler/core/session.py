@@ -17,7 +17,7 @@ from typing import Final
 
 from edl_scheduler.core.capacity import Cluster, Hold
 from edl_scheduler.core.layout import Layout, layout_of
-from edl_scheduler.core.margins import Margins, derive
+from edl_scheduler.core.margins import Margins, derive, explored_limit
 from edl_scheduler.core.matching import allowed_on
 from edl_scheduler.core.ordering import effective_priority, sort_key
 from edl_scheduler.core.plan import Reason
@@ -42,6 +42,7 @@ class JobState:
         "behind",
         "classes",
         "cooling_end",
+        "explored",
         "for_job",
         "hi",
         "hold_expires_at",
@@ -65,6 +66,7 @@ class JobState:
         "wait_ahead",
         "wait_free",
         "wait_gpus",
+        "way_up",
         "workers",
     )
 
@@ -120,6 +122,11 @@ class JobState:
         #: the job's alone as well, so a kept state keeps it.
         self.retreat_known = False
         self.retreat_to: tuple[int, int, float] | None = None
+        #: ``margins.explored_limit`` of the job and its bounds (0 until asked,
+        #: ``margins.limit_of``) and whether it is ``stability.on_its_way_up`` at its live
+        #: size (None until asked, ``stability.may_ramp``): the job's alone, kept with it.
+        self.explored = 0
+        self.way_up: bool | None = None
         # What a message left unwritten would say (``said``): an action that holds a job
         # unmoved, or leaves it waiting, notes the numbers and leaves ``message`` empty, and
         # the plan writes the message only for a decision it returns. Each is read only
@@ -162,6 +169,14 @@ class JobState:
                 policy.resize_pause_s,
             )
             self.margins = found
+        return found
+
+    def explored_limit(self) -> int:
+        """``margins.explored_limit`` of the job within its bounds, found at the first call
+        for its ``Job`` object and kept (a loop over every running job asks it)."""
+        found = self.explored
+        if not found:
+            found = self.explored = explored_limit(self.job, self.lo, self.hi)
         return found
 
     def model(self) -> ThroughputModel:

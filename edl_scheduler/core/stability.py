@@ -85,7 +85,12 @@ def may_ramp(session: Session, js: JobState) -> bool:
     end = ramp_end(job.last_resize_time, job.start_time, policy.ramp_s)
     if end is None or end > session.now:
         return False
-    return on_its_way_up(job, len(js.live_w), policy.resize_pause_s, policy.gain_horizon_s)
+    found = js.way_up
+    if found is None:  # (the job's alone: kept with its state)
+        found = js.way_up = on_its_way_up(
+            job, len(js.live_w), policy.resize_pause_s, policy.gain_horizon_s
+        )
+    return found
 
 
 def may_shrink_voluntarily(session: Session, js: JobState) -> bool:
