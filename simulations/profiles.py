@@ -258,7 +258,12 @@ class ProfileSpeed:
         else:
             batch = self.batch if not self.adapt else self.app.init_batch
         sqr, var = self.app.grad_stats(batch, epoch)
-        return Efficiency(self.app.init_batch, sqr, var)
+        if not self.adapt:
+            return Efficiency(self.app.init_batch, sqr, var)
+        limits = self.app.limits  # (an adapting job reports the bounds it adapts within)
+        return Efficiency(
+            limits.init_batch, sqr, var, limits.max_batch, limits.max_local, limits.min_local
+        )
 
 
 @lru_cache(maxsize=200_000)

@@ -17,7 +17,7 @@ from enum import Enum
 from typing import Final
 
 from edl_gradients import FieldNames, statistics_problem
-from edl_gradients.goodput import gain
+from edl_gradients.goodput import BatchLimits, gain
 from edl_scheduler.core.resources import NO_RESOURCES, Resources
 
 
@@ -199,20 +199,46 @@ class Efficiency:
     ``grad_sqr`` and ``grad_var`` are the squared gradient norm and the gradient variance
     measured at the job's current batch; they change as training goes on, so the runtime
     reports them again and a sample's throughput is weighed by the efficiency of now.
-    Optional: without it every sample counts as measured (statistical efficiency 1)."""
+    Optional: without it every sample counts as measured (statistical efficiency 1).
+
+    ``max_batch`` and ``max_local`` (with ``min_local``), where a job that adapts its batch
+    reports them, are the bounds it chooses its batch within (``limits``: its global batch
+    from ``init_batch`` to ``max_batch``, at most ``max_local`` samples per GPU at once).
+    The planner then predicts a size's goodput at the batch the job would choose there
+    (``throughput.job_model``), not at the batch it measured that size at. 0: not reported
+    (a fixed batch, or a runtime that does not say)."""
 
     init_batch: int
     grad_sqr: float
     grad_var: float
+    max_batch: int = 0
+    max_local: int = 0
+    min_local: int = 1
 
     def __post_init__(self) -> None:
         names = FieldNames("efficiency.init_batch", "efficiency.grad_sqr", "grad_var")
         problem = statistics_problem(self.init_batch, self.grad_sqr, self.grad_var, names)
         if problem is not None:
             raise ValueError(f"{problem}: report the gradient statistics the job measured")
+        if (self.max_batch > 0) != (self.max_local > 0):
+            raise ValueError(
+                f"efficiency.max_batch ({self.max_batch}) and efficiency.max_local "
+                f"({self.max_local}): give both (a job that adapts its batch) or neither"
+            )
+        if self.max_batch > 0:
+            try:
+                BatchLimits(self.init_batch, self.max_batch, self.max_local, self.min_local)
+            except ValueError as e:
+                raise ValueError(f"efficiency: {e}") from None
 
     def gain(self, batch: float) -> float:
         return gain(self.init_batch, self.grad_sqr, self.grad_var, batch)  # the one rule
+
+    def limits(self) -> BatchLimits | None:
+        """The bounds the job adapts its batch within; None for a job that does not."""
+        if self.max_batch <= 0:
+            return None
+        return BatchLimits(self.init_batch, self.max_batch, self.max_local, self.min_local)
 
 
 @dataclass(slots=True, init=False)

@@ -17,16 +17,27 @@ Where a job reports its statistical efficiency (``snapshot.Efficiency``, Pollux'
 noise model) and the batch of each sample, the planner fits goodput instead of throughput
 (``job_model``): each sample's samples per second, per batch, times the gain of that batch
 at the job's efficiency now. Growth, rebalancing and the pause rule all read ``job_model``.
+
+A job that adapts its batch (its efficiency carries the bounds it adapts within) runs a
+size at the batch it would choose there, which changes as training goes on: a size it
+measured early, at a small batch whose synchronization dominated, may be worth much more
+now at a larger one. For such a job the step time is made a function of the batch
+(``BatchedSteps``: each micro-batch's compute ``fixed + per_sample * local``, one
+synchronization per step as above), fitted to the samples' batches, and a size's goodput is
+that of the batch the job's own rule would choose there (``edl_gradients.goodput.choosing``,
+the rule the runtime decides by), as Pollux's scheduler predicts it.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
 import numpy as np
 
+from edl_gradients.goodput import BatchLimits, choosing
 from edl_scheduler.core.snapshot import Efficiency, Job, ThroughputSample
 
 
@@ -37,6 +48,9 @@ class ThroughputModel:
     beta_local: float
     alpha_net: float
     beta_net: float
+    #: Where the job adapts its batch: its throughput is the goodput of the batch it would
+    #: choose (the five fields above then hold the step at its initial batch).
+    batched: BatchedSteps | None = None
 
     def step_time(self, nodes: int, workers: int) -> float:
         if workers <= 1:
@@ -48,6 +62,8 @@ class ThroughputModel:
     def throughput(self, nodes: int, workers: int) -> float:
         if workers <= 0:
             return 0.0
+        if self.batched is not None:
+            return self.batched.goodput(nodes, workers)
         return workers / self.step_time(nodes, workers)
 
     def speedup(self, nodes: int, workers: int) -> float:
@@ -87,7 +103,8 @@ def fit(samples: tuple[ThroughputSample, ...]) -> ThroughputModel:
     rhs = x.T @ (y / scale) + _RIDGE_PRIOR
     theta = np.clip(np.linalg.solve(lhs, rhs), 0.0, None) * scale
     compute = max(float(theta[0]), 1e-9 * scale)
-    return ThroughputModel(compute, *(float(v) for v in theta[1:]))
+    alpha_local, beta_local, alpha_net, beta_net = (float(v) for v in theta[1:])
+    return ThroughputModel(compute, alpha_local, beta_local, alpha_net, beta_net)
 
 
 def goodput(sample: ThroughputSample, efficiency: Efficiency | None) -> ThroughputSample:
@@ -109,7 +126,120 @@ def job_model(job: Job) -> ThroughputModel:
     """The model the planner decides ``job`` by: fitted to its goodput (its measured
     throughput weighed by its efficiency now) where the job reports an efficiency, else to
     its throughput. Samples measured at another epoch thereby count at today's efficiency:
-    what a batch is worth changes as training goes on, how fast it runs does not."""
-    if job.efficiency is None:
+    what a batch is worth changes as training goes on, how fast it runs does not. Where the
+    job adapts its batch and reported the batch of every sample, the goodput of the batch it
+    would choose at each size (``BatchedSteps``)."""
+    efficiency = job.efficiency
+    if efficiency is None:
         return fit(job.throughput)
-    return _goodput_fit(job.throughput, job.efficiency)
+    limits = efficiency.limits()
+    if limits is not None:
+        steps = _step_fit(job.throughput, limits)
+        if steps is not None:
+            return _batched_model(steps, limits, efficiency)
+    return _goodput_fit(job.throughput, efficiency)
+
+
+class BatchedSteps:
+    """Seconds per optimizer step of a job that adapts its batch, at ``nodes`` nodes,
+    ``workers`` GPUs, ``local`` samples per GPU per micro-batch and ``accumulation``
+    micro-batches: ``accumulation * (fixed + per_sample * local)`` plus one synchronization
+    (``ThroughputModel``'s terms, none alone); and the goodput at each size of the batch the
+    job would choose there (memoized: the object serves one job's samples and efficiency)."""
+
+    __slots__ = ("_memo", "efficiency", "limits", "params")
+
+    def __init__(
+        self,
+        params: tuple[float, float, float, float, float, float],
+        limits: BatchLimits,
+        efficiency: Efficiency,
+    ) -> None:
+        #: fixed, per_sample, alpha_local, beta_local, alpha_net, beta_net (seconds).
+        self.params = params
+        self.limits = limits
+        self.efficiency = efficiency
+        self._memo: dict[tuple[int, int], float] = {}
+
+    def step_time(self, nodes: int, workers: int, local: float, accumulation: int) -> float:
+        fixed, per_sample, alpha_local, beta_local, alpha_net, beta_net = self.params
+        compute = accumulation * (fixed + per_sample * local)
+        if workers <= 1:
+            return compute
+        if nodes <= 1:
+            return compute + alpha_local + beta_local * (workers - 2)
+        return compute + alpha_net + beta_net * (workers - 2)
+
+    def goodput(self, nodes: int, workers: int) -> float:
+        """Samples per second at the initial batch's efficiency, at the best batch."""
+        key = (nodes, workers)
+        found = self._memo.get(key)
+        if found is None:
+
+            def seconds(local: int, accumulation: int) -> float:
+                return self.step_time(nodes, workers, local, accumulation)
+
+            found = choosing(self.limits, workers, seconds, self.efficiency.gain).goodput
+            self._memo[key] = found
+        return found
+
+
+#: ``BatchedSteps``' prior, relative to one micro-batch at the reference sample's per-GPU
+#: batch: half of compute fixed and half per sample (the runtime's prior,
+#: ``edl_gradients.goodput.PRIOR``), synchronization as ``_PRIOR``'s.
+_BATCHED_PRIOR = (0.5, 0.5, 0.05, 0.005, 0.15, 0.01)
+_BATCHED_RIDGE_EYE: Final = _RIDGE * np.eye(len(_BATCHED_PRIOR))
+_BATCHED_RIDGE_PRIOR: Final = _RIDGE * np.array(_BATCHED_PRIOR)
+
+
+@lru_cache(maxsize=65536)
+def _step_fit(
+    samples: tuple[ThroughputSample, ...], limits: BatchLimits
+) -> tuple[float, float, float, float, float, float] | None:
+    """``BatchedSteps``' parameters that best explain ``samples`` (ridge least squares
+    toward the prior, as ``fit``); None where a measured sample lacks its batch (the step
+    time cannot be told apart from the batch then) or none was measured. A sample's
+    accumulation is the one the job's rule shapes its per-GPU batch into
+    (``edl_gradients.goodput.shaping``: the fewest micro-batches within ``max_local``)."""
+    usable = [s for s in samples if s.samples_per_second > 0 and s.workers >= 1]
+    if not usable or any(s.batch <= 0 for s in usable):
+        return None
+    rows, seconds = [], []
+    for s in usable:
+        per_gpu = s.batch / s.workers
+        accumulation = max(1, math.ceil(per_gpu / limits.max_local - 1e-9))
+        multi = s.workers > 1
+        local = 1.0 if multi and s.nodes <= 1 else 0.0
+        net = 1.0 if multi and s.nodes > 1 else 0.0
+        extra = float(s.workers - 2)
+        rows.append((float(accumulation), per_gpu, local, local * extra, net, net * extra))
+        seconds.append(s.batch / s.samples_per_second)
+    # The unit: a micro-batch of the fastest single-worker sample (of any, with none alone).
+    singles = [i for i, s in enumerate(usable) if s.workers == 1] or list(range(len(usable)))
+    ref = min(singles, key=lambda i: seconds[i] / rows[i][0])
+    unit_time, unit_size = seconds[ref] / rows[ref][0], rows[ref][1] / rows[ref][0]
+    x = np.array(rows) / np.array([1.0, unit_size, 1.0, 1.0, 1.0, 1.0])
+    y = np.array(seconds) / unit_time
+    theta = np.linalg.solve(x.T @ x + _BATCHED_RIDGE_EYE, x.T @ y + _BATCHED_RIDGE_PRIOR)
+    theta = np.clip(theta, 0.0, None)
+    fixed, per_sample = float(theta[0]) * unit_time, float(theta[1]) * unit_time / unit_size
+    if fixed + per_sample <= 0:
+        return None
+    sync = (float(v) * unit_time for v in theta[2:])
+    alpha_local, beta_local, alpha_net, beta_net = sync
+    return (fixed, per_sample, alpha_local, beta_local, alpha_net, beta_net)
+
+
+@lru_cache(maxsize=65536)
+def _batched_model(
+    params: tuple[float, float, float, float, float, float],
+    limits: BatchLimits,
+    efficiency: Efficiency,
+) -> ThroughputModel:
+    steps = BatchedSteps(params, limits, efficiency)
+    fixed, per_sample = params[0], params[1]
+    # (the initial batch on one GPU, in as few micro-batches as fit)
+    accumulation = max(1, math.ceil(limits.init_batch / limits.max_local))
+    compute = accumulation * fixed + per_sample * limits.init_batch
+    alpha_local, beta_local, alpha_net, beta_net = params[2:]
+    return ThroughputModel(compute, alpha_local, beta_local, alpha_net, beta_net, steps)

@@ -48,3 +48,13 @@ def test_across_nodes_an_adapting_job_accumulates() -> None:
     # On one GPU there is no sync to amortize: it keeps a batch a single step holds.
     _, single = adaptive.measured((1,), 0.0)
     assert single <= bert.max_local
+
+
+def test_an_adapting_job_reports_the_bounds_it_adapts_within() -> None:
+    """The planner predicts an adapting job's sizes at the batch it would choose there
+    (``throughput.BatchedSteps``) from the bounds its efficiency reports; a job at a fixed
+    batch reports none, and the planner keeps its fixed-batch model."""
+    yolo = load_application(PROFILES, "yolov3")
+    adapting = ProfileSpeed(yolo, 0, True).efficiency((4,), 0.0)
+    assert adapting.limits() == yolo.limits
+    assert ProfileSpeed(yolo, yolo.init_batch).efficiency((4,), 0.0).limits() is None
