@@ -45,6 +45,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from edl_gradients.goodput import BatchLimits
 from trainer_runtime.agent import WorkerAgent
 from trainer_runtime.client import CoordinatorError, Fenced
 from trainer_runtime.noise import NoiseEstimate, noise_message
@@ -77,16 +78,25 @@ class BatchInUse:
     """What rank 0 runs at (`Member.batch_in_use`): the global batch, its accumulation
     steps, and the goodput its batch policy predicts there (samples per second at the
     initial batch's efficiency; 0 when it cannot predict). Sent with the commits, so that
-    the planner's model of the job and the runtime's own choice are read side by side."""
+    the planner's model of the job and the runtime's own choice are read side by side.
+    ``limits``: the bounds an adaptive batch policy chooses within (None: the batch does not
+    adapt); the planner predicts each size at the batch the job would choose there."""
 
     global_batch: int
     accumulation: int
     goodput: float
+    limits: BatchLimits | None = None
 
     def message(self) -> pb.BatchInUse:
         """As the coordinator protocol carries it (`CommitRequest.batch`)."""
+        limits = self.limits
         return pb.BatchInUse(
-            global_batch=self.global_batch, accumulation=self.accumulation, goodput=self.goodput
+            global_batch=self.global_batch,
+            accumulation=self.accumulation,
+            goodput=self.goodput,
+            max_batch=0 if limits is None else limits.max_batch,
+            max_local=0 if limits is None else limits.max_local,
+            min_local=0 if limits is None else limits.min_local,
         )
 
 

@@ -180,7 +180,7 @@ class Member(WorkerSession):
             return BatchInUse(policy.global_batch(world_size), accumulation, 0.0)
         goodput = policy.predicted_goodput(world_size, self.noise.estimate())
         accumulation = policy.accumulation(world_size)
-        return BatchInUse(policy.global_batch(world_size), accumulation, goodput)
+        return BatchInUse(policy.global_batch(world_size), accumulation, goodput, policy.limits)
 
     def proposing_batch(self) -> tuple[float, ...]:
         """What this rank adds to the step's vote on the batch: rank 0 an adaptive policy's

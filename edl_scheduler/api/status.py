@@ -197,8 +197,10 @@ class GradientStatistics(ApiModel):
 
 class BatchInUse(ApiModel):
     """What the job's rank 0 runs at, as it reported last: the runtime's own numbers, shown
-    beside the planner's. Kept as reported, like ``GradientStatistics``: nothing plans on
-    them, so no bound of ours makes a TrainingJob unreadable."""
+    beside the planner's, and the bounds its batch adapts within, which the planner reads
+    (``core.building.efficiency_from_status``). Kept as reported, like
+    ``GradientStatistics``: no bound of ours makes a TrainingJob unreadable; bounds that
+    cannot be right are left out of planning with a warning."""
 
     global_batch: int
     """Samples per optimizer step, over every worker and accumulation step."""
@@ -207,6 +209,30 @@ class BatchInUse(ApiModel):
     goodput: float = 0.0
     """Samples per second at the initial batch's efficiency that the job's batch policy
     predicts at this batch (0: it predicts none, or cannot yet)."""
+    max_batch: int | None = None
+    """The largest global batch an adaptive batch policy may choose (absent: the batch does
+    not adapt). The planner then predicts each size at the batch the job would choose
+    there."""
+    max_local: int | None = None
+    """The most samples one GPU holds per pass under that policy."""
+    min_local: int | None = None
+    """The fewest samples one GPU holds per pass under that policy."""
+
+    @classmethod
+    def reported(cls, m: Any) -> BatchInUse:
+        """From the coordinator protocol's ``BatchInUse`` message (bounds of 0: not
+        reported, left unset, so a batch that does not adapt writes none)."""
+        bounds = {
+            name: int(getattr(m, name))
+            for name in ("max_batch", "max_local", "min_local")
+            if int(getattr(m, name)) > 0
+        }
+        return cls(
+            global_batch=int(m.global_batch),
+            accumulation=int(m.accumulation),
+            goodput=float(m.goodput),
+            **bounds,
+        )
 
 
 class TrainingJobStatus(ApiModel):

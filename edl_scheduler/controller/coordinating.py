@@ -164,13 +164,7 @@ class GrpcCoordinator:
             )
             if reply.HasField("noise")
             else None,
-            batch=BatchInUse(
-                global_batch=int(reply.batch.global_batch),
-                accumulation=int(reply.batch.accumulation),
-                goodput=float(reply.batch.goodput),
-            )
-            if reply.HasField("batch")
-            else None,
+            batch=BatchInUse.reported(reply.batch) if reply.HasField("batch") else None,
         )
 
     def snapshot(self) -> str:

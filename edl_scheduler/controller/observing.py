@@ -56,7 +56,7 @@ from edl_scheduler.core import (
     Taint,
     TaintEffect,
 )
-from edl_scheduler.core.building import job_from_training_job
+from edl_scheduler.core.building import efficiency_from_status, job_from_training_job
 from edl_scheduler.core.snapshot import Efficiency
 
 Obj = Mapping[str, Any]
@@ -170,14 +170,10 @@ def efficiency_of(tj: TrainingJob) -> Efficiency | None:
     """The job's statistical efficiency from the gradient statistics in its status (the
     runtime's last report), or None: none reported, or values the planner cannot use, which
     are dropped with a warning naming the field (the job is planned on raw throughput)."""
-    stats = tj.status.efficiency
-    if stats is None:
-        return None
-    problem = stats.problem()
-    if problem is not None:
-        LOG.warning("%s: status %s; planning on raw throughput", tj.metadata.name, problem)
-        return None
-    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var)
+    efficiency, left_out = efficiency_from_status(tj.status)
+    if left_out is not None:
+        LOG.warning("%s: %s", tj.metadata.name, left_out)
+    return efficiency
 
 
 def resolve_priority(tj: TrainingJob, priority_classes: Mapping[str, int]) -> int:

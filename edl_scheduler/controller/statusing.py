@@ -182,7 +182,9 @@ def compute_status(
         if progress.efficiency is not None and progress.efficiency.problem() is None:
             status["efficiency"] = progress.efficiency.model_dump(mode="json", by_alias=True)
         if progress.batch is not None:
-            status["batch"] = progress.batch.model_dump(mode="json", by_alias=True)
+            status["batch"] = progress.batch.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
     elapsed = attained_due(tj.key) if phase.active else 0.0
     if elapsed > 0:
         last = float(status.get("attainedGpuSeconds", 0.0))

@@ -8,7 +8,7 @@ exactly one place. Pure: times come in as the status's datetimes and leave as se
 
 from __future__ import annotations
 
-from edl_scheduler.api import TrainingJob
+from edl_scheduler.api import TrainingJob, TrainingJobStatus
 from edl_scheduler.api import template as api_template
 from edl_scheduler.api.policy import PolicyConfig
 from edl_scheduler.api.spec import ReplicaResources, Strategy
@@ -25,6 +25,7 @@ from edl_scheduler.core.policy import (
 from edl_scheduler.core.resources import Resources
 from edl_scheduler.core.snapshot import (
     Constraints,
+    Efficiency,
     Job,
     NodeSelectorTerm,
     Replica,
@@ -130,3 +131,27 @@ def job_from_training_job(
             for t in status.throughput
         ),
     )
+
+
+def efficiency_from_status(status: TrainingJobStatus) -> tuple[Efficiency | None, str | None]:
+    """The statistical efficiency the planner weighs the job's throughput by, from the
+    gradient statistics in its status (the runtime's last report), with the bounds its
+    batch adapts within where ``status.batch`` reports them; and what was left out, for the
+    driver to warn of. Statistics the planner cannot use: no efficiency (the job is planned
+    on raw throughput). Bounds that cannot be right: the efficiency without them (the job's
+    sizes are predicted at the batches it measured them at)."""
+    stats = status.efficiency
+    if stats is None:
+        return None, None
+    problem = stats.problem()
+    if problem is not None:
+        return None, f"status {problem}; planning on raw throughput"
+    batch = status.batch
+    if batch is not None and batch.max_batch is not None:
+        bounds = (batch.max_batch, batch.max_local or 0, batch.min_local or 1)
+        try:
+            return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var, *bounds), None
+        except ValueError as e:
+            left = f"status.batch's bounds left out ({e}); planning at the measured batches"
+            return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var), left
+    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var), None

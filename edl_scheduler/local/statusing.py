@@ -23,6 +23,7 @@ from edl_scheduler.api import (
     TrainingJobStatus,
 )
 from edl_scheduler.core import Action
+from edl_scheduler.core.building import efficiency_from_status
 from edl_scheduler.core.snapshot import Efficiency
 from edl_scheduler.local.launching import LOCAL_NODE
 from edl_scheduler.local.storing import WorkerRow
@@ -152,27 +153,16 @@ def batch_fields(progress: Any) -> dict[str, Any]:
     """What rank 0 reported it runs at, when it did (the status keeps the last report)."""
     if not progress.HasField("batch"):
         return {}
-    m = progress.batch
-    return {
-        "batch": BatchInUse(
-            global_batch=int(m.global_batch),
-            accumulation=int(m.accumulation),
-            goodput=float(m.goodput),
-        )
-    }
+    return {"batch": BatchInUse.reported(progress.batch)}
 
 
 def planned_efficiency(status: TrainingJobStatus) -> Efficiency | None:
     """The statistical efficiency the planner weighs the job's throughput by, from the
     status's gradient statistics; None when none are usable (dropped with a warning)."""
-    stats = status.efficiency
-    if stats is None:
-        return None
-    problem = stats.problem()
-    if problem is not None:
-        LOG.warning("status %s; planning on raw throughput", problem)
-        return None
-    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var)
+    efficiency, left_out = efficiency_from_status(status)
+    if left_out is not None:
+        LOG.warning("%s", left_out)
+    return efficiency
 
 
 def resized_status(

@@ -105,3 +105,44 @@ def test_the_local_backend_takes_them_from_the_progress_message() -> None:
     bare = progress_fields(progress_message(batched=False))
     assert "batch" not in bare
     assert [t.batch for t in bare["throughput"]] == [0, 0]
+
+
+def adapting_message(max_local: int = 128, min_local: int = 1) -> Any:
+    """``progress_message`` from a job whose batch adapts: the bounds ride with the batch."""
+    message = progress_message()
+    message.batch.max_batch, message.batch.max_local = 4096, max_local
+    message.batch.min_local = min_local
+    return message
+
+
+def test_an_adapting_jobs_bounds_reach_the_planner_both_ways() -> None:
+    """Controller and local backend alike: the status carries the bounds, the planner's
+    efficiency holds them, and its model predicts each size at the batch the job would
+    choose there (``throughput.BatchedSteps``)."""
+    status = controller_status(adapting_message())
+    assert status["batch"] == {
+        "globalBatch": 256,
+        "accumulation": 2,
+        "goodput": 170.5,
+        "maxBatch": 4096,
+        "maxLocal": 128,
+        "minLocal": 1,
+    }
+    (job,) = observe([k8s_node("n0")], [], [job_body(**status)], {}).snapshot.jobs
+    bounded = Efficiency(64, 1.0, 4.0, 4096, 128, 1)
+    assert job.efficiency == bounded
+    assert job_model(job).batched is not None
+    local = TrainingJobStatus().model_copy(update=progress_fields(adapting_message()))
+    assert planned_efficiency(local) == bounded
+
+
+def test_bounds_that_cannot_be_right_leave_the_batch_as_measured(caplog: Any) -> None:
+    """min_local above max_local: planned on the efficiency without bounds, with a warning
+    naming the field; the status keeps what was reported."""
+    status = controller_status(adapting_message(max_local=8, min_local=16))
+    assert status["batch"]["minLocal"] == 16
+    with caplog.at_level("WARNING"):
+        (job,) = observe([k8s_node("n0")], [], [job_body(**status)], {}).snapshot.jobs
+    assert job.efficiency == EFFICIENCY
+    assert "min_local" in caplog.text and "status.batch's bounds left out" in caplog.text
+    assert_planned_by_goodput(job)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from edl_gradients.goodput import StepTimes, gain
+from edl_gradients.goodput import BatchLimits, StepTimes, gain
 from trainer_runtime import adaptive, generations
 from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.client import CoordinatorClient
@@ -102,20 +102,27 @@ def test_the_batch_in_use_is_kept_an_invalid_report_dropped(
         state.committing_windows(
             "w0", generation, windows(state, 4, 1), 0.1, batch=BatchRecord(8, 1, float("nan"))
         )
-    assert caplog.text.count("batch in use dropped") == 2
-    assert state.ledger.committed_step == 3  # the commits landed all the same
+        unbounded = BatchRecord(8, 1, 10.0, max_batch=64, max_local=4, min_local=8)
+        state.committing_windows("w0", generation, windows(state, 4, 1), 0.1, batch=unbounded)
+    assert caplog.text.count("batch in use dropped") == 3
+    assert "min_local 8" in caplog.text
+    assert state.ledger.committed_step == 4  # the commits landed all the same
     assert state.batch == good
 
 
 def test_batches_survive_the_state_json_and_an_older_state_loads() -> None:
     state = group_state(samples=40)
     generation = state.membership.generation
-    state.committing_windows(
-        "w0", generation, windows(state, 8, 1), 0.1, batch=BatchRecord(8, 2, 50.0)
-    )
+    bounded = BatchRecord(8, 2, 50.0, max_batch=64, max_local=4, min_local=1)
+    state.committing_windows("w0", generation, windows(state, 8, 1), 0.1, batch=bounded)
     restored = CoordinatorState.from_json(state.to_json(), now=5.0)
     assert record(restored) == record(state) == (8, 1, 80.0)
-    assert restored.batch == BatchRecord(8, 2, 50.0)
+    assert restored.batch == bounded
+    before_bounds = json.loads(state.to_json())
+    before_bounds["batch"] = before_bounds["batch"][:3]  # saved before the bounds were kept
+    assert CoordinatorState.from_json(json.dumps(before_bounds), now=5.0).batch == BatchRecord(
+        8, 2, 50.0
+    )
     older = json.loads(state.to_json())
     older["throughput"] = [row[:5] for row in older["throughput"]]  # before the batch
     del older["batch"]
@@ -134,7 +141,9 @@ def test_a_commits_batch_in_use_reaches_progress() -> None:
         client.register("w0", "node-a", "")
         generation = client.awaiting_generation("w0", 0, 2.0).number
         assert not client.progress().HasField("batch")
-        in_use = pb.BatchInUse(global_batch=8, accumulation=2, goodput=321.0)
+        in_use = pb.BatchInUse(
+            global_batch=8, accumulation=2, goodput=321.0, max_batch=64, max_local=8, min_local=1
+        )
         client.commit("w0", generation, windows(state, 8, 1), 0.1, batch=in_use)
         progress = client.progress()
         assert progress.HasField("batch") and progress.batch == in_use
@@ -161,7 +170,20 @@ def test_the_committer_sends_the_latest_batch_in_use() -> None:
         committer.batch = BatchInUse(32, 4, 12.5)
         committer.enqueue(1, StepWindow(1, 0, ()), 1.0)
         assert committer.flushing(5.0)
-        assert client.batches == [pb.BatchInUse(global_batch=32, accumulation=4, goodput=12.5)]
+        committer.batch = BatchInUse(32, 4, 12.5, BatchLimits(8, 512, 16, 2))
+        committer.enqueue(2, StepWindow(2, 0, ()), 1.0)
+        assert committer.flushing(5.0)
+        assert client.batches == [
+            pb.BatchInUse(global_batch=32, accumulation=4, goodput=12.5),
+            pb.BatchInUse(
+                global_batch=32,
+                accumulation=4,
+                goodput=12.5,
+                max_batch=512,
+                max_local=16,
+                min_local=2,
+            ),
+        ]
     finally:
         committer.closing()
 
@@ -202,7 +224,9 @@ def test_a_worker_reports_its_policys_batch_and_goodput() -> None:
     assert batch_in_use(Accumulating(24), None, 4) == BatchInUse(24, 3, 0.0)
     policy = Adaptive(initial_batch=64, max_batch=4096, max_local=256, base_lr=0.1)
     noise = NoiseEstimate(64, 1.0, 50.0, steps=100)
-    assert batch_in_use(policy, noise, 4) == BatchInUse(64, 1, 0.0)  # no step time yet
+    # No step time yet; the bounds it adapts within, for the planner's model.
+    assert batch_in_use(policy, noise, 4) == BatchInUse(64, 1, 0.0, policy.limits)
+    assert policy.limits == BatchLimits(64, 4096, 256)
     model = StepTimes(fixed=1.0, per_sample=0.0001, alpha=0.5, beta=0.0)
     for _ in range(3):
         policy.observing(4, model.step_time(4, 16, 1))

@@ -71,7 +71,8 @@ def batch_from(request: Any) -> BatchRecord | None:
     if not request.HasField("batch"):
         return None
     m = request.batch
-    return BatchRecord(int(m.global_batch), int(m.accumulation), float(m.goodput))
+    bounds = (int(m.max_batch), int(m.max_local), int(m.min_local))
+    return BatchRecord(int(m.global_batch), int(m.accumulation), float(m.goodput), *bounds)
 
 
 def ledger_message(ledger: Ledger) -> Any:
@@ -126,5 +127,8 @@ def progress_message(state: CoordinatorState) -> Any:
             global_batch=state.batch.global_batch,
             accumulation=state.batch.accumulation,
             goodput=state.batch.goodput,
+            max_batch=state.batch.max_batch,
+            max_local=state.batch.max_local,
+            min_local=state.batch.min_local,
         ),
     )

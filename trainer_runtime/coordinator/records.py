@@ -72,12 +72,16 @@ class NoiseRecord:
 class BatchRecord:
     """What rank 0 runs at, as its last commit reported it (`BatchInUse` in the proto): the
     global batch, its accumulation steps, and the goodput its batch policy predicts there
-    (samples per second at the initial batch's efficiency; 0 when it cannot predict). Only
-    valid records are kept."""
+    (samples per second at the initial batch's efficiency; 0 when it cannot predict), and
+    the bounds an adaptive batch policy chooses within (``max_batch``, ``max_local``,
+    ``min_local``: 0 where the batch does not adapt). Only valid records are kept."""
 
     global_batch: int
     accumulation: int
     goodput: float
+    max_batch: int = 0
+    max_local: int = 0
+    min_local: int = 0
 
     def problem(self) -> str | None:
         """Why the record is unusable, or None."""
@@ -88,4 +92,15 @@ class BatchRecord:
             )
         if not math.isfinite(self.goodput) or self.goodput < 0:
             return f"goodput is {self.goodput}: it is a finite rate, 0 when unknown"
+        bounds = (self.max_batch, self.max_local, self.min_local)
+        if any(bounds) and not (self.max_batch >= 1 and 1 <= self.min_local <= self.max_local):
+            return (
+                f"max_batch {self.max_batch}, max_local {self.max_local}, min_local "
+                f"{self.min_local}: an adaptive batch's bounds need max_batch >= 1 and "
+                "1 <= min_local <= max_local (all 0 where the batch does not adapt)"
+            )
         return None
+
+    def bounds(self) -> list[int]:
+        """``max_batch``, ``max_local``, ``min_local``."""
+        return [self.max_batch, self.max_local, self.min_local]

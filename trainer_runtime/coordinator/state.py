@@ -430,7 +430,12 @@ class CoordinatorState:
                 ],
                 "batch": None
                 if self.batch is None
-                else [self.batch.global_batch, self.batch.accumulation, self.batch.goodput],
+                else [
+                    self.batch.global_batch,
+                    self.batch.accumulation,
+                    self.batch.goodput,
+                    *self.batch.bounds(),
+                ],
                 "noise": None
                 if self.noise is None
                 else [
@@ -478,7 +483,8 @@ class CoordinatorState:
             else NoiseRecord(int(noise[0]), float(noise[1]), float(noise[2]), int(noise[3])),
             batch=None
             if batch is None
-            else BatchRecord(int(batch[0]), int(batch[1]), float(batch[2])),
+            # (a row saved before the bounds were kept has 3 numbers: no bounds)
+            else BatchRecord(int(batch[0]), int(batch[1]), float(batch[2]), *map(int, batch[3:6])),
             incarnation=new_incarnation() if incarnation is None else incarnation,
             # The document may be older than what the last incarnation answered: hear
             # from the workers it knew (each has a full lease timeout to reconnect).

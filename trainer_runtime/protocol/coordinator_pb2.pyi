@@ -194,14 +194,20 @@ class CommitRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., generation: _Optional[int] = ..., windows: _Optional[_Iterable[_Union[StepWindow, _Mapping[str, object]]]] = ..., step_time_s: _Optional[float] = ..., noise: _Optional[_Union[GradientNoise, _Mapping[str, object]]] = ..., incarnation: _Optional[str] = ..., batch: _Optional[_Union[BatchInUse, _Mapping[str, object]]] = ...) -> None: ...
 
 class BatchInUse(_message.Message):
-    __slots__ = ("global_batch", "accumulation", "goodput")
+    __slots__ = ("global_batch", "accumulation", "goodput", "max_batch", "max_local", "min_local")
     GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     ACCUMULATION_FIELD_NUMBER: _ClassVar[int]
     GOODPUT_FIELD_NUMBER: _ClassVar[int]
+    MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOCAL_FIELD_NUMBER: _ClassVar[int]
+    MIN_LOCAL_FIELD_NUMBER: _ClassVar[int]
     global_batch: int
     accumulation: int
     goodput: float
-    def __init__(self, global_batch: _Optional[int] = ..., accumulation: _Optional[int] = ..., goodput: _Optional[float] = ...) -> None: ...
+    max_batch: int
+    max_local: int
+    min_local: int
+    def __init__(self, global_batch: _Optional[int] = ..., accumulation: _Optional[int] = ..., goodput: _Optional[float] = ..., max_batch: _Optional[int] = ..., max_local: _Optional[int] = ..., min_local: _Optional[int] = ...) -> None: ...
 
 class GradientNoise(_message.Message):
     __slots__ = ("init_batch", "grad_sqr", "grad_var", "steps")
