@@ -28,8 +28,10 @@ step does the same, greedily, one worker at a time, within the planner's rules:
   arrival and epoch change after a cool-down produced moves that paid one pause, and some
   jobs were resized hundreds of times.
 - Stability (invariant 7, ``stability``): a donor must be allowed a voluntary shrink (its
-  minimum run and cool-down are over); a recipient must be past its cool-down, and its whole
-  growth must pay its pause (``worth_the_pause``), the rule growth obeys.
+  minimum run and cool-down are over); a recipient must be past its cool-down, or on its
+  way up where the policy ramps (``may_ramp``: growth's exception, which gives it idle GPUs
+  too), and its whole growth must pay its pause (``worth_the_pause``), the rule growth
+  obeys.
 - Priority (invariant 4): a donor never has a higher priority than its recipient. Jobs
   resized in this cycle already (started, grown, shrunk, restored), non-preemptible donors,
   jobs with parameter servers, and jobs below their minimum take no part.
@@ -58,6 +60,7 @@ from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import (
     cooling_until,
+    may_ramp,
     may_shrink_voluntarily,
     restart_factor,
     worth_the_pause,
@@ -242,15 +245,16 @@ class Rebalancer:
         return self.moves
 
     def split(self, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
-        """The step's takers (eligible, past their cool-down, below their explored limit)
-        and givers (the other eligible jobs past their cool-down, above one worker and
-        their minimum, and preemptible) among ``jobs``, in their order. Decided before any
-        model is fitted: a job at its maximum gains nothing from a worker, one at its
-        minimum (or one worker) has none to give, and one cooling down may neither grow
-        nor shrink voluntarily (``may_shrink_voluntarily``), so leaving them out changes
-        no move, only the step's cost. (Takers are tested as donors in ``run``, once
-        needed.)"""
+        """The step's takers (eligible, past their cool-down or on their way up, below their
+        explored limit) and givers (the other eligible jobs past their cool-down, above one
+        worker and their minimum, and preemptible) among ``jobs``, in their order. Decided
+        before any model is fitted: a job at its maximum gains nothing from a worker, one
+        at its minimum (or one worker) has none to give, and one cooling down may not
+        shrink voluntarily (``may_shrink_voluntarily``) nor grow unless on its way up, so
+        leaving them out changes no move, only the step's cost. (Takers are tested as
+        donors in ``run``, once needed.)"""
         s, held = self.s, _HELD
+        ramps = s.policy.ramp_s is not None
         takers: list[JobState] = []
         givers: list[JobState] = []
         for js in jobs:  # (growth's pool: a few dozen jobs a plan)
@@ -264,10 +268,14 @@ class Rebalancer:
                 continue  # resized in this cycle already
             if id(js.reason) in held or job.worker.resources.gpu <= 0:
                 continue
-            if cooling_until(s, js) is not None:
-                continue
             kept = js.margins
             limit = kept.limit if kept is not None else js.explored_limit()
+            if cooling_until(s, js) is not None:
+                # A job on its way up may take workers before its cool-down ends, as growth
+                # gives it idle ones (``may_ramp``); it gives none then.
+                if ramps and workers < limit and may_ramp(s, js):
+                    takers.append(js)
+                continue
             if workers < limit:
                 takers.append(js)
             elif workers > max(1, js.lo) and job.preemptible:

@@ -5,7 +5,8 @@ Aspects:
 - a job whose measured throughput is flat gives workers to one that scales, GPU for GPU on
   the same node; each decision names the other job and the predicted speed-ups; the plan is
   a fixed point once applied (invariant 6);
-- no move within the donor's minimum run or cool-down, or the recipient's cool-down;
+- no move within the donor's minimum run or cool-down, or the recipient's cool-down unless
+  it is on its way up (``stability.may_ramp``, as growth);
 - no move whose gain does not pay for the pauses (two jobs of one flat curve at unequal
   sizes); on a near-linear curve the slower job takes one from the faster (fairness);
 - a higher-priority job never gives to a lower-priority one; non-preemptible jobs never give;
@@ -57,9 +58,36 @@ def test_no_move_within_minimum_run_or_cool_down() -> None:
     assert run(young).is_empty
     cooling = snapshot(
         nodes(1),
-        [flat().running(("n0", 6)), scales().started(0, resized=NOW - 60).running(("n0", 2))],
+        [flat().running(("n0", 6)), scales().started(0, resized=NOW - 30).running(("n0", 2))],
     )
     assert run(cooling).is_empty
+    donor_cooling = snapshot(
+        nodes(1),
+        [flat().started(0, resized=NOW - 60).running(("n0", 6)), scales().running(("n0", 2))],
+    )
+    assert run(donor_cooling).is_empty
+
+
+def test_a_job_on_its_way_up_takes_workers_before_its_cool_down_ends() -> None:
+    """Past the ramp interval (60 s under ``edl``) and with its last step up paid by what it
+    measured (``stability.may_ramp``), a recipient within its cool-down takes workers, as
+    growth would give it idle ones; one not on its way up (back at a size below one it
+    measured) waits."""
+    ramping = snapshot(
+        nodes(1),
+        [flat().running(("n0", 6)), scales().started(0, resized=NOW - 60).running(("n0", 2))],
+    )
+    p = run(ramping)
+    assert p.decision("scales").action is Action.GROW
+    assert p.decision("flat").reason is Reason.REBALANCED
+
+    def back_down(resized: float) -> Snapshot:
+        """``scales`` back at 2 after running at 4: not on its way up."""
+        down = scales().measured(1, 4, 390.0).started(0, resized=resized).running(("n0", 2))
+        return snapshot(nodes(1), [flat().running(("n0", 6)), down])
+
+    assert run(back_down(NOW - 60)).is_empty
+    assert run(back_down(NOW - 400)).decision("scales").action is Action.GROW  # cooled down
 
 
 def test_no_move_whose_gain_does_not_pay_for_the_pauses() -> None:
