@@ -123,7 +123,7 @@ class JobState:
         self.retreat_known = False
         self.retreat_to: tuple[int, int, float] | None = None
         #: ``margins.explored_limit`` of the job and its bounds (0 until asked,
-        #: ``margins.limit_of``) and whether it is ``stability.on_its_way_up`` at its live
+        #: ``explored_limit``) and whether it is ``stability.on_its_way_up`` at its live
         #: size (None until asked, ``stability.may_ramp``): the job's alone, kept with it.
         self.explored = 0
         self.way_up: bool | None = None

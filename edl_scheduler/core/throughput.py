@@ -30,14 +30,13 @@ the rule the runtime decides by), as Pollux's scheduler predicts it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final
 
 import numpy as np
 
-from edl_gradients.goodput import BatchLimits, choosing
+from edl_gradients.goodput import BatchLimits, choosing, shaping
 from edl_scheduler.core.snapshot import Efficiency, Job, ThroughputSample
 
 
@@ -207,7 +206,7 @@ def _step_fit(
     rows, seconds = [], []
     for s in usable:
         per_gpu = s.batch / s.workers
-        accumulation = max(1, math.ceil(per_gpu / limits.max_local - 1e-9))
+        accumulation = shaping(per_gpu, limits)[1]
         multi = s.workers > 1
         local = 1.0 if multi and s.nodes <= 1 else 0.0
         net = 1.0 if multi and s.nodes > 1 else 0.0
@@ -239,7 +238,7 @@ def _batched_model(
     steps = BatchedSteps(params, limits, efficiency)
     fixed, per_sample = params[0], params[1]
     # (the initial batch on one GPU, in as few micro-batches as fit)
-    accumulation = max(1, math.ceil(limits.init_batch / limits.max_local))
+    accumulation = shaping(limits.init_batch, limits)[1]
     compute = accumulation * fixed + per_sample * limits.init_batch
     alpha_local, beta_local, alpha_net, beta_net = params[2:]
     return ThroughputModel(compute, alpha_local, beta_local, alpha_net, beta_net, steps)
