@@ -30,7 +30,12 @@ import pytest
 from edl_scheduler.core import growing, preset, rebalancing
 from edl_scheduler.core.margins import explored_limit, first_gain, first_loss
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.stability import cooling_until, may_shrink_voluntarily, restart_factor
+from edl_scheduler.core.stability import (
+    cooling_until,
+    may_ramp,
+    may_shrink_voluntarily,
+    restart_factor,
+)
 from simulations.engine import SimConfig, simulate
 from simulations.synthetic import SyntheticSpec, generate
 from simulations.traces import default_traces, load_cluster, load_philly
@@ -65,8 +70,9 @@ def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) ->
 def _reference_split(s: Session, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
     """``Rebalancer.split`` as the step split its jobs before it read growth's pool and
     left cooling jobs out (``explored_limit`` where the split reads the kept limit; the
-    cycle's own moves and holds); a cooling job it leaves out of the givers must be one
-    that ``may_shrink_voluntarily`` refuses (so it never gave)."""
+    cycle's own moves and holds; a cooling job on its way up a taker); a cooling job it
+    leaves out of the givers must be one that ``may_shrink_voluntarily`` refuses (so it
+    never gave)."""
     w = rebalancing._W
     takers: list[JobState] = []
     givers: list[JobState] = []
@@ -82,7 +88,8 @@ def _reference_split(s: Session, jobs: list[JobState]) -> tuple[list[JobState], 
             continue
         cooling = cooling_until(s, js) is not None
         if js.size() < explored_limit(js.job, js.lo, js.hi):
-            if not cooling:
+            # (a cooling job on its way up takes, as growth gives it idle GPUs)
+            if not cooling or (s.policy.ramp_s is not None and may_ramp(s, js)):
                 takers.append(js)
         elif js.size() > max(1, js.lo) and job.preemptible:
             if cooling:
