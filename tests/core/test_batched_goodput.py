@@ -45,8 +45,8 @@ def sample(nodes: int, workers: int, batch: int) -> ThroughputSample:
 
 
 def measured_early(efficiency: Efficiency | None) -> Job:
-    """A job back at 4 workers on one node, which measured 1 and 4 on one node and 8 on
-    two nodes early in training, each at the batch it chose then (small)."""
+    """A job back at 4 workers on one node, which measured 1, 2 and 4 on one node and 8
+    on two nodes early in training, each at the batch it chose then (small)."""
     built = job("a").min(1).max(16).running(("n0", 4)).build()
     samples = (sample(1, 1, 64), sample(1, 4, 128), sample(2, 8, 128), sample(1, 2, 96))
     return replace(built, throughput=samples, efficiency=efficiency)
