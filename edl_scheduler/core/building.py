@@ -146,12 +146,13 @@ def efficiency_from_status(status: TrainingJobStatus) -> tuple[Efficiency | None
     problem = stats.problem()
     if problem is not None:
         return None, f"status {problem}; planning on raw throughput"
+    measured = (stats.init_batch, stats.grad_sqr, stats.grad_var)
     batch = status.batch
     if batch is not None and batch.max_batch is not None:
         bounds = (batch.max_batch, batch.max_local or 0, batch.min_local or 1)
         try:
-            return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var, *bounds), None
+            return Efficiency(*measured, *bounds), None
         except ValueError as e:
             left = f"status.batch's bounds left out ({e}); planning at the measured batches"
-            return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var), left
-    return Efficiency(stats.init_batch, stats.grad_sqr, stats.grad_var), None
+            return Efficiency(*measured), left
+    return Efficiency(*measured), None

@@ -146,7 +146,7 @@ class BatchedSteps:
     (``ThroughputModel``'s terms, none alone); and the goodput at each size of the batch the
     job would choose there (memoized: the object serves one job's samples and efficiency)."""
 
-    __slots__ = ("_memo", "efficiency", "limits", "params")
+    __slots__ = ("_memo", "efficiency", "limits", "params", "sync")
 
     def __init__(
         self,
@@ -156,18 +156,15 @@ class BatchedSteps:
     ) -> None:
         #: fixed, per_sample, alpha_local, beta_local, alpha_net, beta_net (seconds).
         self.params = params
+        #: The synchronization terms as a model with no compute: its step is the sync alone.
+        self.sync = ThroughputModel(0.0, *params[2:])
         self.limits = limits
         self.efficiency = efficiency
         self._memo: dict[tuple[int, int], float] = {}
 
     def step_time(self, nodes: int, workers: int, local: float, accumulation: int) -> float:
-        fixed, per_sample, alpha_local, beta_local, alpha_net, beta_net = self.params
-        compute = accumulation * (fixed + per_sample * local)
-        if workers <= 1:
-            return compute
-        if nodes <= 1:
-            return compute + alpha_local + beta_local * (workers - 2)
-        return compute + alpha_net + beta_net * (workers - 2)
+        fixed, per_sample = self.params[0], self.params[1]
+        return accumulation * (fixed + per_sample * local) + self.sync.step_time(nodes, workers)
 
     def goodput(self, nodes: int, workers: int) -> float:
         """Samples per second at the initial batch's efficiency, at the best batch."""
@@ -236,9 +233,8 @@ def _batched_model(
     efficiency: Efficiency,
 ) -> ThroughputModel:
     steps = BatchedSteps(params, limits, efficiency)
-    fixed, per_sample = params[0], params[1]
     # (the initial batch on one GPU, in as few micro-batches as fit)
-    accumulation = shaping(limits.init_batch, limits)[1]
-    compute = accumulation * fixed + per_sample * limits.init_batch
+    local, accumulation = shaping(limits.init_batch, limits)
+    compute = steps.step_time(1, 1, local, accumulation)
     alpha_local, beta_local, alpha_net, beta_net = params[2:]
     return ThroughputModel(compute, alpha_local, beta_local, alpha_net, beta_net, steps)

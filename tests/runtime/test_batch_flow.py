@@ -105,7 +105,7 @@ def test_the_batch_in_use_is_kept_an_invalid_report_dropped(
         unbounded = BatchRecord(8, 1, 10.0, max_batch=64, max_local=4, min_local=8)
         state.committing_windows("w0", generation, windows(state, 4, 1), 0.1, batch=unbounded)
     assert caplog.text.count("batch in use dropped") == 3
-    assert "min_local 8" in caplog.text
+    assert "min_local (8) and max_local (4)" in caplog.text
     assert state.ledger.committed_step == 4  # the commits landed all the same
     assert state.batch == good
 

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from edl_gradients import statistics_problem
+from edl_gradients.goodput import BatchLimits
 
 SMOOTHING = 0.2
 
@@ -92,13 +93,11 @@ class BatchRecord:
             )
         if not math.isfinite(self.goodput) or self.goodput < 0:
             return f"goodput is {self.goodput}: it is a finite rate, 0 when unknown"
-        bounds = (self.max_batch, self.max_local, self.min_local)
-        if any(bounds) and not (self.max_batch >= 1 and 1 <= self.min_local <= self.max_local):
-            return (
-                f"max_batch {self.max_batch}, max_local {self.max_local}, min_local "
-                f"{self.min_local}: an adaptive batch's bounds need max_batch >= 1 and "
-                "1 <= min_local <= max_local (all 0 where the batch does not adapt)"
-            )
+        if any(self.bounds()):  # (all 0 where the batch does not adapt)
+            try:  # the bounds' own rule (the initial batch travels with the noise, not here)
+                BatchLimits(1, self.max_batch, self.max_local, self.min_local)
+            except ValueError as e:
+                return f"adaptive batch bounds: {e}"
         return None
 
     def bounds(self) -> list[int]:
