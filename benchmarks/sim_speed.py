@@ -1,7 +1,7 @@
 """Simulator speed: one JSON line.
 
 ``philly_full_s``: wall time of the full Philly trace (82,247 jobs) under ``edl`` with
-elastic jobs on 64 nodes x 8 GPUs (goal <= 120 s). ``philly_3d_s``: ``philly_3d`` on
+elastic jobs on 64 nodes x 8 GPUs (goal <= 60 s). ``philly_3d_s``: ``philly_3d`` on
 32 x 4 under ``tiresias``, event-driven with no pauses as in the fidelity check, with
 ``SimConfig.hide`` on (the Tiresias simulator takes 124-140 s on it here; goal >= 50x
 faster), with its average JCT (the Tiresias simulator's is 13,431.9 s); the full trace's
