@@ -62,14 +62,12 @@ from simulations.runs import JobRecord, Run, SimResult
 from simulations.showing import arrivals_settled, collect, shown_from_all, shown_from_sides
 from simulations.snapshot_jobs import SnapshotJobs
 from simulations.snapshot_lists import SnapshotLists
-from simulations.wakes import GrowthWakes, YieldWakes, next_epoch
+from simulations.wakes import GrowthWakes, YieldWakes, next_epoch, next_queue
 from simulations.workload import ClusterSpec, SimJob
 
 __all__ = ["Engine", "SimConfig", "SimResult", "simulate"]
 
 _INF = math.inf
-#: Remaining work below this many seconds counts as done (floating-point slack).
-_EPS = 1e-6
 _WORKER = Resources(gpu=1)
 
 
@@ -467,17 +465,8 @@ class Engine:
         for r in self.reservations:
             if r.expires_at > now:
                 wake = min(wake, r.expires_at)
-        thresholds = policy.queue_thresholds_gpu_s
-        if thresholds:
-            for run in self.running.values():
-                workers = len(run.replicas)  # ``attained_at`` and ``workers``, inlined
-                got = run.attained + workers * (now - run.last)
-                for t in thresholds:
-                    if t > got + _EPS:
-                        at = now + (t - got) / workers
-                        if at < wake:
-                            wake = at
-                        break
+        if policy.queue_thresholds_gpu_s:
+            wake = min(wake, next_queue(self.running.values(), now, policy.queue_thresholds_gpu_s))
         if self.grows:
             wake = min(wake, self.wakes.next_after(now, self.running))
         if self.yields is not None and len(self.active) > len(self.running):

@@ -1,8 +1,8 @@
 """When running jobs' cool-downs, ramp intervals (``Policy.ramp_s``) and minimum run times
 end, when they have run long enough for a waiting equal to take from them
-(``Policy.equals_yield_after_s``), and when profiled jobs enter a new epoch: the instants at
-which a plan may grow or shrink a job that the last plan had to leave alone
-(``Engine._next_wake``).
+(``Policy.equals_yield_after_s``), when profiled jobs enter a new epoch, and when a running
+job's attained GPU-time crosses a LAS queue's threshold: the instants at which a plan may
+change a job that the last plan had to leave alone (``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -25,6 +25,9 @@ from collections.abc import Iterable
 from edl_scheduler.core import Policy
 from edl_scheduler.core.stability import cooldown_end, min_run_end, ramp_end
 from simulations.runs import Run
+
+#: Floating-point slack: attained GPU-time this close below a threshold has crossed it.
+_EPS = 1e-6
 
 
 class _Wakes:
@@ -102,4 +105,20 @@ def next_epoch(running: Iterable[Run], now: float) -> float:
             at = max(run.last, run.paused_until) + (edge - run.done) / rate
             if at > now:
                 wake = min(wake, at)
+    return wake
+
+
+def next_queue(running: Iterable[Run], now: float, thresholds: tuple[float, ...]) -> float:
+    """When a running job's attained GPU-time next crosses one of the LAS ``thresholds``:
+    its rank moves there, so the plan may change."""
+    wake = math.inf
+    for run in running:
+        workers = len(run.replicas)  # ``attained_at`` and ``workers``, inlined
+        got = run.attained + workers * (now - run.last)
+        for t in thresholds:
+            if t > got + _EPS:
+                at = now + (t - got) / workers
+                if at < wake:
+                    wake = at
+                break
     return wake
