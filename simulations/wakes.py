@@ -114,6 +114,8 @@ def next_queue(running: Iterable[Run], now: float, thresholds: tuple[float, ...]
     wake = math.inf
     for run in running:
         workers = len(run.replicas)  # ``attained_at`` and ``workers``, inlined
+        if not workers:
+            continue  # (its attained GPU-time stands still)
         got = run.attained + workers * (now - run.last)
         for t in thresholds:
             if t > got + _EPS:

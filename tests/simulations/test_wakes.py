@@ -9,9 +9,13 @@ Aspects:
 - so does the first instant a running job has run long enough for a waiting equal to take
   from it (``Policy.equals_yield_after_s``, ``YieldWakes``);
 - the heap's entries are dropped once stale: a job that finished, was resized again or
-  was suspended leaves nothing behind that a later answer takes.
+  was suspended leaves nothing behind that a later answer takes;
+- a running job's next LAS queue crossing (``next_queue``) is when its attained GPU-time,
+  growing at its worker count, reaches the first threshold above it; a job past every
+  threshold, or one that waits, adds none.
 Seen to fail with the entries' version left unchecked (a resized job's old cool-down end
-taken) and with entries not after ``now`` kept.
+taken), with entries not after ``now`` kept, and with a job without workers in the queue
+crossing's loop (a division by zero).
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ from dataclasses import replace
 
 import pytest
 
-from edl_scheduler.core import Growth, Policy
+from edl_scheduler.core import Growth, Policy, Replica, Role
 from simulations.engine import Engine
 from simulations.runs import Run
+from simulations.wakes import next_queue
+from simulations.workload import SimJob
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 _INF = float("inf")
@@ -95,3 +101,24 @@ def test_the_heap_gives_the_loops_wake(name: str, config: str) -> None:
         assert _Checked.yielded > 0  # (``edl``: equals shrunk after their minimum run)
     if policy.elastic and policy.growth is not Growth.NONE and policy.cooldown_s > 0:
         assert _Checked.found > 0  # the heap answered something, not only "never"
+
+
+def _running(name: str, attained: float, workers: int, last: float) -> Run:
+    run = Run(SimJob(name, 0.0, workers, 1e6, 1, 8), 0, 1e6, attained=attained, last=last)
+    run.replicas = [Replica(f"{name}-w{i}", Role.WORKER, "n0") for i in range(workers)]
+    return run
+
+
+def test_the_next_queue_crossing_is_the_first_threshold_reached() -> None:
+    thresholds = (3250.0, 7200.0)
+    # 3,000 GPU-s at t=100 on 2 workers: 3,200 at t=200, 3,250 at t=225.
+    slow = _running("slow", 3000.0, 2, 100.0)
+    assert next_queue([slow], 200.0, thresholds) == pytest.approx(225.0)
+    # Past the first threshold: the second, 7,200, at 4 workers from 4,000 at t=0.
+    fast = _running("fast", 4000.0, 4, 0.0)
+    assert next_queue([fast], 0.0, thresholds) == pytest.approx(800.0)
+    assert next_queue([slow, fast], 200.0, thresholds) == pytest.approx(225.0)
+    # Past every threshold, or waiting (no workers): no crossing.
+    done = _running("done", 9000.0, 1, 0.0)
+    waiting = _running("waiting", 0.0, 0, 0.0)
+    assert next_queue([done, waiting], 10.0, thresholds) == _INF
