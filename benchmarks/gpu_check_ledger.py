@@ -156,6 +156,25 @@ def first_step_after(trace: Path, worker: str, at: float, world: int | None) -> 
     return None if after is None else after - at
 
 
+def gap_after(trace: Path, worker: str, at: float, world: int) -> float | None:
+    """The pause `worker`'s training saw for the event at `at`: from its last step in the
+    old group to its first at a later generation of world size `world` (a group that
+    prepared a join trains on after the event; the 0.05 s sleep per step is included)."""
+    before, last = None, None
+    for line in trace.read_text().splitlines():
+        kind, when, who, *rest = line.split()
+        if kind != "step" or who != worker:
+            continue
+        generation, size, now = int(rest[0][1:]), int(rest[1]), float(when)
+        if now > at and before is not None and last is not None:
+            if generation > before and size == world:
+                return now - last
+        else:
+            before = generation
+        last = now
+    return None
+
+
 def steps_since(trace: Path, worker: str, since: float, world: int) -> int:
     """`worker`'s steps at world size `world` after time `since`."""
     count = 0
@@ -263,6 +282,7 @@ def ledger_check(logs: Path, device: str, mode: str) -> dict[str, Any]:
         return {
             "ok": not failures, "failures": failures, "samples": samples, "epochs": epochs,
             "wrong_counters": wrong, "w0": summary, "pauses_s": pauses,
+            "gaps_s": {k: gap_after(trace, "w0", at, world) for k, (at, world) in events.items()},
             "reform_s": [round(t, 4) for t in reform_times(trace, "w0")],
             "paths": summary["reformations"],  # [generation, attempt, path, state sent]
         }  # fmt: skip

@@ -22,16 +22,20 @@ Checks:
   workers saw `TORCH_NCCL_ASYNC_ERROR_HANDLING=2`, and the survivors' GPU optimizer state
   (momentum buffers, broadcast to each newcomer) is bitwise equal.
 - `peer_never_initializes`: a member arrives at the generation's meeting point and then
-  never builds its group. NCCL sets its communicator up at the first collective; the check
+  never builds its group, whose communicator the others set up as they build it; the check
   passes when w0 gets an error (not a hang) within its timeout and then finishes alone.
 - `step_overhead`: the steady step time of our session against plain DDP, world size 1 (and
   2 with two ranks), an MLP of about 22M parameters and a GPT-style transformer of about
   124M in bfloat16 autocast (`gpt_model.py`), both sides alive at once and run in
   alternating blocks; `ratio` = median ours / median DDP.
-- `resize_pause`: from each event (join: the newcomer's registration; drain and SIGKILL:
-  the driver's call; a failed member leaving) to w0's first step in the new group, and
-  `reform_s`: w0's time inside re-formation (abort and destroy of the old group, meeting,
-  init, state broadcast, DDP wrapper), from the ledger job's traces.
+- `resize_pause` (in the `ledger` line): `pauses_s`, from each event (join: the newcomer's
+  registration; drain and SIGKILL: the driver's call; a failed member leaving) to w0's
+  first step in the new group; `gaps_s`, the pause w0's training saw (its last step in the
+  old group to its first in the new: after a join it trains on while the new group is
+  built beside it, `trainer_runtime.torch.joining`); `reform_s`, w0's time inside
+  re-formation (letting the old group go, meeting, building, the switch, the state
+  broadcast, the DDP wrapper); `paths`, how each generation formed on w0 (`prepared`,
+  `shrunk` or `formed`, and whether rank 0's state was sent).
 
 The checks live in modules of their own: `gpu_check_jobs.py` (the job's processes),
 `gpu_check_ledger.py` (`ledger`, `peer_never_initializes`), `gpu_check_overhead.py`

@@ -97,6 +97,12 @@ class Assignment:
         return len(self.peers)
 
 
+def assignment_of(reply: Any) -> Assignment:
+    """A member's place, from the coordinator's answer that names its generation."""
+    peers = tuple(Peer(m.worker_id, m.rank, m.store_address) for m in reply.members)
+    return Assignment(Outcome.MEMBER, int(reply.number), int(reply.rank), peers)
+
+
 class WorkerAgent:
     """Membership of one worker process, over one coordinator client."""
 
@@ -198,11 +204,21 @@ class WorkerAgent:
 
     def changed(self) -> bool:
         """Whether the worker must stop at this step boundary and ask for its generation."""
+        return self.changed_since(self.generation)
+
+    def changed_since(self, generation: int) -> bool:
+        """Whether anything changed since `generation`: a newer one opened, or this worker
+        must stop (drained, terminating, finished, refused, its coordinator replaced)."""
         notice = self.notice
-        return bool(
+        return bool(notice.generation > generation or not self.only_newer_generation())
+
+    def only_newer_generation(self) -> bool:
+        """Whether the only news, if any, is that a newer generation opened: nothing asks
+        this worker to stop or to register again (a memory read)."""
+        notice = self.notice
+        return not (
             self.terminating
             or self.refused is not None
-            or notice.generation > self.generation
             or notice.generation < 0
             or notice.draining
             or notice.finished
@@ -244,8 +260,18 @@ class WorkerAgent:
             if reply.status == pb.FINISHED:
                 return Assignment(Outcome.FINISHED, reply.number)
             self.generation = int(reply.number)
-            peers = tuple(Peer(m.worker_id, m.rank, m.store_address) for m in reply.members)
-            return Assignment(Outcome.MEMBER, self.generation, int(reply.rank), peers)
+            return assignment_of(reply)
+
+    def peeking_assignment(self, timeout_s: float) -> Assignment | None:
+        """The newer generation this worker is a member of, asked while it still trains in
+        its own, without taking it (`awaiting_assignment` takes it at the step boundary);
+        None when there is none within `timeout_s`, or when the answer is anything but a
+        membership (a drain, the end, a fence, a replaced coordinator: the boundary's own
+        question handles each)."""
+        reply = self.client.awaiting_generation(self.worker_id, self.generation, timeout_s)
+        if self.is_replaced(reply.incarnation) or reply.status != pb.MEMBER:
+            return None
+        return assignment_of(reply)
 
     def rejoining(self) -> None:
         """Register again with the coordinator that replaced the one this worker knew,

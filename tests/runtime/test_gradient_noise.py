@@ -244,7 +244,7 @@ def test_a_measured_step_that_fails_late_leaves_no_statistics(
     that settled counts."""
     from trainer_runtime.torch import measuring
 
-    def partial_sum(tensor: torch.Tensor) -> None:  # what a half-done allreduce leaves
+    def partial_sum(tensor: torch.Tensor, group: object = None) -> None:  # a half-done one
         tensor[: tensor.numel() // 2] *= 2
 
     monkeypatch.setattr(measuring.dist, "all_reduce", partial_sum)

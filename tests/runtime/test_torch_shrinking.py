@@ -20,6 +20,7 @@ Aspects:
 
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
@@ -30,7 +31,15 @@ import torch
 import torch.distributed as dist
 
 from trainer_runtime.agent import Assignment, Outcome, Peer
-from trainer_runtime.torch.shrinking import agreed, confirming, leavers, offering, shrinking
+from trainer_runtime.torch.groups import Group, building
+from trainer_runtime.torch.shrinking import (
+    agreed,
+    confirming,
+    leavers,
+    offering,
+    shrinker_for,
+    shrinking,
+)
 
 from .harness import Cluster, waiting_for
 from .test_torch_elastic import coordinator_args, job_args, reference_parameters
@@ -74,24 +83,53 @@ def test_members_shrink_only_when_all_offered() -> None:
     assert agreed(store, 2)
 
 
+def alone(name: str) -> Group:
+    """A one-member gloo group: what a shrinker returns here (no collective runs on it)."""
+    timeout = datetime.timedelta(seconds=5)
+    return building(dist.HashStore(), 0, 1, torch.device("cpu"), timeout, name)
+
+
 def test_one_failed_shrink_makes_every_member_build_anew() -> None:
     store = dist.HashStore()
-    verdicts: list[bool] = []
+    verdicts: list[Group | None] = []
 
-    def failing(excluded: list[int]) -> None:
+    def failing(live: Group, excluded: list[int]) -> Group:
         raise RuntimeError("refused")
 
-    def fine(excluded: list[int]) -> None:
-        return None
+    def fine(live: Group, excluded: list[int]) -> Group:
+        return alone("shrunk")
 
     deadline = time.monotonic() + 10
     other = threading.Thread(
-        target=lambda: verdicts.append(shrinking(store, failing, [2], 2, deadline))
+        target=lambda: verdicts.append(shrinking(store, failing, alone("a"), [2], 2, deadline))
     )
     other.start()
-    verdicts.append(shrinking(store, fine, [2], 2, deadline))
+    verdicts.append(shrinking(store, fine, alone("b"), [2], 2, deadline))
     other.join(10)
-    assert verdicts == [False, False]
+    assert verdicts == [None, None]
+
+
+def test_when_every_member_shrank_each_keeps_its_shrunk_group() -> None:
+    store = dist.HashStore()
+    kept: dict[str, str | None] = {}
+
+    def fine(live: Group, excluded: list[int]) -> Group:
+        return alone(live.name + "/shrunk")
+
+    def member(name: str) -> None:
+        shrunk = shrinking(store, fine, alone(name), [2], 2, time.monotonic() + 10)
+        kept[name] = None if shrunk is None else shrunk.name
+
+    other = threading.Thread(target=member, args=("a",))
+    other.start()
+    member("b")
+    other.join(10)
+    assert kept == {"a": "a/shrunk", "b": "b/shrunk"}
+
+
+def test_only_a_live_nccl_group_is_offered_a_shrink() -> None:
+    assert shrinker_for(None) is None  # no live group (a newcomer, a broken group)
+    assert shrinker_for(alone("gloo")) is None  # gloo cannot shrink: it builds anew
 
 
 def test_a_member_that_never_reports_makes_all_build_anew_even_if_it_comes_late() -> None:
@@ -170,7 +208,8 @@ def test_survivors_shrink_keep_their_state_and_the_ledger_stays_exact(cluster: C
         # after a SIGKILL the group broke: it is built anew, and the survivors, whose
         # steps failed alike, are not sent the state they hold unless one applied more
         assert formed[killed_at][0] == "formed", formed
-        assert formed[joined_at] == ("formed", True), formed
+        # a join: the survivors built the group beside their running one (`joining`)
+        assert formed[joined_at] == ("prepared", True), formed
     assert paths(out, "w4")[joined_at] == ("formed", True)
 
 

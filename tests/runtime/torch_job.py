@@ -6,7 +6,9 @@ of each new generation K reads after it opened (a notice that reaches it late);
 `--lost-after-first-step` makes it exit right after its first step as rank 0 of a group;
 `--width` sets the MLP's hidden width (its parameters are about 11 times that).
 `--stand-in-shrink` lets the session shrink its gloo group as NCCL's would (`standing_in_shrink`);
-`--failing-shrink` makes that shrink fail on this worker.
+`--failing-shrink` makes that shrink fail on this worker. `--late-check-in-s S` makes a
+newcomer wait S seconds before its first formation; `--plain-joins` turns off the prepared
+join (`trainer_runtime.torch.joining`).
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -17,11 +19,11 @@ import json
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -85,31 +87,36 @@ def lost_after_first_step(s: Any) -> None:
     s.step = step
 
 
+def checking_in_late(s: Any, delay_s: float) -> None:
+    """Wait `delay_s` before this worker's first formation, as a newcomer whose group takes
+    that long to build: a group that prepares its join trains on meanwhile."""
+    real = s.forming_generation
+
+    def forming_generation(assignment: Any, attempt: int) -> None:
+        if s.generations_formed == 0:
+            time.sleep(delay_s)
+        real(assignment, attempt)
+
+    s.forming_generation = forming_generation
+
+
 def standing_in_shrink(failing: bool, timeout: Any) -> Any:
     """A shrink for gloo, which has none (`shrinking.Shrinker`): the survivors, and only
-    they, leave the old group and build one of their own in the old group's store, ranked
-    in their old order; it becomes the default group, as NCCL's shrink does. `failing`: it
-    raises on this worker once the group is built, as a shrink that went wrong late on
-    one member (its peers' shrinks succeeded)."""
-    import torch.distributed as dist
+    they, build a group of their own in the live group's store, ranked in their old order,
+    as NCCL's shrink leaves them one. `failing`: it raises on this worker once the group is
+    built, as a shrink that went wrong late on one member (its peers' shrinks succeeded)."""
     from torch._C._distributed_c10d import PrefixStore
 
-    def shrink(excluded: list[int]) -> None:
-        c10d = dist.distributed_c10d
-        group = c10d._get_default_group()
-        store = c10d._world.pg_map[group][1]
-        rank, world = dist.get_rank(), dist.get_world_size()
-        survivors = [r for r in range(world) if r not in excluded]
-        dist.destroy_process_group()
-        dist.init_process_group(
-            "gloo",
-            store=PrefixStore(f"shrunk{world}/", store),
-            rank=survivors.index(rank),
-            world_size=len(survivors),
-            timeout=timeout,
-        )
+    from trainer_runtime.torch.groups import Group, building
+
+    def shrink(live: Group, excluded: list[int]) -> Group:
+        survivors = [r for r in range(live.size) if r not in excluded]
+        store = PrefixStore(f"shrunk{live.size}/", live.store)
+        rank = survivors.index(live.rank)
+        shrunk = building(store, rank, len(survivors), live.device, timeout, live.name + "/s")
         if failing:
             raise RuntimeError("this worker's shrink fails (--failing-shrink)")
+        return shrunk
 
     return shrink
 
@@ -123,6 +130,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=16, help="the MLP's hidden width")
     parser.add_argument("--stand-in-shrink", action="store_true", help="shrink gloo groups")
     parser.add_argument("--failing-shrink", action="store_true", help="a shrink that fails")
+    parser.add_argument("--late-check-in-s", type=float, default=0.0, help="form late, once")
+    parser.add_argument("--plain-joins", action="store_true", help="never prepare a join")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
@@ -142,9 +151,12 @@ def main() -> None:
             deafened(s.agent, args.deaf_steps)
         if args.lost_after_first_step:
             lost_after_first_step(s)
+        if args.late_check_in_s:
+            checking_in_late(s, args.late_check_in_s)
+        s.joiner.enabled = not args.plain_joins
         if args.stand_in_shrink:
             shrink = standing_in_shrink(args.failing_shrink, s.stores.timeout)
-            s.shrinker_of = lambda device: shrink if dist.is_initialized() else None
+            s.shrinker_of = lambda live: shrink if live is not None else None
         summary = training(s, args, nn.functional.cross_entropy, trace)
         summary["reformations"] = [
             [r.generation, r.attempt, r.path.value, r.state_sent] for r in s.reformations

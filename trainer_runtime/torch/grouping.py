@@ -2,10 +2,10 @@
 
 Every worker hosts a small TCPStore server from its start; a generation's group meets in
 the store of its rank 0, under a fresh prefix (`job/g<generation>/`), so no key of an older
-generation is ever read. Re-forming is `destroy_process_group` then `init_process_group`:
-no process restart, no re-import. Then rank 0 broadcasts model parameters, buffers and the
-optimizer state to every member (newcomers and survivors alike), so survivors that diverged
-inside a failed step converge.
+generation is ever read. Re-forming is letting the old group go and building a new one
+(`trainer_runtime.torch.groups`): no process restart, no re-import. Then rank 0 broadcasts
+model parameters, buffers and the optimizer state to every member (newcomers and survivors
+alike), so survivors that diverged inside a failed step converge.
 
 Before the group is built, every rank of the generation checks in under the prefix and
 waits for the others (the roll call, `trainer_runtime.rollcall`), bounded by the store's
@@ -17,8 +17,8 @@ On NCCL, before each group is built (`nccl_environment`):
   aborts the communicator and the process lives on, so the worker re-forms. (1 and 3,
   torch's default, end the process; 0 leaves a hung collective hanging.)
 - `TORCH_NCCL_USE_COMM_NONBLOCKING=1` and `TORCH_NCCL_NONBLOCKING_TIMEOUT` = the group's
-  timeout: NCCL sets its communicator up at the first collective, and in torch's default
-  (blocking) setup that wait has no bound. A member that checked in and then never built
+  timeout: in torch's default (blocking) set-up of a communicator the wait for the others
+  has no bound. A member that checked in and then never built
   its group held its peers there for ever (seen on an H100: `peer_never_initializes` in
   `benchmarks/gpu_nccl_check.py`).
 NCCL runs collectives asynchronously to Python, so a step's allreduce may still be running,
@@ -28,7 +28,10 @@ H100 a SIGKILLed peer otherwise cost the survivor 4 samples of the step it was i
 
 A generation that only drops members of the previous one may keep the live group instead
 (`trainer_runtime.torch.shrinking`), and members that already hold rank 0's state are not
-sent it again (`broadcasting_state`).
+sent it again (`broadcasting_state`). A generation that only adds members may be built by
+the running ones beside their group while it trains (`trainer_runtime.torch.joining`);
+then every member of the attempt meets once more at the switch (`switching`) before the
+group's first collective.
 
 What must stay true: every collective runs under the group's bounded timeout; after
 `broadcasting_state` returns, all members hold rank 0's state; an applied step's
@@ -46,12 +49,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ErrorType, PrefixStore, Store, TCPStore
+from torch._C._distributed_c10d import PrefixStore, Store, TCPStore
 from torch.distributed.utils import _verify_param_shape_across_processes as verify_shapes
 
 from trainer_runtime.agent import Assignment
 from trainer_runtime.generations import holding_state
-from trainer_runtime.rollcall import Abandoned, calling_roll
+from trainer_runtime.rollcall import ABANDON, Abandoned, calling_roll, proposing
+from trainer_runtime.torch.groups import Group, aborting, building
 from trainer_runtime.torch.shrinking import (
     Reformation,
     Shrinker,
@@ -67,6 +71,8 @@ ABORT_ONLY = "2"
 NCCL_NONBLOCKING = "TORCH_NCCL_USE_COMM_NONBLOCKING"
 NCCL_NONBLOCKING_TIMEOUT = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
 ROLL_PREFIX = "roll/"  # the roll call's keys, under the attempt's prefix
+SWITCH_PREFIX = "switch/"  # the switch's roll call (`switching`)
+PREPARED_KEY = "prepared"  # members that build the group beside a running one
 
 
 class StoreHost:
@@ -93,6 +99,19 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def attempt_tag(assignment: Assignment, attempt: int) -> str:
+    """The attempt's name: `g<generation>` at attempt 0, `g<generation>a<n>` at attempt n."""
+    return f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
+
+
+def attempt_store(assignment: Assignment, attempt: int, job_id: str, stores: StoreHost) -> Store:
+    """Where the attempt's members meet: the store of its rank 0, under the attempt's own
+    prefix (`job/g<generation>/`), so that no key of another attempt is ever read."""
+    leader = next(p for p in assignment.peers if p.rank == 0)
+    tag = attempt_tag(assignment, attempt)
+    return PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
+
+
 def forming(
     assignment: Assignment,
     attempt: int,
@@ -100,52 +119,93 @@ def forming(
     stores: StoreHost,
     device: torch.device,
     superseded: Callable[[], bool] = lambda: False,
+    live: Group | None = None,
     previous: Assignment | None = None,
     shrinker: Shrinker | None = None,
-) -> Reformation:
+) -> tuple[Reformation, Group]:
     """Join attempt `attempt` at this generation's group (a generation that failed to form,
     or whose step failed while nobody left, is formed again under keys of its own:
     `job/g<generation>/` at attempt 0, `job/g<generation>a<n>/` at attempt n).
 
-    `previous`: the assignment this process's live group was formed as (None: no live
-    group). When the new generation only drops members of it, and every member can, the
-    live group is shrunk (`shrinking`); otherwise, or when a shrink fails, the old group
-    (if any) is left and a new one built. `shrinker`: how the live group shrinks
-    (`shrinking.shrinker_for`), None where it cannot."""
-    leader = next(p for p in assignment.peers if p.rank == 0)
-    tag = f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
-    store = PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
+    `live`: this process's group, formed as `previous` (None: none). When the new
+    generation only drops members of it, and every member can, the live group is shrunk
+    (`shrinking`); otherwise, or when a shrink fails, it is let go and a new one built.
+    `shrinker`: how the live group shrinks (`shrinking.shrinker_for`), None where it
+    cannot."""
+    store = attempt_store(assignment, attempt, job_id, stores)
     timeout_s = stores.timeout.total_seconds()
-    excluded = leavers(previous, assignment) if shrinker is not None and attempt == 0 else None
+    excluded = None
+    if live is not None and shrinker is not None and attempt == 0:
+        excluded = leavers(previous, assignment)
     if excluded is not None:
         offering(store)
     else:
-        dissolving()
+        dissolving(live)
     meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
     if excluded is not None:
-        assert shrinker is not None
+        assert shrinker is not None and live is not None
         if agreed(store, assignment.world_size):
             # past NCCL's own bound on the shrink (the group's timeout), so that only a
             # member that is gone is waited for to the end
             deadline = time.monotonic() + 2 * timeout_s
-            if shrinking(store, shrinker, excluded, assignment.world_size, deadline):
-                return Reformation.SHRUNK
+            shrunk = shrinking(store, shrinker, live, excluded, assignment.world_size, deadline)
+            if shrunk is not None:
+                return Reformation.SHRUNK, shrunk
             store = PrefixStore("full/", store)  # all build anew, under keys of their own
-            dissolving()
+            dissolving(live)
             meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
         else:
-            dissolving()
-    backend = backend_for(device)
-    if backend == "nccl":
+            dissolving(live)
+    if device.type == "cuda":
         nccl_environment(timeout_s)
-    dist.init_process_group(
-        backend,
-        store=store,
-        rank=assignment.rank,
-        world_size=assignment.world_size,
-        timeout=stores.timeout,
-    )
-    return Reformation.FORMED
+    name = f"{job_id}/{attempt_tag(assignment, attempt)}"
+    group = building(store, assignment.rank, assignment.world_size, device, stores.timeout, name)
+    try:
+        if prepared_count(store) > 0:  # a member built it beside its running group
+            switching(store, assignment.rank, assignment.world_size, timeout_s, superseded)
+    except dist.DistStoreError:
+        dissolving(group)
+        raise
+    return Reformation.FORMED, group
+
+
+def preparing(store: Store) -> None:
+    """This member builds the attempt's group beside its running one: counted before it
+    checks in at the roll call, so that every member reads the count whole once the roll
+    call said BUILD (`prepared_count`) and meets the others at the switch."""
+    store.add(PREPARED_KEY, 1)
+
+
+def prepared_count(store: Store) -> int:
+    """How many members of the attempt build its group beside a running one."""
+    return int(store.add(PREPARED_KEY, 0))
+
+
+def switching(
+    store: Store,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    superseded: Callable[[], bool] = lambda: False,
+) -> None:
+    """The second roll call of an attempt some member built beside its running group: every
+    member checks in once it will use the built group (a newcomer at once, a running member
+    at the step boundary where its group leaves), so that no collective runs on the group
+    before all of them are there; bounded by twice the timeout (the running members may
+    finish a step or two first) or a newer generation. Raises `DistStoreError` when the
+    attempt is abandoned."""
+    try:
+        calling_roll(
+            store, SWITCH_PREFIX, rank, world_size, superseded, time.monotonic() + 2 * timeout_s
+        )
+    except Abandoned as error:
+        raise dist.DistStoreError(str(error)) from error
+
+
+def giving_up_switch(store: Store) -> None:
+    """A member that will not use the attempt's group it built beside its running one says
+    so, and the others stop waiting for it at the switch."""
+    proposing(store, SWITCH_PREFIX, ABANDON)
 
 
 def meeting(
@@ -185,28 +245,22 @@ def nccl_environment(timeout_s: float) -> None:
         os.environ[name] = value
 
 
-def settling(device: torch.device) -> None:
+def settling(group: Group) -> None:
     """Wait until this rank's queued collectives ended, and raise if the communicator
     failed meanwhile (a peer died, or the watchdog aborted it on a timeout): the gradients
     they produced may be partial and must not be applied. Only for NCCL; a gloo collective
     raises in the call itself."""
-    torch.cuda.current_stream(device).synchronize()
-    backend = dist.distributed_c10d._get_default_group()._get_backend(device)
-    error = backend.get_error()
-    if error != ErrorType.SUCCESS:
-        raise RuntimeError(f"the group's collectives failed ({error})")
+    torch.cuda.current_stream(group.device).synchronize()
+    if group.failed():
+        raise RuntimeError(f"the group's collectives failed ({group.backend().get_error()})")
 
 
-def dissolving() -> None:
-    """Leave the current group, if any. An NCCL communicator is aborted first: a peer that
-    died may have left a collective queued on it, and destroying it would wait for that
-    collective for ever. (torch has no public name for the default group; the private one
-    is typed, so mypy checks the call: a stale name here once failed only on a GPU.)"""
-    if dist.is_initialized():
-        if torch.cuda.is_available() and dist.get_backend() == "nccl":
-            group = dist.distributed_c10d._get_default_group()
-            group._get_backend(torch.device("cuda")).abort()
-        dist.destroy_process_group()
+def dissolving(group: Group | None) -> None:
+    """Leave `group`, if any. An NCCL communicator is aborted first: a peer that died may
+    have left a collective queued on it, and destroying it would wait for that collective
+    for ever. The group itself goes with the caller's last reference to it."""
+    if group is not None:
+        aborting(group)
 
 
 def placeholders(tree: Any, tensors: list[torch.Tensor]) -> Any:
@@ -235,6 +289,7 @@ def rebuilding(tree: Any, tensors: list[torch.Tensor], device: torch.device) -> 
 
 
 def broadcasting_state(
+    group: Group,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     extra: dict[str, Any],
@@ -251,35 +306,35 @@ def broadcasting_state(
     shrink, a step that failed everywhere), one flag's allreduce says so and only the
     buffers are sent (each rank's own between formations: DDP here does not broadcast
     them); otherwise everything is, as to a newcomer."""
-    rank = dist.get_rank()
+    rank, pg = group.rank, group.pg
     tensors: list[torch.Tensor] = []
     header: list[Any] = [None]
     if rank == 0:
         header = [(placeholders(optimizer.state_dict(), tensors), extra, mark)]
-    dist.broadcast_object_list(header, src=0)
+    dist.broadcast_object_list(header, group=pg, group_src=0)
     optimizer_tree, sent, leading = header[0]
     holding = torch.tensor([int(holding_state(mark, leading))], device=device)
-    dist.all_reduce(holding, op=dist.ReduceOp.MIN)
+    dist.all_reduce(holding, op=dist.ReduceOp.MIN, group=pg)
     if int(holding.item()) == 1:
         with torch.no_grad():
             for buffer in model.buffers():
-                dist.broadcast(buffer, src=0)
+                dist.broadcast(buffer, group=pg, group_src=0)
         return sent, False
     # the parameters' shapes first, as DDP would: a member built from another model is a
     # clear error here rather than a broadcast into tensors of the wrong size
-    verify_shapes(dist.distributed_c10d._get_default_group(), list(model.parameters()))
+    verify_shapes(pg, list(model.parameters()))
     if rank != 0:
         optimizer_tree = rebuilding(optimizer_tree, tensors, device)
     with torch.no_grad():
         for value in model.state_dict().values():
-            dist.broadcast(value, src=0)
+            dist.broadcast(value, group=pg, group_src=0)
         for tensor in tensors:
             if tensor.device.type != device.type and tensor.dim() == 0:
                 holder = tensor.to(device)
-                dist.broadcast(holder, src=0)
+                dist.broadcast(holder, group=pg, group_src=0)
                 tensor.copy_(holder)
             else:
-                dist.broadcast(tensor, src=0)
+                dist.broadcast(tensor, group=pg, group_src=0)
     if rank != 0:
         optimizer.load_state_dict(optimizer_tree)
     result: dict[str, Any] = sent

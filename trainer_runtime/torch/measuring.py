@@ -60,6 +60,7 @@ class NoiseMeter:
     def __init__(self, estimator: NoiseEstimator) -> None:
         self.estimator = estimator
         self.ddp: DistributedDataParallel | None = None
+        self.group: dist.ProcessGroup | None = None  # the DDP's: what `averaging` sums over
         self.parameters: list[torch.nn.Parameter] = []
         self.world_size = 1
         self.able = False
@@ -71,7 +72,7 @@ class NoiseMeter:
 
     def attaching(self, ddp: DistributedDataParallel, world_size: int) -> None:
         """Measure the steps of `ddp` (a new DDP object each generation)."""
-        self.ddp, self.world_size = ddp, world_size
+        self.ddp, self.group, self.world_size = ddp, ddp.process_group, world_size
         self.parameters = [p for p in ddp.module.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in self.parameters}
         self.able = world_size >= 2 and len(dtypes) == 1 and dtypes <= set(MEASURED_DTYPES)
@@ -81,7 +82,7 @@ class NoiseMeter:
 
     def detaching(self) -> None:
         """Let go of the generation's DDP before its group is dissolved."""
-        self.ddp, self.able, self.measuring = None, False, False
+        self.ddp, self.group, self.able, self.measuring = None, None, False, False
 
     def arming(self, step: int, last: bool = True) -> None:
         """Before each forward of the step: whether DDP averages this backward's gradients
@@ -112,7 +113,7 @@ class NoiseMeter:
             flat[-EXTRA] = torch.dot(body, body) / (scale * scale)
             flat[-2] = 1.0 / local_samples
             flat[-1] = 1.0
-        dist.all_reduce(flat)
+        dist.all_reduce(flat, group=self.group)
         body.div_(self.world_size)
         self.pending.append((flat[-EXTRA:].clone(), torch.dot(body, body), batch))
         self.unsettled = True

@@ -7,10 +7,13 @@ with session(model, optimizer, dataset, batch_policy=KeepGlobalBatch(64)) as s:
 ```
 `s.model` is the model wrapped in DistributedDataParallel for the current generation; call
 through it each step (it changes object on a resize). Each step every rank reads, from
-memory, whether a new generation opened, and the ranks agree on it in a one-element
-allreduce that runs while the step does, so that all of them leave the generation at the
-same step boundary; then the session re-forms the process group, reconciles the ledger and
-broadcasts rank 0's state, and goes on. A rank whose slice of a
+memory, whether a new generation opened, and the ranks agree on it in a small allreduce
+that runs while the step does, so that all of them leave the generation at the same step
+boundary; then the session re-forms the process group (`s.group`; torch's default group is
+never initialized), reconciles the ledger and broadcasts rank 0's state, and goes on. A
+generation that only adds members is built beside the running group while it trains, and
+the group leaves once every rank's is built (`trainer_runtime.torch.joining`). A rank whose
+slice of a
 step is empty (more ranks than samples in the step) gets one stand-in sample whose loss is
 weighted 0, so that every rank takes part in every allreduce.
 
@@ -67,11 +70,15 @@ from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import loading, saving
 from trainer_runtime.torch.grouping import (
     StoreHost,
+    attempt_store,
     broadcasting_state,
     dissolving,
     forming,
     settling,
+    switching,
 )
+from trainer_runtime.torch.groups import Group
+from trainer_runtime.torch.joining import Joiner
 from trainer_runtime.torch.measuring import NoiseMeter
 from trainer_runtime.torch.shrinking import Reformation, Shrinker, shrinker_for
 
@@ -108,7 +115,7 @@ class ElasticSession(generations.Member):
     policy: BatchPolicy
     #: How this process's live group may shrink (`shrinking.shrinker_for`): None where it
     #: cannot, and the group is built anew. A test swaps in a stand-in on gloo.
-    shrinker_of: Callable[[torch.device], Shrinker | None] = staticmethod(shrinker_for)
+    shrinker_of: Callable[[Group | None], Shrinker | None] = staticmethod(shrinker_for)
 
     def __init__(
         self,
@@ -127,6 +134,11 @@ class ElasticSession(generations.Member):
         self.stores = StoreHost(self.contract.host, self.contract.timeout_s)
         self.meter = NoiseMeter(self.noise)
         self.ddp: DistributedDataParallel | None = None
+        #: This generation's process group (`trainer_runtime.torch.groups`; torch's
+        #: default group is never initialized): every collective of the session names it.
+        self.group: Group | None = None
+        #: Builds the next generation's group beside this one when it only adds members.
+        self.joiner = Joiner(self.agent, self.stores, self.contract.job_id, self.device)
         self.rank = -1
         self.world_size = 0
         self.generation = 0
@@ -134,8 +146,10 @@ class ElasticSession(generations.Member):
         # has seen a newer generation open (summed over the group while the step runs);
         # all of them leave at the boundary after a step whose sum is not 0. The vote also
         # carries rank 0's re-decision of an adaptive batch (`generations.proposing_batch`),
-        # which every rank adopts at that boundary.
-        self.vote = torch.zeros(1 + CARRIED, dtype=torch.float32, device=self.device)
+        # which every rank adopts at that boundary. Its second number counts the ranks whose
+        # group for the next generation is built (`joining`): all of them leave once every
+        # rank's is, without anybody having asked to leave.
+        self.vote = torch.zeros(2 + CARRIED, dtype=torch.float32, device=self.device)
         self.voting: dist.Work | None = None
         self.keeper = Keeper(self.contract.job_id, self.contract.checkpoint_dir, saving, loading)
         self.last_vote: dist.Work | None = None  # held until its group is gone (`unwrapping`)
@@ -158,6 +172,7 @@ class ElasticSession(generations.Member):
         shadow.step()
 
     def releasing(self) -> None:
+        self.joiner.cancelling()
         self.leaving_group()
 
     @property
@@ -170,22 +185,39 @@ class ElasticSession(generations.Member):
     # ----- generations -----
 
     def forming_generation(self, assignment: Assignment, attempt: int) -> None:
+        prepared = self.joiner.taking(assignment, attempt)
         # a broken group is not shrunk: torch's watchdog aborted its communicator
         previous = None if self.broken else self.formed
-        shrinker = self.shrinker_of(self.device)  # read while the live group is there
+        live, self.group = self.group, None
+        shrinker = self.shrinker_of(None if self.broken else live)
         self.formed = None
         self.unwrapping()
-        path = forming(
-            assignment,
-            attempt,
-            self.contract.job_id,
-            self.stores,
-            self.device,
-            self.agent.changed,
-            previous=previous,
-            shrinker=shrinker,
-        )
-        self.last_vote = None  # the old group is gone (left or shrunk): release it here
+        if prepared is not None:
+            dissolving(live)
+            live = None
+            path, group = Reformation.PREPARED, prepared
+            try:
+                store = attempt_store(assignment, attempt, self.contract.job_id, self.stores)
+                timeout_s = self.stores.timeout.total_seconds()
+                switching(store, assignment.rank, assignment.world_size, timeout_s)
+            except RuntimeError:
+                dissolving(group)
+                raise
+        else:
+            path, group = forming(
+                assignment,
+                attempt,
+                self.contract.job_id,
+                self.stores,
+                self.device,
+                self.agent.changed,
+                live=live,
+                previous=previous,
+                shrinker=shrinker,
+            )
+        del live  # the old group is gone (let go or shrunk): its last vote is released here
+        self.last_vote = None
+        self.group = group
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
         extra: dict[str, Any] = {}
@@ -203,7 +235,9 @@ class ElasticSession(generations.Member):
             )
         mark = self.state_mark()
         self.origin = None  # until the state is whole again
-        sent, state_sent = broadcasting_state(self.module, self.optimizer, extra, self.device, mark)
+        sent, state_sent = broadcasting_state(
+            group, self.module, self.optimizer, extra, self.device, mark
+        )
         self.origin = (assignment.generation, attempt)
         self.formed = assignment
         self.reformations.append(Reformed(assignment.generation, attempt, path, state_sent))
@@ -218,7 +252,7 @@ class ElasticSession(generations.Member):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             self.ddp = DistributedDataParallel(
-                self.module, broadcast_buffers=False, init_sync=False
+                self.module, process_group=group.pg, broadcast_buffers=False, init_sync=False
             )
         self.meter.attaching(self.ddp, self.world_size)
         self.generations_formed += 1
@@ -251,7 +285,9 @@ class ElasticSession(generations.Member):
         (`unwrapping`); the last vote is released after the group, on this thread."""
         self.unwrapping()
         self.formed = None
-        dissolving()
+        group, self.group = self.group, None
+        dissolving(group)
+        del group
         self.last_vote = None
 
     def noise_state(self) -> dict[str, Any]:
@@ -307,15 +343,21 @@ class ElasticSession(generations.Member):
             self.meter.arming(self.window.step, self.last_micro_batch)
             if self.world_size > 1 and self.micro_batch == 0:
                 # every rank votes once a step, at the same point: its first micro-batch
-                changed, decision = self.agent.changed(), self.proposing_batch()
-                if any(decision):  # rare: a host copy (on a GPU, a synchronous one)
-                    news = (1.0 if changed else 0.0, *decision)
+                (leave, ready), decision = self.news(), self.proposing_batch()
+                if any(decision) or ready:  # rare: a host copy (on a GPU, a synchronous one)
+                    news = (float(leave), float(ready), *decision)
                     self.vote.copy_(torch.tensor(news, dtype=self.vote.dtype))
                 else:  # every other step: kernels only, as the vote alone was
                     self.vote.zero_()
-                    self.vote[:1].fill_(1.0 if changed else 0.0)
-                self.voting = dist.all_reduce(self.vote, async_op=True)
+                    self.vote[:1].fill_(float(leave))
+                assert self.group is not None
+                self.voting = dist.all_reduce(self.vote, async_op=True, group=self.group.pg)
             yield self.fetching(mine.ranges)
+
+    def news(self) -> tuple[bool, bool]:
+        """This rank's part of the vote on leaving the generation (`Joiner.news`, a memory
+        read): whether to leave now, and whether its group for the next one is built."""
+        return self.joiner.news(None if self.broken else self.formed, self.step_count)
 
     def leaving(self) -> bool:
         """Whether the group leaves its generation at this step boundary. Alone, this rank
@@ -323,7 +365,8 @@ class ElasticSession(generations.Member):
         leave at the same boundary (one leaving while a peer starts the next step would
         leave that peer in an allreduce until the collective's timeout)."""
         if self.world_size <= 1:
-            self.leaving_generation = self.agent.changed()
+            leave, ready = self.news()
+            self.leaving_generation = leave or ready
             self.adopting_batch(self.proposing_batch())
             return self.leaving_generation
         voting, self.voting = self.voting, None
@@ -331,8 +374,8 @@ class ElasticSession(generations.Member):
             return False
         try:
             voting.wait()
-            stop, *decision = self.vote.tolist()
-            self.leaving_generation = stop > 0
+            stop, ready, *decision = self.vote.tolist()
+            self.leaving_generation = stop > 0 or ready > self.world_size - 0.5
             self.adopting_batch(decision)
         except RuntimeError as error:  # the group failed: re-form it
             LOG.info("the vote on leaving failed (%s): re-forming", error)
@@ -357,8 +400,8 @@ class ElasticSession(generations.Member):
             # the meter sees the rank's whole slice: the sum of its micro-batches' gradients
             whole = self.local_samples * self.world_size / self.window_size
             self.meter.averaging(self.local_samples, whole, self.window_size)
-            if self.world_size > 1 and self.device.type == "cuda":
-                settling(self.device)  # NCCL: the allreduces ended, and whole
+            if self.world_size > 1 and self.group is not None and self.group.is_nccl:
+                settling(self.group)  # NCCL: the allreduces ended, and whole
             if self.meter.keeping() and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
                 self.committer.batch = self.batch_in_use(self.world_size)
@@ -369,7 +412,7 @@ class ElasticSession(generations.Member):
             self.optimizer.step()
             self.origin = origin
         except RuntimeError as error:
-            if not dist.is_initialized():
+            if self.group is None:
                 raise
             LOG.info("step %d failed (%s): re-forming", self.window.step, error)
             self.meter.discarding()  # a partial sum, where the collective failed late
@@ -425,7 +468,8 @@ class ElasticSession(generations.Member):
                 raise CommitFailed(self.committer.failure)
             if self.rank == 0:
                 self.agent.client.commit(self.agent.worker_id, self.generation, [], 0.0)
-            dist.barrier()
+            assert self.group is not None
+            dist.barrier(group=self.group.pg)
         except (Fenced, RuntimeError) as error:
             LOG.info("finishing failed (%s): re-forming", error)
             self.broken = True

@@ -34,14 +34,11 @@ leaves today's path (`grouping.forming`) whole.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 
-import torch
-import torch.distributed as dist
-from torch._C._distributed_c10d import ErrorType
+from torch._C._distributed_c10d import ErrorType, PrefixStore
 
 from trainer_runtime.agent import Assignment
 from trainer_runtime.rollcall import (
@@ -52,6 +49,7 @@ from trainer_runtime.rollcall import (
     proposing,
     verdict_in,
 )
+from trainer_runtime.torch.groups import Group, aborting, wrapping
 
 LOG = logging.getLogger(__name__)
 OFFER_KEY = "shrink/offered"
@@ -60,15 +58,17 @@ FAILED_KEY = "shrink/failed"
 VERDICT_PREFIX = "shrink/"  # the verdict's keys (`rollcall.proposing`)
 KEPT, DROPPED = BUILD, ABANDON  # the verdict: every member shrank, or all build anew
 
-#: Shrink the live group: the old ranks to drop.
-Shrinker = Callable[[list[int]], None]
+#: Shrink the live group: the old ranks to drop; returns the survivors' group (the live
+#: one is left for the caller to let go).
+Shrinker = Callable[[Group, list[int]], Group]
 
 
 class Reformation(enum.Enum):
     """How a worker's group became the new generation's."""
 
     SHRUNK = "shrunk"  # the live group kept, without the leavers
-    FORMED = "formed"  # a new group built: destroy, meet, initialize
+    FORMED = "formed"  # a new group built: let go, meet, build
+    PREPARED = "prepared"  # built beside the running group while it trained, switched to
 
 
 def leavers(previous: Assignment | None, current: Assignment) -> list[int] | None:
@@ -85,33 +85,32 @@ def leavers(previous: Assignment | None, current: Assignment) -> list[int] | Non
     return [rank for rank, worker in enumerate(before) if worker not in after]
 
 
-def nccl_shrinking(device: torch.device, excluded: list[int]) -> None:
-    """Shrink the default NCCL group in place: it becomes the survivors' group, ranks
-    compacted in their order (`torch.distributed.shrink_group`). The group is bound to
-    `device` first: torch registers the shrunk backend under the bound device's type, and a
-    lazily initialized group has none bound."""
-    group = dist.distributed_c10d._get_default_group()
-    if getattr(group, "bound_device_id", None) is None:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        group.bound_device_id = torch.device("cuda", index)
-    dist.shrink_group(excluded)
+def nccl_shrinking(live: Group, excluded: list[int]) -> Group:
+    """The survivors' group from NCCL's shrink of the live communicator (the backend's
+    `shrink`, what `torch.distributed.shrink_group` calls), ranks compacted in their order,
+    wrapped as torch wraps a shrunk group, over the live group's store."""
+    # (torch's stubs lack `Backend.shrink`; `shrinker_for` checked that it is there)
+    shrunk = live.backend().shrink(sorted(excluded))  # type: ignore[attr-defined]
+    store = PrefixStore(f"shrunk{live.size}/", live.store)
+    return wrapping(shrunk, store, live.device, f"{live.name}/shrunk")
 
 
-def shrinker_for(device: torch.device) -> Shrinker | None:
+def shrinker_for(live: Group | None) -> Shrinker | None:
     """The shrink this process's live group can take, or None: only NCCL's, with a PyTorch
-    that has the call, a backend that says it can, and a communicator that has not failed
-    (torch's watchdog aborts a failed one, `grouping.nccl_environment`: after a lost peer
-    the survivors build anew)."""
-    if device.type != "cuda" or not hasattr(dist, "shrink_group") or not dist.is_initialized():
+    whose backend says it can, and a communicator that has not failed (torch's watchdog
+    aborts a failed one, `grouping.nccl_environment`: after a lost peer the survivors build
+    anew)."""
+    if live is None or not live.is_nccl:
         return None
     try:
-        backend = dist.distributed_c10d._get_default_group()._get_backend(device)
+        backend = live.backend()
         healthy = backend.get_error() == ErrorType.SUCCESS
     except (RuntimeError, AttributeError):
         return None
-    if not healthy or not bool(getattr(backend, "supports_shrinking", False)):
+    can = hasattr(backend, "shrink") and bool(getattr(backend, "supports_shrinking", False))
+    if not healthy or not can:
         return None
-    return functools.partial(nccl_shrinking, device)
+    return nccl_shrinking
 
 
 def offering(store: CountingStore) -> None:
@@ -148,16 +147,23 @@ def confirming(store: CountingStore, shrunk: bool, world_size: int, deadline: fl
 def shrinking(
     store: CountingStore,
     shrinker: Shrinker,
+    live: Group,
     excluded: Sequence[int],
     world_size: int,
     deadline: float,
-) -> bool:
-    """Shrink with every member of the attempt (they agreed to); True when all of them
-    shrank, False when one failed or never reported (then all build a new group instead)."""
+) -> Group | None:
+    """Shrink `live` with every member of the attempt (they agreed to): the survivors'
+    group when all of them shrank (the live one is then let go), None when one failed or
+    never reported (then all build a new group instead, and a group this member shrank to
+    is let go)."""
     try:
-        shrinker(list(excluded))
-        shrunk = True
+        shrunk: Group | None = shrinker(live, list(excluded))
     except (RuntimeError, TypeError, ValueError) as error:
         LOG.info("shrinking the group failed (%s): building a new one", error)
-        shrunk = False
-    return confirming(store, shrunk, world_size, deadline)
+        shrunk = None
+    if confirming(store, shrunk is not None, world_size, deadline):
+        aborting(live)
+        return shrunk
+    if shrunk is not None:
+        aborting(shrunk)
+    return None
