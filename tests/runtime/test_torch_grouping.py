@@ -6,7 +6,9 @@ Aspects:
   communicator setup is not bounded by the group's timeout);
 - before an NCCL group is built, torch's watchdog is told to abort a failed collective's
   communicator and keep the process (`TORCH_NCCL_ASYNC_ERROR_HANDLING=2`), whatever the
-  environment said, with a warning when it said otherwise.
+  environment said, with a warning when it said otherwise;
+- an NCCL group (with a stand-in for `ProcessGroupNCCL`, which CPU builds lack) is built
+  with the group's timeout and name, and bound to its device.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ import logging
 import os
 import threading
 import time
+from typing import Any, ClassVar
 
 import pytest
+import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import PrefixStore, TCPStore
+from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
 
 from trainer_runtime.torch.grouping import (
     ABORT_ONLY,
@@ -29,6 +33,7 @@ from trainer_runtime.torch.grouping import (
     meeting,
     nccl_environment,
 )
+from trainer_runtime.torch.groups import building
 
 
 def store_server(timeout_s: float) -> TCPStore:
@@ -117,3 +122,30 @@ def test_a_newer_generation_abandons_the_attempt_at_once() -> None:
     assert time.monotonic() - started < 5
     with pytest.raises(dist.DistStoreError, match="abandoned"):  # the verdict stands
         meeting(store, 1, 2)
+
+
+class StandInNccl:
+    """`torch.distributed.ProcessGroupNCCL` as `groups.building` uses it: its options, and
+    a constructor (here a one-member gloo backend; it records what it was given)."""
+
+    built: ClassVar[list[tuple[int, int, Any]]] = []
+
+    class Options:
+        _timeout: datetime.timedelta | None = None
+        group_name: str = ""
+
+    def __new__(cls, store: object, rank: int, size: int, options: Any) -> Any:
+        cls.built.append((rank, size, options))
+        return ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+
+
+def test_an_nccl_group_is_built_with_its_timeout_name_and_device(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", StandInNccl, raising=False)
+    device = torch.device("cuda", 0)
+    timeout = datetime.timedelta(seconds=7)
+    group = building(dist.HashStore(), 0, 1, device, timeout, "job/g3")
+    (rank, size, options), *_ = StandInNccl.built
+    assert (rank, size, options._timeout, options.group_name) == (0, 1, timeout, "job/g3")
+    assert group.is_nccl and group.pg.bound_device_id == device and group.name == "job/g3"

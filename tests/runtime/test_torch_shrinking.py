@@ -15,7 +15,10 @@ Aspects:
 - through a drain the survivors shrink and are not sent the state they hold; after a
   SIGKILL (a broken group) they build anew; a newcomer is sent the state; the ledger stays
   exact;
-- a shrink that fails on one member: all build anew, the ledger stays exact.
+- a shrink that fails on one member: all build anew, the ledger stays exact;
+- NCCL's own calls, with a fake backend (CPU builds have no NCCL): a healthy group that can
+  shrink does so by its backend's `shrink` (leavers sorted), and the survivors' group keeps
+  the device and the store; a failed or unable one (or a gloo one) is built anew.
 """
 
 from __future__ import annotations
@@ -24,11 +27,13 @@ import datetime
 import json
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import ErrorType, ProcessGroupGloo
 
 from trainer_runtime.agent import Assignment, Outcome, Peer
 from trainer_runtime.torch.groups import Group, building
@@ -36,6 +41,7 @@ from trainer_runtime.torch.shrinking import (
     agreed,
     confirming,
     leavers,
+    nccl_shrinking,
     offering,
     shrinker_for,
     shrinking,
@@ -130,6 +136,61 @@ def test_when_every_member_shrank_each_keeps_its_shrunk_group() -> None:
 def test_only_a_live_nccl_group_is_offered_a_shrink() -> None:
     assert shrinker_for(None) is None  # no live group (a newcomer, a broken group)
     assert shrinker_for(alone("gloo")) is None  # gloo cannot shrink: it builds anew
+
+
+class FakeNcclBackend:
+    """What `shrinker_for` and `nccl_shrinking` ask of an NCCL backend (CPU builds have
+    none): its health, whether it can shrink, and the shrink, which returns a real
+    one-member gloo backend standing in for the survivors' communicator."""
+
+    def __init__(self, error: ErrorType = ErrorType.SUCCESS, can: bool = True) -> None:
+        self.error, self.supports_shrinking = error, can
+        self.asked: list[list[int]] = []
+
+    def get_error(self) -> ErrorType:
+        return self.error
+
+    def shrink(self, excluded: list[int]) -> object:
+        self.asked.append(excluded)
+        return ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=5))
+
+
+@dataclass
+class FakeNcclGroup:
+    """A live NCCL group of three, rank 1 here, as `Group` looks to the shrink."""
+
+    fake: FakeNcclBackend
+    store: dist.Store = field(default_factory=dist.HashStore)
+    device: torch.device = field(default_factory=lambda: torch.device("cuda", 0))
+    name: str = "job/g4"
+    rank: int = 1
+    size: int = 3
+    is_nccl: bool = True
+
+    def backend(self) -> FakeNcclBackend:
+        return self.fake
+
+
+def test_an_nccl_group_shrinks_by_its_backend_and_keeps_its_device_and_store() -> None:
+    fake = FakeNcclBackend()
+    live = FakeNcclGroup(fake)
+    shrinker = shrinker_for(live)  # type: ignore[arg-type]
+    assert shrinker is nccl_shrinking
+    shrunk = shrinker(live, [2, 0])  # type: ignore[arg-type]
+    assert fake.asked == [[0, 2]]  # sorted, as torch's own shrink passes them
+    assert (shrunk.rank, shrunk.size, shrunk.name) == (0, 1, "job/g4/shrunk")
+    assert shrunk.device == live.device and shrunk.pg.bound_device_id == live.device
+
+
+@pytest.mark.parametrize(
+    "fake",
+    [
+        FakeNcclBackend(error=ErrorType.COMM_ERROR),  # the watchdog aborted it: build anew
+        FakeNcclBackend(can=False),  # an NCCL older than 2.27
+    ],
+)
+def test_a_failed_or_unable_nccl_group_is_not_offered_a_shrink(fake: FakeNcclBackend) -> None:
+    assert shrinker_for(FakeNcclGroup(fake)) is None  # type: ignore[arg-type]
 
 
 def test_a_member_that_never_reports_makes_all_build_anew_even_if_it_comes_late() -> None:
