@@ -3,8 +3,10 @@ PaddlePaddle adapters) against torchrun.
 
 The same job everywhere: the tiny float64 MLP of the runtime tests (`tests/runtime/
 torch_job.py`), a global batch of 32 split among the workers, SGD with momentum, 10 ms of
-sleep after each step, one thread per process, gloo on CPU, three workers. Measured in one
-run, `--repeats` times each (medians reported):
+sleep after each step, one thread per process, gloo on CPU, three workers (`--worker-args`
+passes more arguments to our PyTorch workers: `--width 1000000` for an 11M-parameter model,
+`--plain-joins` to turn off prepared joins). Measured in one run, `--repeats` times each
+(medians reported):
 
 - `ours`: a coordinator and three `torch_job.py` workers; graceful shrink = `drain` of the
   youngest member (3 -> 2), sigkill = SIGKILL of the youngest member (3 -> 2), join = a new
@@ -229,7 +231,9 @@ def starting_coordinator(
     return f"127.0.0.1:{port_file.read_text()}"
 
 
-def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) -> Results:
+def running_ours(
+    root: Path, repeats: int, timeout_s: float, job: Path = JOB, extra: tuple[str, ...] = ()
+) -> Results:
     results = Results(extra={"join_from_ready_s": []})
     trace = Trace(root / "trace")
     trace.path.touch()
@@ -249,7 +253,7 @@ def running_ours(root: Path, repeats: int, timeout_s: float, job: Path = JOB) ->
             processes[name] = subprocess.Popen(
                 [sys.executable, str(job), "--kind", "mlp", "--samples", str(SAMPLES),
                  "--global-batch", str(GLOBAL_BATCH), "--step-sleep-s", str(STEP_SLEEP_S),
-                 "--out", str(root / "out"), "--trace", str(trace.path)],
+                 "--out", str(root / "out"), "--trace", str(trace.path), *extra],
                 env=worker_env, stdout=(root / f"{name}.log").open("ab"),
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
@@ -485,6 +489,10 @@ def main() -> None:
         "--systems", nargs="+", default=["ours", "paddle", "torchrun", "torchrun_tuned"],
         choices=["ours", "paddle", "torchrun", "torchrun_tuned"],
     )  # fmt: skip
+    parser.add_argument(
+        "--worker-args", default="",
+        help="more arguments for our PyTorch workers (torch_job.py), e.g. '--width 200000'",
+    )  # fmt: skip
     parser.add_argument("--torchrun-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--trace", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint", type=Path, help=argparse.SUPPRESS)
@@ -497,7 +505,8 @@ def main() -> None:
     for system in args.systems:
         root = Path(tempfile.mkdtemp(prefix=f"edl-resize-{system}-"))
         if system == "ours":
-            results = running_ours(root, args.repeats, args.event_timeout_s)
+            extra = tuple(args.worker_args.split())
+            results = running_ours(root, args.repeats, args.event_timeout_s, JOB, extra)
         elif system == "paddle":
             results = running_ours(root, args.repeats, args.event_timeout_s, PADDLE_JOB)
         else:

@@ -8,7 +8,9 @@ Aspects:
   communicator and keep the process (`TORCH_NCCL_ASYNC_ERROR_HANDLING=2`), whatever the
   environment said, with a warning when it said otherwise;
 - an NCCL group (with a stand-in for `ProcessGroupNCCL`, which CPU builds lack) is built
-  with the group's timeout and name, and bound to its device.
+  with the group's timeout and name, and bound to its device;
+- letting a live group go destroys it: a peer waiting in one of its collectives fails at
+  once, not at gloo's timeout.
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from trainer_runtime.torch.grouping import (
     NCCL_ERROR_HANDLING,
     NCCL_NONBLOCKING,
     NCCL_NONBLOCKING_TIMEOUT,
+    Holding,
     meeting,
     nccl_environment,
 )
-from trainer_runtime.torch.groups import building
+from trainer_runtime.torch.groups import Group, building
+
+CPU = torch.device("cpu")
 
 
 def store_server(timeout_s: float) -> TCPStore:
@@ -44,6 +49,11 @@ def store_server(timeout_s: float) -> TCPStore:
         wait_for_workers=False,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
+
+
+def client_of(server: TCPStore) -> TCPStore:
+    timeout = datetime.timedelta(seconds=10)
+    return TCPStore("127.0.0.1", server.port, is_master=False, timeout=timeout)
 
 
 def test_a_member_that_never_comes_is_an_error_within_the_timeout() -> None:
@@ -149,3 +159,37 @@ def test_an_nccl_group_is_built_with_its_timeout_name_and_device(
     (rank, size, options), *_ = StandInNccl.built
     assert (rank, size, options._timeout, options.group_name) == (0, 1, timeout, "job/g3")
     assert group.is_nccl and group.pg.bound_device_id == device and group.name == "job/g3"
+
+
+def test_letting_the_live_group_go_ends_a_peers_collective_in_it_at_once() -> None:
+    """A survivor whose step failed (a third member died) lets its old group go before it
+    meets the others; a peer still inside a collective of that group then fails at once,
+    not at gloo's timeout (gloo closes its connections only when the group is destroyed)."""
+    server = store_server(30.0)
+    timeout = datetime.timedelta(seconds=20)
+    groups: dict[int, Group] = {}
+    failed_after: list[float] = []
+
+    def building_as(rank: int) -> None:  # (a store object per thread: its calls take turns)
+        store = server if rank == 0 else client_of(server)
+        groups[rank] = building(PrefixStore("g1/", store), rank, 2, CPU, timeout, "g1")
+
+    builder = threading.Thread(target=building_as, args=(1,))
+    builder.start()
+    building_as(0)
+    builder.join(10)
+    peer = groups.pop(1)
+
+    def waiting_in_allreduce() -> None:
+        started = time.monotonic()
+        with pytest.raises(RuntimeError):
+            dist.all_reduce(torch.ones(4), group=peer.pg)  # rank 0 never joins it
+        failed_after.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=waiting_in_allreduce)
+    waiter.start()
+    time.sleep(0.5)
+    live = Holding(groups.pop(0))
+    live.letting_go()
+    waiter.join(15)
+    assert failed_after and failed_after[0] < 5, failed_after

@@ -7,13 +7,14 @@ Aspects:
 - in one process (threads, gloo): two running members prepare a three-member group while a
   newcomer forms it plainly; all three meet at the switch and the group works; a prepared
   group that one member gives up makes the others' switch fail at once, not at a timeout;
-  a generation that is not a growth is declined without checking in;
+  a generation that is not a growth is declined without checking in, and so is one whose
+  preparation was given up before it claimed its generation;
 - the vote a rank casts from its preparation: nothing while it builds, ready once built,
   leave now for any other change;
 - under real processes: a newcomer whose formation is 3 s late costs the running group a
   short pause, not the 3 s (it trains on meanwhile), the ledger stays exact; with
-  prepared joins turned off the same delay is a pause of at least 3 s (what the test
-  would see if the preparation did nothing).
+  prepared joins turned off the same delay is a pause of about 3 s (what the test would
+  see if the preparation did nothing).
 """
 
 from __future__ import annotations
@@ -286,8 +287,8 @@ def test_a_late_newcomer_costs_the_running_group_a_short_pause(
     first_of_three = min(t for t, world in mine if world == 3)
     pause = first_of_three - last_of_two
     paths = {path for _, _, path, _ in summary["reformations"]}
-    if plain:
-        assert pause >= delay_s, pause
+    if plain:  # (the running group may finish a step after the newcomer began to wait)
+        assert pause >= 0.8 * delay_s, pause
         assert "prepared" not in paths
     else:
         assert 0 < pause < delay_s / 2, pause
@@ -295,3 +296,24 @@ def test_a_late_newcomer_costs_the_running_group_a_short_pause(
     for name in ("w0", "w1", "w2"):
         counts = torch.load(out / f"{name}.pt")["counts"]
         assert torch.equal(counts, torch.full((samples,), float(epochs), dtype=torch.float64))
+
+
+def test_a_preparation_given_up_before_it_claimed_never_checks_in() -> None:
+    """The session forms plainly as soon as `taking` found nothing claimed: the thread,
+    answered late, must not check in at the same attempt too (a member counted twice)."""
+    hosts = members(2)
+    released = threading.Event()
+
+    class SlowAgent(Agent):
+        def peeking_assignment(self, timeout_s: float) -> Assignment | None:
+            released.wait(10)
+            return self.upcoming
+
+    live = generation(1, "w0", rank=0)
+    agent = SlowAgent(place(hosts, 2, 0))
+    preparation = Preparation(live, 0, agent, hosts[0], JOB_ID, CPU)  # type: ignore[arg-type]
+    assert preparation.taking(place(hosts, 2, 0), 0) is None  # nothing claimed: plainly
+    released.set()
+    preparation.thread.join(10)
+    assert preparation.state is Readiness.DECLINED and preparation.claimed is None
+    assert prepared_count(attempt_store(place(hosts, 2, 0), 0, JOB_ID, hosts[0])) == 0

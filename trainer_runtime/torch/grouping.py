@@ -90,13 +90,15 @@ class StoreHost:
         if address == self.address:
             return self.server
         if address not in self.clients:
-            host, port = address.rsplit(":", 1)
-            self.clients[address] = TCPStore(host, int(port), is_master=False, timeout=self.timeout)
+            self.clients[address] = self.connecting(address)
         return self.clients[address]
 
-
-def backend_for(device: torch.device) -> str:
-    return "nccl" if device.type == "cuda" else "gloo"
+    def connecting(self, address: str) -> Store:
+        """A client of its own to the store at `address`, for another thread: a store
+        object runs one call at a time, a blocking wait included (a group's set-up waits
+        on its peers' keys), so threads that share one wait for each other."""
+        host, port = address.rsplit(":", 1)
+        return TCPStore(host, int(port), is_master=False, timeout=self.timeout)
 
 
 def attempt_tag(assignment: Assignment, attempt: int) -> str:
@@ -104,12 +106,18 @@ def attempt_tag(assignment: Assignment, attempt: int) -> str:
     return f"g{assignment.generation}" + (f"a{attempt}" if attempt else "")
 
 
-def attempt_store(assignment: Assignment, attempt: int, job_id: str, stores: StoreHost) -> Store:
+def attempt_store(
+    assignment: Assignment, attempt: int, job_id: str, stores: StoreHost, own: bool = False
+) -> Store:
     """Where the attempt's members meet: the store of its rank 0, under the attempt's own
-    prefix (`job/g<generation>/`), so that no key of another attempt is ever read."""
+    prefix (`job/g<generation>/`), so that no key of another attempt is ever read. `own`:
+    over a connection of its own (`StoreHost.connecting`), for a thread beside the
+    training thread."""
     leader = next(p for p in assignment.peers if p.rank == 0)
     tag = attempt_tag(assignment, attempt)
-    return PrefixStore(f"{job_id}/{tag}/", stores.store_of(leader.store_address))
+    address = leader.store_address
+    base = stores.connecting(address) if own else stores.store_of(address)
+    return PrefixStore(f"{job_id}/{tag}/", base)
 
 
 def forming(
@@ -119,7 +127,7 @@ def forming(
     stores: StoreHost,
     device: torch.device,
     superseded: Callable[[], bool] = lambda: False,
-    live: Group | None = None,
+    live: Holding | None = None,
     previous: Assignment | None = None,
     shrinker: Shrinker | None = None,
 ) -> tuple[Reformation, Group]:
@@ -127,35 +135,37 @@ def forming(
     or whose step failed while nobody left, is formed again under keys of its own:
     `job/g<generation>/` at attempt 0, `job/g<generation>a<n>/` at attempt n).
 
-    `live`: this process's group, formed as `previous` (None: none). When the new
-    generation only drops members of it, and every member can, the live group is shrunk
-    (`shrinking`); otherwise, or when a shrink fails, it is let go and a new one built.
-    `shrinker`: how the live group shrinks (`shrinking.shrinker_for`), None where it
-    cannot."""
+    `live`: this process's group, formed as `previous` (empty: none), held only there. When
+    the new generation only drops members of it, and every member can, the live group is
+    shrunk (`shrinking`); otherwise, or when a shrink fails, it is let go before the new one
+    is built. `shrinker`: how the live group shrinks (`shrinking.shrinker_for`), None where
+    it cannot."""
+    live = live or Holding(None)
     store = attempt_store(assignment, attempt, job_id, stores)
     timeout_s = stores.timeout.total_seconds()
     excluded = None
-    if live is not None and shrinker is not None and attempt == 0:
+    if live.group is not None and shrinker is not None and attempt == 0:
         excluded = leavers(previous, assignment)
-    if excluded is not None:
-        offering(store)
+    if excluded is None:
+        live.letting_go()
     else:
-        dissolving(live)
+        offering(store)
     meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
     if excluded is not None:
-        assert shrinker is not None and live is not None
+        assert shrinker is not None and live.group is not None
         if agreed(store, assignment.world_size):
             # past NCCL's own bound on the shrink (the group's timeout), so that only a
             # member that is gone is waited for to the end
             deadline = time.monotonic() + 2 * timeout_s
-            shrunk = shrinking(store, shrinker, live, excluded, assignment.world_size, deadline)
+            world_size = assignment.world_size
+            shrunk = shrinking(store, shrinker, live.group, excluded, world_size, deadline)
+            live.letting_go()
             if shrunk is not None:
                 return Reformation.SHRUNK, shrunk
             store = PrefixStore("full/", store)  # all build anew, under keys of their own
-            dissolving(live)
             meeting(store, assignment.rank, assignment.world_size, timeout_s, superseded)
         else:
-            dissolving(live)
+            live.letting_go()
     if device.type == "cuda":
         nccl_environment(timeout_s)
     name = f"{job_id}/{attempt_tag(assignment, attempt)}"
@@ -253,6 +263,24 @@ def settling(group: Group) -> None:
     torch.cuda.current_stream(group.device).synchronize()
     if group.failed():
         raise RuntimeError(f"the group's collectives failed ({group.backend().get_error()})")
+
+
+class Holding:
+    """The live group, held in this one place so that letting it go releases it: gloo
+    closes its connections only when the group is destroyed (its abort does not), and a
+    peer still inside a collective of the old group (its partner died mid-step) waits
+    there until gloo's timeout unless they close. Measured: 31 s instead of 1.3 s from a
+    SIGKILL to the first step, once in 8, with an 11M-parameter model, while a reference
+    outlived the new group's set-up."""
+
+    def __init__(self, group: Group | None) -> None:
+        self.group = group
+
+    def letting_go(self) -> None:
+        """Abort the group (NCCL) and drop the reference: it is destroyed here, unless
+        something else still holds it (the caller lets go of its DDP and votes first)."""
+        group, self.group = self.group, None
+        dissolving(group)
 
 
 def dissolving(group: Group | None) -> None:

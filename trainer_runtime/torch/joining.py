@@ -10,8 +10,9 @@ the communicator: about 1.1 s of the 1.7 s an H200 paused). So:
    after them (`growing`), checks in at the attempt's roll call (counted as prepared
    first, `grouping.preparing`) and builds the group (`groups.building`), while the
    training thread steps on in the old group.
-2. Every step each rank votes (`Joiner.news`): nothing while its preparation runs, "ready"
-   once its group is built, "leave now" when it cannot prepare (any other change, a
+2. Every step each rank votes (`Joiner.news`; at the step where its preparation starts it
+   gives it `PROMPT_S` first): nothing while its preparation runs, "ready" once its group
+   is built, "leave now" when it cannot prepare (any other change, a
    preparation declined or failed, or one that ran `PREPARING_WINDOWS` steps). The group
    leaves its generation at the boundary after a step where a rank asked to leave, or all
    of them were ready.
@@ -25,12 +26,13 @@ Training on in the old generation after the new one opened keeps the ledger exac
 reconciled when the new generation forms, as they always are for the step during which a
 change is noticed; `PREPARING_WINDOWS` stays well inside the windows every worker keeps.
 
-What must stay true: a member checks in at most once per attempt (a member whose
-preparation checked in takes its outcome at that attempt, a failure included, and never
-checks in again there); no collective runs on a prepared group before the switch's roll
-call said BUILD; a prepared group that is not used is let go, and the others learn it at
-the switch; a preparation ends within its bounds (the roll call's and the group's
-timeouts), and its ranks then leave the plain way.
+What must stay true: a member checks in at most once per attempt (a preparation claims
+its generation before it checks in, and the session forms that generation's first attempt
+from the preparation's outcome, a failure included, never plainly; a preparation that was
+given up before it claimed never checks in); no collective runs on a prepared group before
+the switch's roll call said BUILD; a prepared group that is not used is let go, and the
+others learn it at the switch; a preparation ends within its bounds (the roll call's and
+the group's timeouts), and its ranks then leave the plain way.
 """
 
 from __future__ import annotations
@@ -62,6 +64,12 @@ PREPARING_WINDOWS = WINDOWS_KEPT // 4
 #: How long the preparation asks the coordinator for the new generation (it opened
 #: already: the answer is immediate unless the coordinator is unreachable).
 PEEK_S = 2.0
+#: How long the training thread waits for a preparation it just started before it votes: a
+#: group built in milliseconds (gloo's) is voted ready in that same step, so the group
+#: leaves at the boundary where it would have without preparing (else a step later:
+#: measured 0.8 s later with 0.4 s steps); a slower one (NCCL's communicator) is waited
+#: for by nobody.
+PROMPT_S = 0.05
 
 
 class Readiness(enum.Enum):
@@ -122,14 +130,15 @@ class Preparation:
         except Exception as error:  # any failure to ask: the plain path asks again
             LOG.info("could not ask for the next generation (%s): joining plainly", error)
             upcoming = None
-        if upcoming is None or not growing(self.live, upcoming) or self.cancelled.is_set():
-            self.state = Readiness.DECLINED
-            return
-        timeout_s = self.stores.timeout.total_seconds()
-        store = attempt_store(upcoming, 0, self.job_id, self.stores)
-        try:
-            preparing(store)
+        with self.lock:  # claimed, or given up first: never both (`taking`)
+            if upcoming is None or not growing(self.live, upcoming) or self.cancelled.is_set():
+                self.state = Readiness.DECLINED
+                return
             self.claimed = upcoming
+        timeout_s = self.stores.timeout.total_seconds()
+        try:
+            store = attempt_store(upcoming, 0, self.job_id, self.stores, own=True)
+            preparing(store)
             meeting(store, upcoming.rank, upcoming.world_size, timeout_s, self.given_up)
             if self.device.type == "cuda":
                 nccl_environment(timeout_s)
@@ -160,7 +169,10 @@ class Preparation:
         another generation: it is then given up) and the session forms plainly. Raises
         when it checked in for this attempt and failed, or did not end in time: the
         attempt is over for this member."""
-        claimed = self.claimed
+        with self.lock:  # a preparation that has not claimed yet never will
+            claimed = self.claimed
+            if claimed is None:
+                self.cancelled.set()
         if claimed is None or attempt != 0 or claimed.generation != assignment.generation:
             self.cancelling()
             return None
@@ -181,10 +193,10 @@ class Preparation:
         tells the others at the switch, so that none of them waits for it there."""
         with self.lock:
             self.cancelled.set()
-            group, self.group = self.group, None
+            group, self.group, claimed = self.group, None, self.claimed
         dissolving(group)
-        if self.claimed is not None:
-            store = attempt_store(self.claimed, 0, self.job_id, self.stores)
+        if claimed is not None:
+            store = attempt_store(claimed, 0, self.job_id, self.stores)
             try:
                 giving_up_switch(store)
             except RuntimeError as error:  # the store's host is gone: nobody waits there
@@ -216,6 +228,7 @@ class Joiner:
                 return True, False
             preparation = Preparation(live, step, self.agent, self.stores, self.job_id, self.device)
             self.preparation = preparation
+            preparation.thread.join(PROMPT_S)
         overdue = step - preparation.started_step > PREPARING_WINDOWS
         if overdue or not self.agent.only_newer_generation():
             return True, False

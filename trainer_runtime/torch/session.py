@@ -69,6 +69,7 @@ from trainer_runtime.sharding import SampleRange
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import loading, saving
 from trainer_runtime.torch.grouping import (
+    Holding,
     StoreHost,
     attempt_store,
     broadcasting_state,
@@ -188,18 +189,18 @@ class ElasticSession(generations.Member):
         prepared = self.joiner.taking(assignment, attempt)
         # a broken group is not shrunk: torch's watchdog aborted its communicator
         previous = None if self.broken else self.formed
-        live, self.group = self.group, None
-        shrinker = self.shrinker_of(None if self.broken else live)
+        live, self.group = Holding(self.group), None  # held there alone (`Holding`)
+        shrinker = self.shrinker_of(None if self.broken else live.group)
         self.formed = None
         self.unwrapping()
         if prepared is not None:
-            dissolving(live)
-            live = None
+            live.letting_go()
             path, group = Reformation.PREPARED, prepared
             try:
                 store = attempt_store(assignment, attempt, self.contract.job_id, self.stores)
                 timeout_s = self.stores.timeout.total_seconds()
-                switching(store, assignment.rank, assignment.world_size, timeout_s)
+                world_size = assignment.world_size
+                switching(store, assignment.rank, world_size, timeout_s, self.agent.changed)
             except RuntimeError:
                 dissolving(group)
                 raise
@@ -215,7 +216,7 @@ class ElasticSession(generations.Member):
                 previous=previous,
                 shrinker=shrinker,
             )
-        del live  # the old group is gone (let go or shrunk): its last vote is released here
+        live.letting_go()  # (gone already, unless shrunk) its last vote is released after it
         self.last_vote = None
         self.group = group
         self.rank, self.world_size = assignment.rank, assignment.world_size

@@ -153,16 +153,15 @@ def shrinking(
     deadline: float,
 ) -> Group | None:
     """Shrink `live` with every member of the attempt (they agreed to): the survivors'
-    group when all of them shrank (the live one is then let go), None when one failed or
-    never reported (then all build a new group instead, and a group this member shrank to
-    is let go)."""
+    group when all of them shrank (the caller then lets the live one go), None when one
+    failed or never reported (then all build a new group instead, and a group this member
+    shrank to is let go)."""
     try:
         shrunk: Group | None = shrinker(live, list(excluded))
     except (RuntimeError, TypeError, ValueError) as error:
         LOG.info("shrinking the group failed (%s): building a new one", error)
         shrunk = None
     if confirming(store, shrunk is not None, world_size, deadline):
-        aborting(live)
         return shrunk
     if shrunk is not None:
         aborting(shrunk)
