@@ -18,7 +18,9 @@ the same way, since the set-up is itself a collective of all of them.
 What must stay true: a group is built only after its attempt's roll call said BUILD
 (`grouping.meeting`); every collective of a session names its group; a group that failed
 is aborted before it is let go (a collective left queued on a failed NCCL communicator
-would hold its destructor for ever).
+would hold its destructor for ever), and a group left is destroyed as it is left
+(`grouping.Holding`: gloo closes its connections only then, and a peer still inside one of
+its collectives fails at once).
 """
 
 from __future__ import annotations
