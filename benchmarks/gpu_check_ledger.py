@@ -91,7 +91,8 @@ def ledger_worker(args: argparse.Namespace) -> None:
         summary = {
             "steps": steps, "step": s.step_count, "generations": s.generations_formed,
             "reformations": [
-                [r.generation, r.attempt, r.path.value, r.state_sent] for r in s.reformations
+                [r.generation, r.attempt, r.path.value, r.delivery.value]
+                for r in s.reformations
             ],
         }  # fmt: skip
     torch.save({"counts": model.counts.detach().cpu()}, Path(args.out) / f"{worker}.pt")
@@ -284,7 +285,7 @@ def ledger_check(logs: Path, device: str, mode: str) -> dict[str, Any]:
             "wrong_counters": wrong, "w0": summary, "pauses_s": pauses,
             "gaps_s": {k: gap_after(trace, "w0", at, world) for k, (at, world) in events.items()},
             "reform_s": [round(t, 4) for t in reform_times(trace, "w0")],
-            "paths": summary["reformations"],  # [generation, attempt, path, state sent]
+            "paths": summary["reformations"],  # [generation, attempt, path, delivery]
         }  # fmt: skip
 
 

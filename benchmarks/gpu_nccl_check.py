@@ -35,7 +35,8 @@ Checks:
   built beside it, `trainer_runtime.torch.joining`); `reform_s`, w0's time inside
   re-formation (letting the old group go, meeting, building, the switch, the state
   broadcast, the DDP wrapper); `paths`, how each generation formed on w0 (`prepared`,
-  `shrunk` or `formed`, and whether rank 0's state was sent).
+  `shrunk` or `formed`, and how rank 0's state reached the members: `held`, `sent`, or
+  `streamed` over the first steps, `trainer_runtime.torch.streaming`).
 
 The checks live in modules of their own: `gpu_check_jobs.py` (the job's processes),
 `gpu_check_ledger.py` (`ledger`, `peer_never_initializes`), `gpu_check_overhead.py`

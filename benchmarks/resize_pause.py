@@ -30,7 +30,10 @@ process on a change) and `ready TIME NAME` once a worker of ours has warmed up. 
 time is taken by this script just before it acts; "the new group" is a group not seen in
 the trace at that time, with the expected world size. `join_s` runs from the new process's
 start, import of torch included, for both systems; `join_pause_s` is the gap the running
-group sees (its last step before the new group -> the new group's first step).
+group sees (its last step before the new group -> the new group's first step), and
+`join_slowest_step_s` the oldest member's slowest step among the grown group's first 12
+(where rank 0's state streams to the newcomer: `trainer_runtime.torch.streaming`), beside
+`steady_step_s`, its median step before the join.
 
 An event that does not complete within `--event-timeout-s` is recorded as that value (and
 listed under `timeouts`); the torchrun job is then restarted, so a hang of torchrun never
@@ -47,7 +50,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -59,6 +61,19 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from resize_trace import (  # noqa: E402
+    KEYS,
+    Results,
+    Trace,
+    free_port,
+    gaps,
+    killing_pid,
+    measuring,
+    stopping,
+    waiting_steady,
+)
 
 from trainer_runtime.environment import trust_environ  # noqa: E402
 from trainer_runtime.protocol.credentials import Issuer, JobCredentials  # noqa: E402
@@ -73,134 +88,7 @@ GLOBAL_BATCH = 32
 STEP_SLEEP_S = 0.01
 CHECKPOINT_EVERY = 20
 TUNED = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
-KEYS = ("graceful_shrink_s", "sigkill_s", "join_s", "join_pause_s")
-
-
-# ----- the trace -----
-
-
-@dataclass(frozen=True)
-class Step:
-    at: float
-    group: str
-    world: int
-    pid: int
-
-
-@dataclass
-class Trace:
-    path: Path
-
-    def lines(self) -> list[list[str]]:
-        """Whole lines only (a process killed mid-write may leave a torn one)."""
-        shapes = {"step": 5, "start": 4, "ready": 3}
-        lines = [line.split() for line in self.path.read_text().splitlines()]
-        return [p for p in lines if p and shapes.get(p[0]) == len(p)]
-
-    def steps(self) -> list[Step]:
-        return [
-            Step(float(p[1]), p[2], int(p[3]), int(p[4])) for p in self.lines() if p[0] == "step"
-        ]
-
-    def groups(self) -> set[str]:
-        return {step.group for step in self.steps()}
-
-    def ready_at(self, name: str) -> float | None:
-        return next((float(p[1]) for p in self.lines() if p[0] == "ready" and p[2] == name), None)
-
-    def starts_of(self, agent: str) -> list[int]:
-        return [int(p[2]) for p in self.lines() if p[0] == "start" and p[3] == agent]
-
-
-@dataclass
-class Results:
-    """Samples of each event; a timed-out event counts as its timeout."""
-
-    samples: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in KEYS})
-    timeouts: list[str] = field(default_factory=list)
-    extra: dict[str, list[float]] = field(default_factory=dict)
-
-    def medians(self) -> dict[str, float | None]:
-        return {k: round(statistics.median(v), 3) if v else None for k, v in self.samples.items()}
-
-
-def new_group_step(
-    trace: Trace, moment: float, old: set[str], world: int, timeout_s: float
-) -> tuple[Step, float] | None:
-    """The first step of a group not in `old` with `world` members, and the last step of
-    an old group before it; None after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        steps = trace.steps()
-        fresh = [s for s in steps if s.at > moment and s.group not in old and s.world == world]
-        if fresh:
-            first = min(fresh, key=lambda s: s.at)
-            before = [s.at for s in steps if s.group in old and s.at <= first.at]
-            return first, max(before, default=moment)
-        time.sleep(0.02)
-    return None
-
-
-def measuring(
-    results: Results,
-    trace: Trace,
-    acting: Callable[[], float],
-    world: int,
-    keys: tuple[str, ...],
-    timeout_s: float,
-) -> bool:
-    """Run one event (`acting` returns its moment) and record event -> first new step
-    under `keys[0]` (and the running group's pause under `keys[1]`, if given)."""
-    old = trace.groups()
-    moment = acting()
-    found = new_group_step(trace, moment, old, world, timeout_s)
-    if found is None:
-        for key in keys:
-            results.samples[key].append(timeout_s)
-        results.timeouts.append(keys[0])
-        return False
-    first, last_old = found
-    results.samples[keys[0]].append(first.at - moment)
-    if len(keys) > 1:
-        results.samples[keys[1]].append(first.at - max(last_old, moment))
-    return True
-
-
-def waiting_steady(trace: Trace, world: int, timeout_s: float, calm_s: float = 1.0) -> bool:
-    """Whether the job steps at `world` members, in one group, for `calm_s` in a row."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        now = time.time()
-        recent = [s for s in trace.steps() if s.at > now - calm_s]
-        if recent and all(s.world == world for s in recent):
-            groups = {s.group for s in recent}
-            earliest = min(s.at for s in trace.steps() if s.group in groups)
-            if len(recent) >= 5 and earliest < now - calm_s:
-                return True
-        time.sleep(0.1)
-    return False
-
-
-def stopping(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.kill()
-        process.wait(timeout=10)
-
-
-def killing_pid(pid: int) -> None:
-    """SIGKILL a training process we started (through torchrun), if it is still ours."""
-    try:
-        if "resize_pause.py" in Path(f"/proc/{pid}/cmdline").read_text():
-            os.kill(pid, signal.SIGKILL)
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+JOIN_STEPS = 12  # the grown group's first steps, where a streamed state rides (<= 8 of them)
 
 
 # ----- ours -----
@@ -234,7 +122,9 @@ def starting_coordinator(
 def running_ours(
     root: Path, repeats: int, timeout_s: float, job: Path = JOB, extra: tuple[str, ...] = ()
 ) -> Results:
-    results = Results(extra={"join_from_ready_s": []})
+    results = Results(
+        extra={"join_from_ready_s": [], "join_slowest_step_s": [], "steady_step_s": []}
+    )
     trace = Trace(root / "trace")
     trace.path.touch()
     env = environment()
@@ -287,6 +177,29 @@ def running_ours(
                     joined = [s.at for s in trace.steps() if s.world == 3 and s.at > ready]
                     results.extra["join_from_ready_s"].append(min(joined, default=first) - ready)
 
+        def settling_in(moment: float) -> None:
+            """The oldest member's slowest step among its first JOIN_STEPS in the grown
+            group (a state streamed to the newcomer rides on those), and its median step
+            before the join."""
+            deadline = time.monotonic() + timeout_s
+            while True:  # (a large model steps slowly: its first steps take seconds)
+                pid = processes["a"].pid
+                mine = sorted((s.at, s.world) for s in trace.steps() if s.pid == pid)
+                after = [t for t, world in mine if t > moment and world == 3][: JOIN_STEPS + 1]
+                if len(after) > JOIN_STEPS or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            before = [t for t, _ in mine if t < moment][-21:]
+            if len(before) > 2 and len(after) > 2:
+                results.extra["join_slowest_step_s"].append(max(gaps(after)))
+                results.extra["steady_step_s"].append(statistics.median(gaps(before)))
+
+        def grown() -> None:
+            moment = time.time()
+            joining()
+            waiting_steady(trace, 3, timeout_s)
+            settling_in(moment)
+
         for name in ("a", "b", "c"):
             starting(name)
         if not waiting_steady(trace, 3, 120):
@@ -294,12 +207,10 @@ def running_ours(
         for _ in range(repeats):
             measuring(results, trace, draining, 2, ("graceful_shrink_s",), timeout_s)
             time.sleep(0.5)
-            joining()
-            waiting_steady(trace, 3, timeout_s)
+            grown()
             measuring(results, trace, killing, 2, ("sigkill_s",), timeout_s)
             time.sleep(0.5)
-            joining()
-            waiting_steady(trace, 3, timeout_s)
+            grown()
     finally:
         for process in processes.values():
             stopping(process)

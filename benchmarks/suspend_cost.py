@@ -38,15 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from resize_pause import (  # noqa: E402
-    CREDENTIALS,
-    JOB,
-    Trace,
-    environment,
-    new_group_step,
-    starting_coordinator,
-    stopping,
-)
+from resize_pause import CREDENTIALS, JOB, environment, starting_coordinator  # noqa: E402
+from resize_trace import Trace, new_group_step, stopping  # noqa: E402
 
 SAMPLES = 10_000_000  # never reached: the job is stopped, not finished
 GLOBAL_BATCH = 32

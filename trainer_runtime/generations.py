@@ -13,13 +13,14 @@ What must stay true: every rank of a generation adopts the same state (the one r
 sent), so all of them walk the same windows from the same step, and keep the same record of
 the windows that led to that state (what a later rank 0 reconciles a coordinator with,
 should one be replaced from a state older than them: ``coordinator/recovering.py``); a
-rank's slice is the one `sharding.slice_of` cuts, run as the batch policy's
-`accumulation(world_size)` consecutive micro-batches (the same number on every rank, so
-that every rank synchronizes at its last one); a micro-batch with no sample of its own (a
-rank's empty slice, or more micro-batches than the slice has samples) is one stand-in sample
-that weighs nothing, so the rank still takes part in the step; a window is still one
-optimizer step, applied and committed after its last micro-batch; a wait for news is
-bounded, and so are the attempts at forming a generation.
+rank's slice is the one `sharding.slice_of` cuts among the ranks that share the window
+(all of them, unless some stand by: `Share`), run as the batch policy's
+`accumulation(world_size)` consecutive micro-batches, times the ranks per sharing one
+(the same number on every rank, so that every rank synchronizes at its last one); a
+micro-batch with no sample of its own (a rank's empty slice, or more micro-batches than the
+slice has samples) is one stand-in sample that weighs nothing, so the rank still takes part
+in the step; a window is still one optimizer step, applied and committed after its last
+micro-batch; a wait for news is bounded, and so are the attempts at forming a generation.
 """
 
 from __future__ import annotations
@@ -207,7 +208,9 @@ class Member(WorkerSession):
         (not the first step at a shape, which pays its warm-up)."""
         now = time.monotonic()
         rank, world_size = self.placing()
-        if (
+        if self.sharing().among != world_size:  # some ranks stand by: not the shape's time
+            self.shape_steps = 0
+        elif (
             self.shape_steps >= 2
             and rank == 0
             and isinstance(self.policy, AdaptiveBatch)
@@ -229,6 +232,14 @@ class Member(WorkerSession):
     @abc.abstractmethod
     def placing(self) -> tuple[int, int]:
         """This worker's rank in its generation, and the generation's size."""
+
+    def sharing(self) -> Share:
+        """Among which ranks a step's window is split, and this rank's part: all of the
+        generation's ranks, by rank, unless a framework's session keeps some of them out
+        for a while (members still taking in rank 0's state, `trainer_runtime.torch.
+        streaming`)."""
+        rank, world_size = self.placing()
+        return Share(rank, world_size)
 
     @abc.abstractmethod
     def finishing(self) -> bool:
@@ -260,15 +271,18 @@ class Member(WorkerSession):
             self.checking_commits()
             self.timing_step()
             assert self.walk is not None
-            rank, world_size = self.placing()
+            _, world_size = self.placing()
             window = self.walk.next_window(self.policy.global_batch(world_size))
             if window is None:
                 if self.finishing():
                     return
                 continue
-            parts = micro_slicing(
-                window, world_size, rank, accumulation_of(self.policy, world_size)
-            )
+            share = self.sharing()
+            # with fewer ranks computing than the batch is shaped for, more micro-batches,
+            # so that none is larger than the policy's
+            spread = -(-world_size // share.among)
+            accumulation = accumulation_of(self.policy, world_size) * spread
+            parts = micro_slicing(window, share.among, share.index, accumulation)
             self.window, self.window_size = window, parts[0].window_size
             self.local_samples = sum(part.samples for part in parts)
             self.micro_batches = len(parts)
@@ -445,20 +459,33 @@ class RankSlice:
     window_size: int
 
 
-def slicing(window: StepWindow, world_size: int, rank: int) -> RankSlice:
-    """Rank `rank`'s slice of `window` among `world_size` ranks. With more ranks than samples
-    in the step, an empty slice becomes one stand-in sample whose loss is weighted 0, so that
-    the rank still takes part in the step's allreduce."""
-    return standing_in(window, slice_of(window.ranges, world_size, rank))
+@dataclass(frozen=True, slots=True)
+class Share:
+    """How a step's window is split: among `among` ranks, this rank taking part `index`
+    (None: no part, it stands by with stand-in samples and still takes part in every
+    collective)."""
+
+    index: int | None
+    among: int
 
 
-def micro_slicing(window: StepWindow, world_size: int, rank: int, parts: int) -> list[RankSlice]:
+def slicing(window: StepWindow, world_size: int, rank: int | None) -> RankSlice:
+    """Rank `rank`'s slice of `window` among `world_size` ranks (None: an empty one). With
+    more ranks than samples in the step, an empty slice becomes one stand-in sample whose
+    loss is weighted 0, so that the rank still takes part in the step's allreduce."""
+    mine = [] if rank is None else slice_of(window.ranges, world_size, rank)
+    return standing_in(window, mine)
+
+
+def micro_slicing(
+    window: StepWindow, world_size: int, rank: int | None, parts: int
+) -> list[RankSlice]:
     """Rank `rank`'s slice of `window` cut into `parts` consecutive micro-batches (sizes
     within one of each other); an empty one is a stand-in sample weighted 0, as in
     `slicing`, so that every rank runs `parts` backward passes and the same collectives."""
     if parts == 1:  # the hot path without accumulation: nothing more is cut
         return [slicing(window, world_size, rank)]
-    mine = slice_of(window.ranges, world_size, rank)
+    mine = [] if rank is None else slice_of(window.ranges, world_size, rank)
     return [standing_in(window, part) for part in splitting_among(mine, parts)]
 
 

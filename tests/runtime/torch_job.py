@@ -8,7 +8,9 @@ of each new generation K reads after it opened (a notice that reaches it late);
 `--stand-in-shrink` lets the session shrink its gloo group as NCCL's would (`standing_in_shrink`);
 `--failing-shrink` makes that shrink fail on this worker. `--late-check-in-s S` makes a
 newcomer wait S seconds before its first formation; `--plain-joins` turns off the prepared
-join (`trainer_runtime.torch.joining`).
+join (`trainer_runtime.torch.joining`); `--whole-state` sends rank 0's state whole at each
+formation, never streamed (`trainer_runtime.torch.streaming`), and `--stream-chunk-bytes`
+sets the stream's smallest chunk.
 
 At the end it writes `<out>/<worker>.pt` (final parameters) and `<out>/<worker>.json`.
 """
@@ -132,6 +134,10 @@ def main() -> None:
     parser.add_argument("--failing-shrink", action="store_true", help="a shrink that fails")
     parser.add_argument("--late-check-in-s", type=float, default=0.0, help="form late, once")
     parser.add_argument("--plain-joins", action="store_true", help="never prepare a join")
+    parser.add_argument(
+        "--whole-state", action="store_true", help="send rank 0's state whole, never streamed"
+    )
+    parser.add_argument("--stream-chunk-bytes", type=int, help="the stream's smallest chunk")
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("EDL_TEST_LOG_LEVEL", "WARNING"))
     torch.set_num_threads(1)
@@ -154,6 +160,9 @@ def main() -> None:
         if args.late_check_in_s:
             checking_in_late(s, args.late_check_in_s)
         s.joiner.enabled = not args.plain_joins
+        s.streaming_state = not args.whole_state
+        if args.stream_chunk_bytes:
+            s.stream_min_bytes = args.stream_chunk_bytes
         if args.stand_in_shrink:
             shrink = standing_in_shrink(args.failing_shrink, s.stores.timeout)
             s.shrinker_of = lambda live: shrink if live is not None else None
@@ -161,6 +170,7 @@ def main() -> None:
         summary["reformations"] = [
             [r.generation, r.attempt, r.path.value, r.state_sent] for r in s.reformations
         ]
+        summary["deliveries"] = {r.generation: r.delivery.value for r in s.reformations}
     args.out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {k: v.detach().clone() for k, v in model.state_dict().items()}, args.out / f"{worker}.pt"

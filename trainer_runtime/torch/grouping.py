@@ -34,13 +34,15 @@ then every member of the attempt meets once more at the switch (`switching`) bef
 group's first collective.
 
 What must stay true: every collective runs under the group's bounded timeout; after
-`broadcasting_state` returns, all members hold rank 0's state; an applied step's
-collectives completed.
+`broadcasting_state` returns, all members hold rank 0's state, or the ones that do not
+take it over the next steps (`trainer_runtime.torch.streaming`) and stand by until they
+hold it; an applied step's collectives completed.
 """
 
 from __future__ import annotations
 
 import datetime
+import enum
 import logging
 import os
 import time
@@ -306,7 +308,8 @@ def placeholders(tree: Any, tensors: list[torch.Tensor]) -> Any:
 def rebuilding(tree: Any, tensors: list[torch.Tensor], device: torch.device) -> Any:
     """Allocate a tensor for every placeholder of `tree` (inverse of `placeholders`)."""
     if isinstance(tree, tuple) and len(tree) == 3 and tree[0] == "__tensor__":
-        tensor = torch.empty(tree[1], dtype=getattr(torch, tree[2]), device=device)
+        # zeros: a member that takes the values in steps (`streaming`) steps with them first
+        tensor = torch.zeros(tree[1], dtype=getattr(torch, tree[2]), device=device)
         tensors.append(tensor)
         return tensor
     if isinstance(tree, dict):
@@ -316,6 +319,14 @@ def rebuilding(tree: Any, tensors: list[torch.Tensor], device: torch.device) -> 
     return tree
 
 
+class Delivery(enum.Enum):
+    """How rank 0's state reached a generation's members (`broadcasting_state`)."""
+
+    HELD = "held"  # every member held it: only the buffers were sent
+    SENT = "sent"  # all of it, to every member, before the first step
+    STREAMED = "streamed"  # the buffers now, the rest to the members without it in steps
+
+
 def broadcasting_state(
     group: Group,
     model: torch.nn.Module,
@@ -323,17 +334,21 @@ def broadcasting_state(
     extra: dict[str, Any],
     device: torch.device,
     mark: tuple[int, ...] | None = None,
-) -> tuple[dict[str, Any], bool]:
-    """Make every member hold rank 0's model, optimizer state and `extra`; returns `extra`
-    as rank 0 sent it, and whether the parameters and optimizer state were sent.
+    streaming: bool = False,
+) -> tuple[dict[str, Any], Delivery, list[int]]:
+    """Make every member hold rank 0's model, optimizer state and `extra`, or start to;
+    returns `extra` as rank 0 sent it, how the state went, and the ranks that held it.
 
     `mark` names this member's state: the formation it adopted and the step it reached
     since (None: a state of its own, a newcomer's or one restored). Members whose marks
     equal rank 0's hold its parameters and optimizer state already: they adopted the same
-    state and applied the same averaged gradients since. When all of them do (a graceful
-    shrink, a step that failed everywhere), one flag's allreduce says so and only the
-    buffers are sent (each rank's own between formations: DDP here does not broadcast
-    them); otherwise everything is, as to a newcomer."""
+    state and applied the same averaged gradients since. One allreduce tells every member
+    who holds it. When all of them do (a graceful shrink, a step that failed everywhere)
+    only the buffers are sent (each rank's own between formations: DDP here does not
+    broadcast them). When some do and `streaming`, the buffers are sent, a member without
+    the state takes the optimizer state's layout (zeros) and the rest follows over the
+    next steps (`trainer_runtime.torch.streaming`); otherwise everything is sent now, as
+    to a newcomer."""
     rank, pg = group.rank, group.pg
     tensors: list[torch.Tensor] = []
     header: list[Any] = [None]
@@ -341,16 +356,21 @@ def broadcasting_state(
         header = [(placeholders(optimizer.state_dict(), tensors), extra, mark)]
     dist.broadcast_object_list(header, group=pg, group_src=0)
     optimizer_tree, sent, leading = header[0]
-    holding = torch.tensor([int(holding_state(mark, leading))], device=device)
-    dist.all_reduce(holding, op=dist.ReduceOp.MIN, group=pg)
-    if int(holding.item()) == 1:
-        with torch.no_grad():
-            for buffer in model.buffers():
-                dist.broadcast(buffer, group=pg, group_src=0)
-        return sent, False
+    holding = torch.zeros(group.size, device=device)
+    holding[rank] = float(holding_state(mark, leading))
+    dist.all_reduce(holding, group=pg)
+    holders = [r for r, held in enumerate(holding.tolist()) if held > 0.5]
+    if len(holders) == group.size:
+        broadcasting_buffers(pg, model)
+        return sent, Delivery.HELD, holders
     # the parameters' shapes first, as DDP would: a member built from another model is a
     # clear error here rather than a broadcast into tensors of the wrong size
     verify_shapes(pg, list(model.parameters()))
+    if streaming and holders and holders[0] == 0:
+        broadcasting_buffers(pg, model)
+        if rank not in holders:
+            optimizer.load_state_dict(rebuilding(optimizer_tree, [], device))
+        return sent, Delivery.STREAMED, holders
     if rank != 0:
         optimizer_tree = rebuilding(optimizer_tree, tensors, device)
     with torch.no_grad():
@@ -366,4 +386,11 @@ def broadcasting_state(
     if rank != 0:
         optimizer.load_state_dict(optimizer_tree)
     result: dict[str, Any] = sent
-    return result, True
+    return result, Delivery.SENT, holders
+
+
+def broadcasting_buffers(pg: dist.ProcessGroup, model: torch.nn.Module) -> None:
+    """Rank 0's buffers to every member (running statistics: small)."""
+    with torch.no_grad():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, group=pg, group_src=0)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -65,10 +64,12 @@ from trainer_runtime.batching import KeepGlobalBatch
 from trainer_runtime.checkpoints import Keeper
 from trainer_runtime.client import Fenced
 from trainer_runtime.environment import WorkerContract
+from trainer_runtime.generations import Share
 from trainer_runtime.sharding import SampleRange
 from trainer_runtime.torch.batching import BatchPolicy
 from trainer_runtime.torch.checkpointing import loading, saving
 from trainer_runtime.torch.grouping import (
+    Delivery,
     Holding,
     StoreHost,
     attempt_store,
@@ -81,7 +82,14 @@ from trainer_runtime.torch.grouping import (
 from trainer_runtime.torch.groups import Group
 from trainer_runtime.torch.joining import Joiner
 from trainer_runtime.torch.measuring import NoiseMeter
+from trainer_runtime.torch.replicas import (
+    completion,
+    rebuilding_buckets,
+    replicating,
+    warming_up,
+)
 from trainer_runtime.torch.shrinking import Reformation, Shrinker, shrinker_for
+from trainer_runtime.torch.streaming import MIN_CHUNK_BYTES, Stream
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
@@ -90,13 +98,18 @@ REFORMATIONS_KEPT = 64
 
 @dataclass(frozen=True, slots=True)
 class Reformed:
-    """How one generation formed on this worker: the path its group took and whether rank
-    0's parameters and optimizer state were sent (what a benchmark reports per event)."""
+    """How one generation formed on this worker: the path its group took and how rank 0's
+    parameters and optimizer state reached the members (what a benchmark reports)."""
 
     generation: int
     attempt: int
     path: Reformation
-    state_sent: bool
+    delivery: Delivery
+
+    @property
+    def state_sent(self) -> bool:
+        """Whether the parameters and optimizer state went to some member."""
+        return self.delivery is not Delivery.HELD
 
 
 class CommitFailed(Exception):
@@ -117,6 +130,11 @@ class ElasticSession(generations.Member):
     #: How this process's live group may shrink (`shrinking.shrinker_for`): None where it
     #: cannot, and the group is built anew. A test swaps in a stand-in on gloo.
     shrinker_of: Callable[[Group | None], Shrinker | None] = staticmethod(shrinker_for)
+    #: Whether members without rank 0's state take it over a generation's first steps
+    #: (`trainer_runtime.torch.streaming`) rather than all before the first; and its
+    #: smallest chunk (a test streams a small model in several).
+    streaming_state = True
+    stream_min_bytes = MIN_CHUNK_BYTES
 
     def __init__(
         self,
@@ -158,19 +176,15 @@ class ElasticSession(generations.Member):
         # goes by (a skipped state broadcast goes by `state_mark`).
         self.formed: Assignment | None = None
         self.reformations: deque[Reformed] = deque(maxlen=REFORMATIONS_KEPT)
+        #: Rank 0's state on its way to the members without it, if it is (`streaming`).
+        self.stream: Stream | None = None
+        self.holders: list[int] = []  # the ranks that held rank 0's state at the formation
 
     # ----- lifecycle -----
 
     def preparing(self) -> None:
-        """Pay the one-off costs (the optimizer's first step imports torch._dynamo) on a
-        throw-away copy, before asking to join, so the group never waits for this worker."""
-        import copy
-
-        shadow_model = copy.deepcopy(self.module)
-        shadow = type(self.optimizer)(shadow_model.parameters(), **self.optimizer.defaults)
-        for parameter in shadow_model.parameters():
-            parameter.grad = torch.zeros_like(parameter)
-        shadow.step()
+        """The one-off costs, paid before asking to join (`replicas.warming_up`)."""
+        warming_up(self.module, self.optimizer)
 
     def releasing(self) -> None:
         self.joiner.cancelling()
@@ -236,26 +250,26 @@ class ElasticSession(generations.Member):
             )
         mark = self.state_mark()
         self.origin = None  # until the state is whole again
-        sent, state_sent = broadcasting_state(
-            group, self.module, self.optimizer, extra, self.device, mark
+        sent, delivery, self.holders = broadcasting_state(
+            group, self.module, self.optimizer, extra, self.device, mark, self.streaming_state
         )
-        self.origin = (assignment.generation, attempt)
+        origin = (assignment.generation, attempt)
+        streamed = delivery is Delivery.STREAMED
+        if not streamed or self.rank in self.holders:
+            self.origin = origin
         self.formed = assignment
-        self.reformations.append(Reformed(assignment.generation, attempt, path, state_sent))
+        self.reformations.append(Reformed(assignment.generation, attempt, path, delivery))
         self.committer.failure = None  # rank 0's reconcile made the ledger agree with `sent`
         self.walk = generations.adopting(sent, self.policy, self.noise)
         self.step_count = self.walk.step
         self.applied.clear()
         self.applied.extend(generations.adopted_windows(sent))
-        # Every member holds rank 0's parameters (`broadcasting_state`, which also checked
-        # their shapes where it sent them): DDP's own sync at construction, a second
-        # broadcast of the whole model, is skipped; buffers stay each rank's own in forward.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            self.ddp = DistributedDataParallel(
-                self.module, process_group=group.pg, broadcast_buffers=False, init_sync=False
-            )
+        self.ddp = replicating(self.module, group)
         self.meter.attaching(self.ddp, self.world_size)
+        if streamed:
+            self.stream = Stream(
+                group, self.module, self.optimizer, self.holders, origin, self.stream_min_bytes
+            )
         self.generations_formed += 1
 
     def unwrapping(self) -> None:
@@ -272,6 +286,9 @@ class ElasticSession(generations.Member):
         device's collectives, the vote's among them.)"""
         self.ddp = None
         self.meter.detaching()
+        stream, self.stream = self.stream, None
+        if stream is not None:  # before the vote's wait: its chunk was issued after it
+            stream.abandoning()
         voting, self.voting = self.voting, None
         if voting is not None and self.device.type != "cuda":
             try:
@@ -325,6 +342,12 @@ class ElasticSession(generations.Member):
     def placing(self) -> tuple[int, int]:
         return self.rank, self.world_size
 
+    def sharing(self) -> Share:
+        """While rank 0's state streams, the window is the holders' alone (`streaming`)."""
+        if self.stream is None:
+            return Share(self.rank, self.world_size)
+        return self.stream.share
+
     def leaving_at_boundary(self) -> bool:
         leave = not self.broken and self.leaving()  # (a failed vote breaks the group)
         return self.broken or leave
@@ -353,6 +376,8 @@ class ElasticSession(generations.Member):
                     self.vote[:1].fill_(float(leave))
                 assert self.group is not None
                 self.voting = dist.all_reduce(self.vote, async_op=True, group=self.group.pg)
+                if self.stream is not None:  # the next chunk of rank 0's state, meanwhile
+                    self.stream.issuing()
             yield self.fetching(mine.ranges)
 
     def news(self) -> tuple[bool, bool]:
@@ -406,12 +431,16 @@ class ElasticSession(generations.Member):
             if self.meter.keeping() and self.rank == 0:
                 self.committer.noise = self.noise.estimate()
                 self.committer.batch = self.batch_in_use(self.world_size)
+            if self.stream is not None:  # the chunk in flight lands before the update
+                self.stream.landing()
             # the state changes from here: a step that fails inside it (an out-of-memory
             # error half-way through the update) leaves no mark that a peer could match
             origin, self.origin = self.origin, None
             self.policy.adjusting(self.optimizer, self.world_size)
             self.optimizer.step()
             self.origin = origin
+            if self.stream is not None and self.stream.done:  # all of it: a holder now
+                self.origin, self.stream = self.stream.origin, None
         except RuntimeError as error:
             if self.group is None:
                 raise
@@ -425,36 +454,17 @@ class ElasticSession(generations.Member):
         self.applied.append(self.window)
         if self.rank == 0:
             self.committer.enqueue(
-                self.generation, self.window, time.monotonic(), self.completion()
+                self.generation, self.window, time.monotonic(), completion(self.device)
             )
         self.rebuilding_buckets()
 
-    def completion(self) -> torch.cuda.Event | None:
-        """The step's device work, as a CUDA event recorded after its optimizer step: rank
-        0's sender commits the window once the device ran it (`Committer.enqueue`). None
-        on a CPU, where the step ran when `step` returned. The event blocks its waiter
-        (the sender thread) rather than spinning on a core."""
-        if self.device.type != "cuda":
-            return None
-        event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
-        event.record(torch.cuda.current_stream(self.device))
-        return event
-
     def rebuilding_buckets(self) -> None:
-        """Let DDP rebuild its gradient buckets now, if this step made that due.
-
-        DDP orders its buckets once per DDP object, by the order gradients became ready in
-        its first synchronized backward, and agrees on that order with a broadcast from
-        rank 0 at the next forward: in the user's `s.model(...)` call, where a peer lost
-        just then raises an error the session cannot turn into re-forming, and the worker
-        stops. Asked here, at the end of the step, the broadcast runs where a failure
-        breaks the group like any other (the step itself was applied and recorded), and
-        the user's forward finds nothing left to rebuild. Every rank asks at the same step:
-        the step's backward is synchronized on all of them or on none."""
+        """DDP's buckets rebuilt at the end of the step, if due (`replicas.rebuilding_buckets`);
+        a failure breaks the group."""
         if self.ddp is None:
             return
         try:
-            self.ddp.reducer._rebuild_buckets()
+            rebuilding_buckets(self.ddp)
         except RuntimeError as error:
             assert self.window is not None
             LOG.info("DDP's buckets after step %d failed (%s): re-forming", self.window.step, error)
