@@ -10,6 +10,10 @@ What must stay true:
   count has registered), then enter one new generation together.
 - A departure (leave, drain, failure) opens a new generation at once, with any pending
   newcomers in it.
+- A generation's number is told with the members it opened with, or not at all: a
+  departure takes its worker out of `ranked` at once, but the generation that replaces it
+  opens at the coordinator's next tick, so until then nobody is told a generation
+  (`is_as_opened`).
 - A worker that is neither a member, pending, nor drained is fenced: it must stop.
 - Parameter servers (strategy: ps) share the namespace of ids, liveness and generations with
   the workers, but never take a worker rank: a generation lists them apart, oldest first (the
@@ -91,6 +95,17 @@ class Membership:
         waiting = [w for w in self.workers.values() if w.worker_id not in self.ranked]
         waiting += [s for s in self.servers.values() if s.worker_id not in self.server_ranked]
         return sorted(waiting, key=lambda w: w.seniority)
+
+    def is_as_opened(self) -> bool:
+        """Whether `ranked` and `server_ranked` are still the lists generation `generation`
+        opened with. A departure takes its worker out at once (and a late rejoin moves
+        `generation` on) while the generation that replaces them opens at the next tick
+        (`opening_due`); in between, the number names lists it was not opened with. Told
+        then, a late worker would disagree with its peers, told the same number earlier,
+        on the world size and the ranks: a parameter server refuses the pushes of one of
+        them ("step 45 expects 4 contributions"), the ranks of a collective group would
+        not agree on its size."""
+        return not self.departed
 
     def server_members(self) -> list[Worker]:
         return [self.servers[server_id] for server_id in self.server_ranked]

@@ -15,7 +15,8 @@ Every reply a worker acts on names this process's incarnation; a lease or commit
 another is refused (FAILED_PRECONDITION with the trailing metadata ``x-edl-refusal:
 incarnation``), and the worker registers again with its report (``recovering.py``). While a
 state loaded from a document recovers, no generation is given (``AwaitGeneration`` waits)
-and no shard is leased.
+and no shard is leased. Nor is one given between a departure and the generation that
+replaces it (the next tick): its number would come with members it did not open with.
 
 What must stay true: every wait is bounded; no state change is answered before it is saved,
 and none is visible to another call unless it was saved; a call refused by the checks
@@ -301,6 +302,7 @@ class CoordinatorService:
                     view.phase is WorkerPhase.MEMBER
                     and view.number > request.after
                     and not self.state.is_recovering()
+                    and self.state.membership.is_as_opened()  # else the next tick opens one
                 ):
                     return pb.Generation(
                         status=pb.MEMBER,
