@@ -176,8 +176,7 @@ class ElasticSession(generations.Member):
         # goes by (a skipped state broadcast goes by `state_mark`).
         self.formed: Assignment | None = None
         self.reformations: deque[Reformed] = deque(maxlen=REFORMATIONS_KEPT)
-        #: Rank 0's state on its way to the members without it, if it is (`streaming`).
-        self.stream: Stream | None = None
+        self.stream: Stream | None = None  # rank 0's state on its way (`streaming`)
         self.holders: list[int] = []  # the ranks that held rank 0's state at the formation
 
     # ----- lifecycle -----
