@@ -47,6 +47,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -277,12 +278,21 @@ class Holding:
 
     def __init__(self, group: Group | None) -> None:
         self.group = group
+        #: Works of the group's last step (its vote), released right after the group: a
+        #: gloo work holds the group's connections (its context) open, however finished,
+        #: and a survivor that kept its last vote through the next roll call kept a peer
+        #: waiting in a broadcast it had given up for gloo's timeout (SIGKILLs that cost
+        #: 30.7 s instead of about 1 s with an 11M-parameter model: docs/runtime.md).
+        self.works: list[Any] = []
 
     def letting_go(self) -> None:
         """Abort the group (NCCL) and drop the reference: it is destroyed here, unless
-        something else still holds it (the caller lets go of its DDP and votes first)."""
+        something else still holds it (the caller lets go of its DDP first); then its
+        works, on this thread (`ElasticSession.unwrapping` says why after it)."""
         group, self.group = self.group, None
         dissolving(group)
+        del group
+        self.works.clear()
 
 
 def dissolving(group: Group | None) -> None:
@@ -325,6 +335,22 @@ class Delivery(enum.Enum):
     HELD = "held"  # every member held it: only the buffers were sent
     SENT = "sent"  # all of it, to every member, before the first step
     STREAMED = "streamed"  # the buffers now, the rest to the members without it in steps
+
+
+@dataclass(frozen=True, slots=True)
+class Reformed:
+    """How one generation formed on this worker: the path its group took and how rank 0's
+    parameters and optimizer state reached the members (what a benchmark reports)."""
+
+    generation: int
+    attempt: int
+    path: Reformation
+    delivery: Delivery
+
+    @property
+    def state_sent(self) -> bool:
+        """Whether the parameters and optimizer state went to some member."""
+        return self.delivery is not Delivery.HELD
 
 
 def broadcasting_state(

@@ -10,7 +10,9 @@ work ran (`completion`).
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
+import weakref
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -38,6 +40,23 @@ def replicating(module: torch.nn.Module, group: Group) -> DistributedDataParalle
         return DistributedDataParallel(
             module, process_group=group.pg, broadcast_buffers=False, init_sync=False
         )
+
+
+def discarding(
+    left: weakref.ref[DistributedDataParallel] | None, broken: bool, device: torch.device
+) -> None:
+    """After the session dropped a generation's DDP (`left`, weakly), before it lets the
+    group go: when the group failed on gloo and the DDP is still alive, collect it now.
+
+    Why: the first DDP of a process is freed only by the cyclic collector (its constructor
+    leaves it in a reference cycle of torch's own, through a frame kept alive), and its
+    reducer holds the group; gloo closes its connections only once the group and its works
+    are gone, so a peer waiting in a collective this rank gave up would wait for gloo's
+    timeout. A collection takes about 70 ms in a worker on this 2-core machine, so it runs
+    only where it frees something and a peer may be waiting: a failed group, on gloo
+    (NCCL's communicator is aborted instead, `groups.aborting`)."""
+    if broken and device.type != "cuda" and left is not None and left() is not None:
+        gc.collect()
 
 
 def rebuilding_buckets(ddp: DistributedDataParallel) -> None:

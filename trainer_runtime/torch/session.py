@@ -47,9 +47,9 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -71,6 +71,7 @@ from trainer_runtime.torch.checkpointing import loading, saving
 from trainer_runtime.torch.grouping import (
     Delivery,
     Holding,
+    Reformed,
     StoreHost,
     attempt_store,
     broadcasting_state,
@@ -84,6 +85,7 @@ from trainer_runtime.torch.joining import Joiner
 from trainer_runtime.torch.measuring import NoiseMeter
 from trainer_runtime.torch.replicas import (
     completion,
+    discarding,
     rebuilding_buckets,
     replicating,
     warming_up,
@@ -94,22 +96,6 @@ from trainer_runtime.torch.streaming import MIN_CHUNK_BYTES, Stream
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
 REFORMATIONS_KEPT = 64
-
-
-@dataclass(frozen=True, slots=True)
-class Reformed:
-    """How one generation formed on this worker: the path its group took and how rank 0's
-    parameters and optimizer state reached the members (what a benchmark reports)."""
-
-    generation: int
-    attempt: int
-    path: Reformation
-    delivery: Delivery
-
-    @property
-    def state_sent(self) -> bool:
-        """Whether the parameters and optimizer state went to some member."""
-        return self.delivery is not Delivery.HELD
 
 
 class CommitFailed(Exception):
@@ -206,6 +192,8 @@ class ElasticSession(generations.Member):
         shrinker = self.shrinker_of(None if self.broken else live.group)
         self.formed = None
         self.unwrapping()
+        live.works.append(self.last_vote)  # released with the group, before any roll call
+        self.last_vote = None
         if prepared is not None:
             live.letting_go()
             path, group = Reformation.PREPARED, prepared
@@ -229,8 +217,7 @@ class ElasticSession(generations.Member):
                 previous=previous,
                 shrinker=shrinker,
             )
-        live.letting_go()  # (gone already, unless shrunk) its last vote is released after it
-        self.last_vote = None
+        live.letting_go()  # (gone already, unless shrunk) with its last vote
         self.group = group
         self.rank, self.world_size = assignment.rank, assignment.world_size
         self.generation = assignment.generation
@@ -275,14 +262,14 @@ class ElasticSession(generations.Member):
         """Let go of everything that holds the generation's group but the group itself.
 
         The old DDP (and the meter's reference to it) goes first: its reducer holds the
-        group. The last vote is kept (`last_vote`) until the group is gone, dissolved or
-        shrunk. On gloo a vote may still run after a failed step (a peer died): if gloo's
-        worker thread then held its last reference, releasing the vote tensor there would
-        take the GIL, while the group's destructor joins that thread holding the GIL (seen:
-        a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of 9). So
-        the vote is waited for (bounded by the group's timeout) and released after the
-        group, on this thread. (On NCCL each step's ``settling`` already waited for the
-        device's collectives, the vote's among them.)"""
+        group (`replicas.discarding`). The last vote is kept (`last_vote`) until the group
+        is gone, dissolved or shrunk. On gloo a vote may still run after a failed step: if
+        gloo's worker thread then held its last reference, releasing the vote tensor there
+        would take the GIL, while the group's destructor joins that thread holding the GIL
+        (seen: a survivor hung for ever in the re-form after a peer's SIGKILL, in 3 runs of
+        9). So the vote is waited for (bounded by the group's timeout) and released after
+        the group, on this thread (on NCCL each step's ``settling`` waited for it)."""
+        left = None if self.ddp is None else weakref.ref(self.ddp)
         self.ddp = None
         self.meter.detaching()
         stream, self.stream = self.stream, None
@@ -296,10 +283,10 @@ class ElasticSession(generations.Member):
                 LOG.debug("the vote of the group left behind failed (%s)", error)
         if voting is not None:
             self.last_vote = voting
+        discarding(left, self.broken, self.device)  # the DDP gone, so the group can go
 
     def leaving_group(self) -> None:
-        """Leave the generation's group, if any, and let go of everything that holds it
-        (`unwrapping`); the last vote is released after the group, on this thread."""
+        """Leave the group, if any, and all that holds it; the last vote after it."""
         self.unwrapping()
         self.formed = None
         group, self.group = self.group, None
