@@ -177,13 +177,12 @@ def running_ours(
                     joined = [s.at for s in trace.steps() if s.world == 3 and s.at > ready]
                     results.extra["join_from_ready_s"].append(min(joined, default=first) - ready)
 
-        def settling_in(moment: float) -> None:
-            """The oldest member's slowest step among its first JOIN_STEPS in the grown
-            group (a state streamed to the newcomer rides on those), and its median step
-            before the join."""
+        def settling_in(moment: float, pid: int) -> None:
+            """Process `pid`'s slowest step among its first JOIN_STEPS in the grown group (a
+            state streamed to the newcomer rides on those), and its median step before the
+            join."""
             deadline = time.monotonic() + timeout_s
             while True:  # (a large model steps slowly: its first steps take seconds)
-                pid = processes["a"].pid
                 mine = sorted((s.at, s.world) for s in trace.steps() if s.pid == pid)
                 after = [t for t, world in mine if t > moment and world == 3][: JOIN_STEPS + 1]
                 if len(after) > JOIN_STEPS or time.monotonic() > deadline:
@@ -195,10 +194,11 @@ def running_ours(
                 results.extra["steady_step_s"].append(statistics.median(gaps(before)))
 
         def grown() -> None:
+            oldest = str(client.progress().members[0].worker_id)  # in the group before and after
             moment = time.time()
             joining()
             waiting_steady(trace, 3, timeout_s)
-            settling_in(moment)
+            settling_in(moment, processes[oldest].pid)
 
         for name in ("a", "b", "c"):
             starting(name)
