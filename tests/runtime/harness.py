@@ -32,13 +32,21 @@ TRUST = trust_environ(CREDENTIALS)
 REPO = Path(__file__).resolve().parents[2]
 
 
-def waiting_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+def waiting_for(
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    explain: Callable[[], str] | None = None,
+) -> None:
+    """Poll `condition` until it holds; at `timeout_s`, fail naming `what`, with what
+    `explain` says then (the processes' last lines: all a CI log keeps of a rare stall)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if condition():
             return
         time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+    said = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}{said}")
 
 
 @pytest.fixture
@@ -154,6 +162,17 @@ class Cluster:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
+    def tails(self, lines: int = 8, width: int = 200) -> str:
+        """The last `lines` lines of each process's log, each cut at `width` characters."""
+        said = []
+        for name in self.processes:
+            path = self.root / f"{name}.log"
+            text = path.read_text(errors="replace") if path.exists() else ""
+            last = [line[:width] for line in text.splitlines() if line.strip()][-lines:]
+            code = self.processes[name].poll()
+            said.append(f"--- {name} (exit {code}):\n" + "\n".join(last))
+        return "\n".join(said)
+
     def stopping_all(self) -> None:
         for process in self.processes.values():
             if process.poll() is None:
@@ -205,7 +224,12 @@ def changing_batch(
 
     def advancing(by: int) -> None:
         target = int(client.progress().committed_step) + by
-        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+        waiting_for(
+            lambda: client.progress().committed_step >= target,
+            90,
+            f"step {target}",
+            cluster.tails,
+        )
 
     def members() -> list[str]:
         return [m.worker_id for m in client.progress().members]

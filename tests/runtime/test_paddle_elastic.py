@@ -79,7 +79,9 @@ def test_model_ledger_is_exact_through_shrink_join_and_sigkill(cluster: Cluster)
 
     def advancing(by: int) -> None:
         target = int(client.progress().committed_step) + by
-        waiting_for(lambda: client.progress().committed_step >= target, 60, f"step {target}")
+        waiting_for(
+            lambda: client.progress().committed_step >= target, 60, f"step {target}", cluster.tails
+        )
 
     cluster.client().set_target(3)
     gate = cluster.root / "w3-joins"

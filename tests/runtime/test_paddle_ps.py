@@ -92,7 +92,9 @@ def running_ctr(cluster: Cluster, samples: int, epochs: int, faults: bool) -> li
 
     def advancing(by: int) -> None:
         target = int(client.progress().committed_step) + by
-        waiting_for(lambda: client.progress().committed_step >= target, 120, f"step {target}")
+        waiting_for(
+            lambda: client.progress().committed_step >= target, 120, f"step {target}", cluster.tails
+        )
 
     waiting_for(lambda: len(client.progress().members) == 2, 120, "two workers")
     advancing(4)

@@ -201,7 +201,9 @@ def test_sparse_table_ledger_is_exact_through_joins_and_a_worker_kill(cluster: C
 
     def advancing(by: int) -> None:
         target = int(client.progress().committed_step) + by
-        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+        waiting_for(
+            lambda: client.progress().committed_step >= target, 90, f"step {target}", cluster.tails
+        )
 
     cluster.starting_worker("ps0", server_args(cluster))
     for name in ("w0", "w1"):

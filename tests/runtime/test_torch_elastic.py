@@ -127,7 +127,9 @@ def test_a_rank_that_hears_late_leaves_with_its_peers(cluster: Cluster) -> None:
     cluster.starting_worker("w1", [*args, "--deaf-steps", "3"])
     waiting_for(lambda: len(members()) == 2, 90, "two workers")
     target = int(client.progress().committed_step) + 5
-    waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+    waiting_for(
+        lambda: client.progress().committed_step >= target, 90, f"step {target}", cluster.tails
+    )
     cluster.starting_worker("w2", args)  # 2 -> 3: w1 hears of it three steps late
     for name in ("w0", "w1", "w2"):
         assert cluster.waiting_exit(name, 180) == 0, cluster.log(name)[-3000:]

@@ -276,7 +276,9 @@ def test_a_late_newcomer_costs_the_running_group_a_short_pause(
         cluster.starting_worker(name, args)
     waiting_for(lambda: len(members()) == 2, 90, "two workers")
     target = int(client.progress().committed_step) + 5
-    waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+    waiting_for(
+        lambda: client.progress().committed_step >= target, 90, f"step {target}", cluster.tails
+    )
     assert not client.progress().finished, "the join should land mid-job"
     cluster.starting_worker("w2", [*args, "--late-check-in-s", str(delay_s)])
     for name in ("w0", "w1", "w2"):

@@ -234,7 +234,9 @@ def test_survivors_shrink_keep_their_state_and_the_ledger_stays_exact(cluster: C
 
     def advancing(by: int) -> None:
         target = int(client.progress().committed_step) + by
-        waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+        waiting_for(
+            lambda: client.progress().committed_step >= target, 90, f"step {target}", cluster.tails
+        )
 
     def members() -> list[str]:  # in rank order: the oldest first
         return [m.worker_id for m in client.progress().members]

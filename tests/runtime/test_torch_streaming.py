@@ -195,7 +195,9 @@ def test_a_joining_worker_takes_the_state_in_steps_and_ends_equal(cluster: Clust
         cluster.starting_worker(name, args)
     waiting_for(lambda: len(client.progress().members) == 2, 90, "two workers")
     target = int(client.progress().committed_step) + 5
-    waiting_for(lambda: client.progress().committed_step >= target, 90, f"step {target}")
+    waiting_for(
+        lambda: client.progress().committed_step >= target, 90, f"step {target}", cluster.tails
+    )
     assert not client.progress().finished, "the join should land mid-job"
     cluster.starting_worker("w2", args)
     for name in ("w0", "w1", "w2"):
