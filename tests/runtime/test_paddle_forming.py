@@ -14,7 +14,10 @@ Aspects:
   newer generation moves it on;
 - the group constructor is bounded: a member that answered the roll call and never built
   the group (it died since) makes the others fail within the timeout, with a real Paddle
-  constructor (it once blocked in its store wait without a bound).
+  constructor (it once blocked in its store wait without a bound);
+- so are the store connections: a member whose rank 0 died (nothing listens at its
+  registered store any more) fails its formation within the timeout, or at once when a
+  newer generation opened (Paddle's client retries its connection without a bound).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from paddle import nn
 from trainer_runtime.agent import Assignment, Outcome, Peer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle import KeepGlobalBatch, session
-from trainer_runtime.paddle.grouping import StoreHost, building, forming
+from trainer_runtime.paddle.grouping import StoreHost, building, connecting, forming, free_port
 from trainer_runtime.rollcall import ABANDON, BUILD, calling_roll, proposing
 
 from .harness import TOKEN
@@ -140,6 +143,45 @@ def test_a_member_that_died_after_the_roll_call_fails_the_constructor_in_time() 
     with pytest.raises(RuntimeError, match="never joined"):
         forming(me, 0, stores, never, timeout_s=2.0)
     assert time.monotonic() - started < 30
+
+
+def finishing_within(work: Any, bound_s: float) -> BaseException | None:
+    """Run `work` in a daemon thread; what it raised, failing the test if it is still
+    running after `bound_s` (an unbounded wait stays behind, harmless, in its thread)."""
+    raised: list[BaseException] = []
+
+    def running() -> None:
+        try:
+            work()
+        except BaseException as error:
+            raised.append(error)
+
+    thread = threading.Thread(target=running, daemon=True)
+    thread.start()
+    thread.join(bound_s)
+    assert not thread.is_alive(), f"still waiting after {bound_s} s"
+    return raised[0] if raised else None
+
+
+def test_a_member_whose_rank_0_died_fails_its_formation_in_time() -> None:
+    stores = StoreHost("127.0.0.1", timeout_s=5)
+    dead = f"127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
+    me = Assignment(Outcome.MEMBER, 7, 1, (Peer("w0", 0, dead), Peer("w1", 1, stores.address)))
+    error = finishing_within(lambda: forming(me, 0, stores, never, timeout_s=1.0), 20)
+    assert isinstance(error, RuntimeError) and "did not answer" in str(error), error
+    news = threading.Event()
+    started = time.monotonic()
+    threading.Timer(0.3, news.set).start()
+    error = finishing_within(lambda: forming(me, 0, stores, news.is_set, timeout_s=60), 20)
+    assert isinstance(error, RuntimeError) and "did not answer" in str(error), error
+    assert time.monotonic() - started < 10  # the newer generation, not the timeout
+
+
+def test_a_store_connection_returns_the_client_when_the_store_answers() -> None:
+    stores = StoreHost("127.0.0.1", timeout_s=5)
+    host, port = stores.address.rsplit(":", 1)
+    client = connecting(host, int(port), 5, never, time.monotonic() + 10)
+    assert int(client.add("k", 2)) == 2 and int(stores.server.add("k", 0)) == 2
 
 
 def idle_session(monkeypatch: pytest.MonkeyPatch, news: list[bool]) -> tuple[Any, list[Any]]:

@@ -24,8 +24,8 @@ ATTEMPTS_PER_GENERATION + attempt`), so a late member of a given-up attempt neve
 with the next one.
 
 What must stay true: no member builds a group another member gave up on (the roll call's
-one verdict per attempt, `trainer_runtime.rollcall`); every wait is
-bounded (the roll call and the group constructor by the contract's timeout or a newer
+one verdict per attempt, `trainer_runtime.rollcall`); every wait is bounded (the store
+connections, the roll call and the group constructor by the contract's timeout or a newer
 generation; gloo connects every pair of members, so a collective whose peer died raises at
 once in every member, and one whose peer went silent after gloo's own 30 s); after
 `broadcasting_state` returns, all members hold rank 0's state.
@@ -61,17 +61,18 @@ ATTEMPTS_PER_GENERATION = 16
 BUCKET_BYTES = 16 * 1024 * 1024
 STORE_PORT_ATTEMPTS = 8
 BUILD_POLL_S = 0.05
-#: How long a process about to exit lets the group constructors it gave up on end first.
+#: How long a process about to exit lets the helper threads it gave up on end first.
 ABANDONED_GRACE_S = 5.0
 
-#: Group constructors given up on whose threads may still run (``building``).
+#: Helper threads given up on that may still run (``helping``: group constructors and
+#: store connections).
 _abandoned: list[threading.Thread] = []
 _abandoned_lock = threading.Lock()
 
 
 def _letting_abandoned_builds_end() -> None:
-    """At exit, before the interpreter finalizes: wait (bounded) for the constructors
-    ``building`` gave up on. One that returns once the interpreter is finalizing (its peers
+    """At exit, before the interpreter finalizes: wait (bounded) for the helper threads
+    ``helping`` gave up on. A constructor that returns once the interpreter is finalizing (its peers
     gone, its store closed) has its thread ended under C++ frames that do not allow it, and
     the process aborts ("terminate called without an active exception", seen on drained
     workers: a clean exit reported as SIGABRT). One still blocked after the grace period
@@ -135,12 +136,14 @@ class StoreHost:
                 error = failure
         raise RuntimeError(f"could not host a store on {self.host}: {error}")
 
-    def store_of(self, address: str) -> Any:
+    def store_of(self, address: str, given_up: Callable[[], bool], deadline: float) -> Any:
+        """This worker's connection to the store at `address` (made once, bounded as
+        `connecting` is)."""
         if address == self.address:
             return self.server
         if address not in self.clients:
             host, port = address.rsplit(":", 1)
-            self.clients[address] = core.TCPStore(host, int(port), False, 1, self.timeout_s)
+            self.clients[address] = connecting(host, int(port), self.timeout_s, given_up, deadline)
         return self.clients[address]
 
     def forgetting(self, address: str) -> None:
@@ -194,7 +197,7 @@ def forming(
     past the store's timeout): so the roll call (`trainer_runtime.rollcall`) comes first,
     with counters only, in the registered store, and the constructor then runs in a helper
     thread that the caller stops waiting for after `timeout_s`, or as soon as a newer
-    generation opened.
+    generation opened. The store connections are bounded alike (`connecting`).
     """
     if not 0 <= attempt < ATTEMPTS_PER_GENERATION:
         raise RuntimeError(
@@ -211,7 +214,8 @@ def forming(
     tag = f"g{assignment.generation}a{attempt}"
     port_key = f"edl/{tag}/port"
     try:
-        registered = stores.store_of(leader.store_address)
+        deadline = time.monotonic() + timeout_s
+        registered = stores.store_of(leader.store_address, given_up, deadline)
         own: Any = None
         if assignment.rank == 0:
             own, port = stores.hosting()
@@ -222,12 +226,12 @@ def forming(
             assignment.rank,
             assignment.world_size,
             given_up,
-            time.monotonic() + timeout_s,
+            deadline,
         )
         if own is None:
             port = int(registered.add(port_key, 0))
             host = leader.store_address.rsplit(":", 1)[0]
-            own = core.TCPStore(host, port, False, 1, stores.timeout_s)
+            own = connecting(host, port, stores.timeout_s, given_up, deadline)
         make: Any = collective._new_process_group_impl  # no public API takes a group id
         process_group = building(
             lambda: make(
@@ -252,38 +256,70 @@ def forming(
 def building(
     make: Callable[[], Any], given_up: Callable[[], bool], deadline: float, what: str
 ) -> Any:
-    """Run Paddle's group constructor in a helper thread; its group, or `RuntimeError` at
-    `deadline` or once `given_up()`.
+    """Run Paddle's group constructor in a helper thread (`helping`); its group, or
+    `RuntimeError` at `deadline` or once `given_up()`.
 
     The constructor has no bound of its own: it waits for every member's address, and a
     member that died after the roll call never writes one. A constructor given up on
-    stays blocked in its (daemon) thread, holding that attempt's store connection and
-    half-made group; nothing else uses them, and the attempt's keys and group id are never
-    reused. At exit the process gives it a few seconds to end first
-    (``_letting_abandoned_builds_end``).
+    stays blocked in its thread, holding that attempt's store connection and half-made
+    group; nothing else uses them, and the attempt's keys and group id are never reused.
     """
+    return helping(
+        make,
+        given_up,
+        deadline,
+        f"the group of {what} was not built: a member that answered the roll call never "
+        "joined it (it left, died or failed since)",
+    )
+
+
+def connecting(
+    host: str, port: int, timeout_s: int, given_up: Callable[[], bool], deadline: float
+) -> Any:
+    """A client of the TCPStore at `host:port`, or `RuntimeError` at `deadline` or once
+    `given_up()`.
+
+    Paddle's client retries its connection without a bound, whatever its timeout says
+    (measured: still connecting to a dead worker's port 200 s after it was made with a
+    30 s timeout), and a formation reaches stores whose worker may just have died: the
+    registered store of a rank 0 SIGKILLed a moment ago, or the store a rank 0 started
+    for an attempt it has since given up. So the connection is made in a helper thread
+    (`helping`), as the group is; one given up on keeps retrying there, harmlessly."""
+    return helping(
+        lambda: core.TCPStore(host, port, False, 1, timeout_s),
+        given_up,
+        deadline,
+        f"the store at {host}:{port} did not answer: its worker left or died, or gave "
+        "the attempt up",
+    )
+
+
+def helping(
+    make: Callable[[], Any], given_up: Callable[[], bool], deadline: float, giving_up: str
+) -> Any:
+    """Run `make` in a (daemon) helper thread; what it returns or raises, or
+    `RuntimeError(giving_up)` at `deadline` or once `given_up()`. A thread given up on is
+    left to run; at exit the process gives it a few seconds to end first
+    (``_letting_abandoned_builds_end``)."""
     outcome: queue.Queue[tuple[bool, Any]] = queue.Queue(maxsize=1)
 
-    def constructing() -> None:
+    def running() -> None:
         try:
             outcome.put((True, make()))
         except Exception as error:  # handed to the waiting caller
             outcome.put((False, error))
 
-    thread = threading.Thread(target=constructing, name="edl-group-build", daemon=True)
+    thread = threading.Thread(target=running, name="edl-group-help", daemon=True)
     thread.start()
     while True:
         try:
-            built, value = outcome.get(timeout=BUILD_POLL_S)
+            made, value = outcome.get(timeout=BUILD_POLL_S)
         except queue.Empty:
             if given_up() or time.monotonic() > deadline:
                 _abandoning(thread)
-                raise RuntimeError(
-                    f"the group of {what} was not built: a member that answered the roll "
-                    "call never joined it (it left, died or failed since)"
-                ) from None
+                raise RuntimeError(giving_up) from None
             continue
-        if built:
+        if made:
             return value
         raise value
 
