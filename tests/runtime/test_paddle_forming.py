@@ -34,7 +34,8 @@ from paddle import nn
 from trainer_runtime.agent import Assignment, Outcome, Peer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle import KeepGlobalBatch, session
-from trainer_runtime.paddle.grouping import StoreHost, building, connecting, forming, free_port
+from trainer_runtime.paddle.grouping import building, forming
+from trainer_runtime.paddle.stores import StoreHost, connecting, free_port
 from trainer_runtime.rollcall import ABANDON, BUILD, calling_roll, proposing
 
 from .harness import TOKEN

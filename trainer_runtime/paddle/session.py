@@ -57,12 +57,12 @@ from trainer_runtime.paddle.checkpointing import as_tensors, loading, saving
 from trainer_runtime.paddle.grouping import (
     Group,
     NoiseProbe,
-    StoreHost,
     averaging_gradients,
     broadcasting_state,
     forming,
     trainable,
 )
+from trainer_runtime.paddle.stores import StoreHost
 from trainer_runtime.sharding import SampleRange
 
 LOG = logging.getLogger(__name__)
