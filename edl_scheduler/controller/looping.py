@@ -27,26 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import threading
 import time
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from edl_scheduler.api import JobPhase, TrainingJob, TrainingJobError, load_training_job
+from edl_scheduler.api import TrainingJob, TrainingJobError, load_training_job
 from edl_scheduler.controller.actuating import Actuator
 from edl_scheduler.controller.config import ControllerConfig
-from edl_scheduler.controller.coordinating import (
-    CoordinatorCallError,
-    CoordinatorPort,
-    GrpcCoordinator,
-    Progress,
-)
 from edl_scheduler.controller.deciding import NodeStates, QuietJobs, decide
 from edl_scheduler.controller.intents import Emit, JobView, PatchStatus
 from edl_scheduler.controller.kubeapi import Kube, KubeError
@@ -55,16 +47,13 @@ from edl_scheduler.controller.leaving import orphans
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.observing import Memo, observe, pod_requests, replica_of
 from edl_scheduler.controller.podstate import coordinator_port_of, group_pods, key_of
+from edl_scheduler.controller.polling import Coordinators
 from edl_scheduler.controller.reserving import ReservationStore
-from edl_scheduler.controller.shaping import coordinator_address, state_config_map
 from edl_scheduler.core import ClusterError, Node, Plan, Reason, Reservation, Resources, plan
 
 log = logging.getLogger("edl.controller.loop")
 
 Obj = Mapping[str, Any]
-#: The progress rounds ask at most this many coordinators a second (the round's period
-#: grows with the number of jobs beyond ``progress_period_s``).
-PROGRESS_CALLS_PER_S = 50
 #: At most this many jobs get a status write for their attained GPU-time alone per cycle.
 ATTAINED_WRITES_PER_CYCLE = 16
 
@@ -81,15 +70,6 @@ class World:
 
 def new_name(job: str, role: str) -> str:
     return f"{job}-{role}-{secrets.token_hex(3)}"
-
-
-@dataclass(slots=True)
-class _Coordinated:
-    tj: TrainingJob
-    address: str
-    running: bool
-    #: The coordinator pod's uid: an answer counts for this pod only.
-    uid: str
 
 
 class PlanningLoop:
@@ -111,21 +91,16 @@ class PlanningLoop:
             config.identity,
             config.lease_duration_s,
         )
-        self._clients: dict[str, tuple[str, CoordinatorPort]] = {}
-        self._clients_lock = threading.Lock()
-        self._progress: dict[str, Progress] = {}
-        #: job key -> uid of the coordinator pod that last answered: a job's workers are
-        #: created once its coordinator answers (``JobView.coordinator_ready``).
-        self._answered: dict[str, str] = {}
-        #: job key -> uid of the coordinator pod last told the job's size (``target_due``).
-        self._told: dict[str, str] = {}
-        self._coordinated: dict[str, _Coordinated] = {}
-        self._snapshots: dict[str, float] = {}
-        #: job key -> digest of the coordinator state last written to its ConfigMap
-        self._saved: dict[str, bytes] = {}
+        self.coordinators = Coordinators(
+            config,
+            lambda: self.elector.is_leader(),
+            self._keeping_state,
+            self.mark_urgent,
+            self._mark_dirty_threadsafe,
+        )
         self._attained: dict[str, float] = {}
         self._attained_left = ATTAINED_WRITES_PER_CYCLE
-        self.actuator = Actuator(kube, config, self._client_of)
+        self.actuator = Actuator(kube, config, self.coordinators.client_of)
         self.reservations: tuple[Reservation, ...] = ()
         self.store = ReservationStore(kube, config.lease_namespace, config.lease_name)
         #: Whether ``reservations`` were read from the store since this replica last led.
@@ -185,14 +160,18 @@ class PlanningLoop:
                 return False
         return self.elector.release()
 
+    def _keeping_state(self, namespace: str, name: str, manifest: Callable[[], Obj]) -> None:
+        self.actuator.save_state(namespace, name, manifest)
+
     # ----- the loop -----
 
     async def run(self) -> None:
         self._loop = asyncio.get_running_loop()
-        poller = threading.Thread(target=self._poll_forever, name="progress", daemon=True)
-        poller.start()
-        prober = threading.Thread(target=self._probe_forever, name="ready-probe", daemon=True)
-        prober.start()
+        for name, asking in (
+            ("progress", self.coordinators.polling_forever),
+            ("ready-probe", self.coordinators.probing_forever),
+        ):
+            threading.Thread(target=asking, args=(self.stopping,), name=name, daemon=True).start()
         self._lease_thread = threading.Thread(
             target=self.elector.renewing,
             args=(self.stopping, self._elected),
@@ -321,12 +300,10 @@ class PlanningLoop:
             self.metrics.quiet_cycles.set(0)
         else:
             self.metrics.quiet_cycles.inc()
-        for key in self.actuator.targets_set:
-            if key in self._answered:
-                self._told[key] = self._answered[key]
+        self.coordinators.telling(self.actuator.targets_set)
         for key in decisions.attained_written:
             self._attained[key] = now
-        self._remember_coordinators(views)
+        self.coordinators.remembering(views)
         c = decisions.counts  # 5
         self.metrics.count(c.resizes, c.preemptions, c.waited_s, c.completed_s)
         self.metrics.set_jobs(str((b.get("status") or {}).get("phase", "Pending")) for b in bodies)
@@ -391,166 +368,13 @@ class PlanningLoop:
                 rejected.get(key),
                 tuple(replicas),
                 coordinator,
-                self._progress.get(key),
+                self.coordinators.progress.get(key),
                 priorities.get(key),
-                coordinator_ready=(ready := self._ready(key, coordinator)),
-                target_due=ready and self._told.get(key) != self._answered.get(key),
+                coordinator_ready=(ready := self.coordinators.ready(key, coordinator)),
+                target_due=ready and self.coordinators.target_due(key),
                 status_unseen=self.actuator.expectations.status_unseen(key),
             )
         return views
-
-    def _ready(self, key: str, coordinator: Obj | None) -> bool:
-        """The job's coordinator pod is Running, not being deleted, and has answered."""
-        if coordinator is None:
-            return False
-        meta = coordinator.get("metadata", {})
-        return (
-            not meta.get("deletionTimestamp")
-            and coordinator.get("status", {}).get("phase") == "Running"
-            and bool(meta.get("uid"))
-            and self._answered.get(key) == meta.get("uid")
-        )
-
-    # ----- coordinators -----
-
-    def _remember_coordinators(self, views: Mapping[str, JobView]) -> None:
-        known: dict[str, _Coordinated] = {}
-        for key, view in views.items():
-            port = coordinator_port_of(view.coordinator)
-            if view.tj is None or port is None or view.coordinator is None:
-                continue
-            if JobPhase(view.body.get("status", {}).get("phase", "Pending")).final:
-                continue
-            meta = view.coordinator.get("metadata", {})
-            if meta.get("deletionTimestamp"):
-                continue
-            running = view.coordinator.get("status", {}).get("phase") == "Running"
-            address = coordinator_address(view.tj, port, self.config)
-            known[key] = _Coordinated(view.tj, address, running, str(meta.get("uid", "")))
-        self._coordinated = known
-        with self._clients_lock:
-            for key in [k for k in self._clients if k not in known]:
-                self._clients.pop(key)[1].close()
-                self._progress.pop(key, None)
-                self._saved.pop(key, None)
-            for key in [k for k in self._answered if k not in known]:
-                del self._answered[key]
-            for key in [k for k in self._told if k not in known]:
-                del self._told[key]
-
-    def _client_of(self, key: str) -> CoordinatorPort | None:
-        found = self._coordinated.get(key)
-        if found is None:
-            return None
-        with self._clients_lock:
-            have = self._clients.get(key)
-            if have is not None and have[0] == found.address:
-                return have[1]
-            if have is not None:
-                have[1].close()
-            meta = found.tj.metadata
-            token = self.config.credentials_for(meta.namespace, meta.name, meta.uid or "")
-            tls = self.config.tls_for(meta.uid or "")
-            client = GrpcCoordinator(
-                found.address,
-                token.controller(),
-                self.config.coordinator_timeout_s,
-                tls.for_clients() if tls is not None else None,
-            )
-            self._clients[key] = (found.address, client)
-            return client
-
-    def _poll_forever(self) -> None:
-        """Asks every coordinator that has answered for its progress each
-        ``progress_period_s`` (or less often, so that the rounds make at most
-        ``PROGRESS_CALLS_PER_S`` calls a second: at 200 jobs, one call per job and second took
-        most of this process's CPU and slowed the planning cycle threefold)."""
-        pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="progress")
-        period = self.config.progress_period_s
-        try:
-            while not self.stopping.wait(period):
-                if not self.elector.is_leader():
-                    continue
-                started = time.monotonic()
-                jobs = [
-                    k
-                    for k, c in dict(self._coordinated).items()
-                    if c.running and self._answered.get(k) == c.uid
-                ]
-                list(pool.map(self._poll_one, jobs))
-                spent = time.monotonic() - started
-                wanted = max(self.config.progress_period_s, len(jobs) / PROGRESS_CALLS_PER_S)
-                period = max(0.0, wanted - spent)
-        finally:
-            pool.shutdown(wait=False)
-
-    def _probe_forever(self) -> None:
-        """Asks each coordinator that has not answered yet (its pod just created or replaced)
-        every ``ready_probe_period_s`` once its pod is Running, on threads of its own: its
-        first answer starts a cycle at once, which creates the job's waiting workers. Apart
-        from the progress rounds, so that a round over hundreds of jobs never holds a probe
-        back."""
-        pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ready-probe")
-        try:
-            while not self.stopping.wait(self.config.ready_probe_period_s):
-                if not self.elector.is_leader():
-                    continue
-                jobs = [
-                    k
-                    for k, c in dict(self._coordinated).items()
-                    if c.running and self._answered.get(k) != c.uid
-                ]
-                list(pool.map(self._poll_one, jobs))
-        finally:
-            pool.shutdown(wait=False)
-
-    def _poll_one(self, key: str) -> None:
-        asked = self._coordinated.get(key)
-        if asked is None or not asked.running:
-            # A pod not Running has no process yet: whatever answers at its address is
-            # another (one that held the port before it), and its answer must not count
-            # for this pod, nor its snapshot be kept as this job's state.
-            return
-        client = self._client_of(key)
-        if client is None:
-            return
-        try:
-            progress = client.progress()
-        except CoordinatorCallError as error:
-            log.debug("no progress from %s: %s", key, error)
-            return
-        if self._answered.get(key) != asked.uid:
-            self._answered[key] = asked.uid
-            log.info("%s: coordinator %s answers", key, asked.address)
-            self.mark_urgent()  # the job's workers wait for exactly this answer
-        before = self._progress.get(key)
-        self._progress[key] = progress
-        if before is None or (
-            before.finished != progress.finished
-            or before.members != progress.members
-            or before.generation != progress.generation
-        ):
-            self._mark_dirty_threadsafe()
-        now = time.monotonic()
-        if now - self._snapshots.get(key, 0.0) >= self.config.snapshot_period_s:
-            self._snapshots[key] = now
-            found = self._coordinated.get(key)
-            if found is None:
-                return
-            try:
-                state = client.snapshot()
-                digest = hashlib.sha256(state.encode()).digest()
-                if self._saved.get(key) == digest:
-                    return  # unchanged: no write
-                tj = found.tj
-                self.actuator.save_state(
-                    tj.metadata.namespace,
-                    tj.metadata.name,
-                    lambda: state_config_map(tj, state),
-                )
-                self._saved[key] = digest
-            except Exception as error:
-                log.info("could not keep the state of %s: %s", key, error)
 
 
 class _PhaseClock:

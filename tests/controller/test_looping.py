@@ -36,12 +36,13 @@ from prometheus_client import generate_latest
 
 from edl_scheduler.controller import looping
 from edl_scheduler.controller.config import ControllerConfig
-from edl_scheduler.controller.coordinating import Progress
+from edl_scheduler.controller.coordinating import CoordinatorCallError, Progress
 from edl_scheduler.controller.kubeapi import Kube
 from edl_scheduler.controller.looping import ATTAINED_WRITES_PER_CYCLE, PlanningLoop, World
 from edl_scheduler.controller.metrics import Metrics
 from edl_scheduler.controller.naming import ANNOTATION_DRAINING
 from edl_scheduler.controller.podstate import group_pods, left_for_good
+from edl_scheduler.controller.polling import Coordinated
 
 PERIOD = 15.0
 
@@ -138,13 +139,15 @@ def coordinator(uid: str, phase: str = "Running", deleting: bool = False) -> dic
 
 def test_a_coordinator_is_ready_when_that_pod_runs_and_answered(loop: Any) -> None:
     planning, _ = loop
-    assert not planning._ready("ns/j", coordinator("u1"))  # never answered
-    planning._answered["ns/j"] = "u1"
-    assert planning._ready("ns/j", coordinator("u1"))
-    assert not planning._ready("ns/j", coordinator("u1", phase="Pending"))
-    assert not planning._ready("ns/j", coordinator("u1", deleting=True))
-    assert not planning._ready("ns/j", coordinator("u2"))  # a replacement must answer itself
-    assert not planning._ready("ns/j", None)
+    assert not planning.coordinators.ready("ns/j", coordinator("u1"))  # never answered
+    planning.coordinators.answered["ns/j"] = "u1"
+    assert planning.coordinators.ready("ns/j", coordinator("u1"))
+    assert not planning.coordinators.ready("ns/j", coordinator("u1", phase="Pending"))
+    assert not planning.coordinators.ready("ns/j", coordinator("u1", deleting=True))
+    assert not planning.coordinators.ready(
+        "ns/j", coordinator("u2")
+    )  # a replacement must answer itself
+    assert not planning.coordinators.ready("ns/j", None)
 
 
 def test_a_coordinator_is_told_the_size_once_after_its_first_answer(loop: Any) -> None:
@@ -162,11 +165,11 @@ def test_a_coordinator_is_told_the_size_once_after_its_first_answer(loop: Any) -
         return planning._views([body], group_pods([pod]), parsed, {}, {})["ns/j"].target_due
 
     assert not due("u1")  # not answered yet: nothing is asked of it
-    planning._answered["ns/j"] = "u1"
+    planning.coordinators.answered["ns/j"] = "u1"
     assert due("u1")
-    planning._told["ns/j"] = "u1"  # what a cycle records once its SetTarget succeeded
+    planning.coordinators.told["ns/j"] = "u1"  # what a cycle records once its SetTarget succeeded
     assert not due("u1")
-    planning._answered["ns/j"] = "u2"  # a replacement is told again
+    planning.coordinators.answered["ns/j"] = "u2"  # a replacement is told again
     assert due("u2")
 
 
@@ -198,7 +201,7 @@ class AnsweringCoordinator:
         return Progress(0, 0, 1, 0, 0, 10, False, (), (), ())
 
     def snapshot(self) -> str:
-        raise looping.CoordinatorCallError("no state here")
+        raise CoordinatorCallError("no state here")
 
     def drain(self, worker_id: str) -> None: ...
 
@@ -213,18 +216,18 @@ def test_a_coordinators_first_answer_starts_a_cycle_at_once() -> None:
     planning, started = recording_loop()
     answering = AnsweringCoordinator()
     tj = cast(Any, None)
-    planning._coordinated["ns/j"] = looping._Coordinated(tj, "127.0.0.1:1", True, "u1")
-    planning._clients["ns/j"] = ("127.0.0.1:1", answering)
+    planning.coordinators.coordinated["ns/j"] = Coordinated(tj, "127.0.0.1:1", True, "u1")
+    planning.coordinators.clients["ns/j"] = ("127.0.0.1:1", answering)
 
     async def scenario() -> None:
         planning.synced.set()
         planning.mark_dirty()
         assert await started_at_least(started, 1, 5.0)
-        await asyncio.to_thread(planning._poll_one, "ns/j")
-        assert planning._answered["ns/j"] == "u1"
+        await asyncio.to_thread(planning.coordinators.polling_one, "ns/j")
+        assert planning.coordinators.answered["ns/j"] == "u1"
         assert await started_at_least(started, 2, 5.0), "the first answer starts a cycle"
-        planning._progress.clear()  # so that a later answer would mark the world dirty
-        await asyncio.to_thread(planning._poll_one, "ns/j")
+        planning.coordinators.progress.clear()  # so that a later answer would mark the world dirty
+        await asyncio.to_thread(planning.coordinators.polling_one, "ns/j")
         assert not await started_at_least(started, 3, 0.5), "a later answer waits"
         assert answering.asked == 2
 
@@ -246,16 +249,17 @@ def test_only_a_running_coordinator_pod_is_asked() -> None:
     planning.actuator.save_state = lambda ns, name, manifest: saved.append(name)  # type: ignore[method-assign]
     other = StatefulCoordinator()
     tj = cast(Any, SimpleNamespace(metadata=SimpleNamespace(namespace="ns", name="j")))
-    planning._clients["ns/j"] = ("127.0.0.1:1", other)
+    planning.coordinators.clients["ns/j"] = ("127.0.0.1:1", other)
+    answered = planning.coordinators.answered
     try:
         for phase_running in (False, True):
-            planning._coordinated["ns/j"] = looping._Coordinated(
+            planning.coordinators.coordinated["ns/j"] = Coordinated(
                 tj, "127.0.0.1:1", phase_running, "u1"
             )
-            planning._poll_one("ns/j")
+            planning.coordinators.polling_one("ns/j")
             if not phase_running:
-                assert other.asked == 0 and "ns/j" not in planning._answered and not saved
-        assert other.asked == 1 and planning._answered["ns/j"] == "u1" and saved == ["j"]
+                assert other.asked == 0 and "ns/j" not in answered and not saved
+        assert other.asked == 1 and answered["ns/j"] == "u1" and saved == ["j"]
     finally:
         planning.actuator.close()
 
@@ -306,19 +310,21 @@ def test_a_probe_is_not_held_back_by_a_slow_progress_round() -> None:
     release = threading.Event()
     slow, new = SlowCoordinator(release), AnsweringCoordinator()
     tj = cast(Any, None)
-    planning._coordinated["ns/slow"] = looping._Coordinated(tj, "127.0.0.1:1", True, "u1")
-    planning._clients["ns/slow"] = ("127.0.0.1:1", slow)
-    planning._answered["ns/slow"] = "u1"
-    planning._progress["ns/slow"] = AnsweringCoordinator().progress()
+    planning.coordinators.coordinated["ns/slow"] = Coordinated(tj, "127.0.0.1:1", True, "u1")
+    planning.coordinators.clients["ns/slow"] = ("127.0.0.1:1", slow)
+    planning.coordinators.answered["ns/slow"] = "u1"
+    planning.coordinators.progress["ns/slow"] = AnsweringCoordinator().progress()
 
     async def scenario() -> None:
         assert await asyncio.to_thread(slow.entered.wait, 5.0), "a round is stuck on it"
-        planning._coordinated["ns/new"] = looping._Coordinated(tj, "127.0.0.1:2", True, "u2")
-        planning._clients["ns/new"] = ("127.0.0.1:2", new)
+        planning.coordinators.coordinated["ns/new"] = Coordinated(tj, "127.0.0.1:2", True, "u2")
+        planning.coordinators.clients["ns/new"] = ("127.0.0.1:2", new)
         deadline = time.monotonic() + 2.0
-        while "ns/new" not in planning._answered and time.monotonic() < deadline:
+        while "ns/new" not in planning.coordinators.answered and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        assert planning._answered.get("ns/new") == "u2", "the probe waited for the round"
+        assert planning.coordinators.answered.get("ns/new") == "u2", (
+            "the probe waited for the round"
+        )
         assert slow.asked == 0, "the round is still waiting for the slow coordinator"
         release.set()  # before the loop stops: its round's thread ends, nothing waits for it
 
