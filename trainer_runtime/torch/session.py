@@ -163,7 +163,6 @@ class ElasticSession(generations.Member):
         self.formed: Assignment | None = None
         self.reformations: deque[Reformed] = deque(maxlen=REFORMATIONS_KEPT)
         self.stream: Stream | None = None  # rank 0's state on its way (`streaming`)
-        self.holders: list[int] = []  # the ranks that held rank 0's state at the formation
 
     # ----- lifecycle -----
 
@@ -236,12 +235,12 @@ class ElasticSession(generations.Member):
             )
         mark = self.state_mark()
         self.origin = None  # until the state is whole again
-        sent, delivery, self.holders = broadcasting_state(
+        sent, delivery, holders = broadcasting_state(
             group, self.module, self.optimizer, extra, self.device, mark, self.streaming_state
         )
         origin = (assignment.generation, attempt)
         streamed = delivery is Delivery.STREAMED
-        if not streamed or self.rank in self.holders:
+        if not streamed or self.rank in holders:
             self.origin = origin
         self.formed = assignment
         self.reformations.append(Reformed(assignment.generation, attempt, path, delivery))
@@ -254,7 +253,7 @@ class ElasticSession(generations.Member):
         self.meter.attaching(self.ddp, self.world_size)
         if streamed:
             self.stream = Stream(
-                group, self.module, self.optimizer, self.holders, origin, self.stream_min_bytes
+                group, self.module, self.optimizer, holders, origin, self.stream_min_bytes
             )
         self.generations_formed += 1
 

@@ -84,14 +84,14 @@ def units_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[U
 def chunking(units: Sequence[Unit], steps: int, min_bytes: int) -> list[list[torch.Tensor]]:
     """The units in consecutive chunks of about `max(total / steps, min_bytes)` bytes each
     (so at most `steps` of them), every tensor of a unit in one chunk."""
-    total = sum(t.numel() * t.element_size() for unit in units for t in unit)
+    total = sum(t.nbytes for unit in units for t in unit)
     target = max(-(-total // max(1, steps)), min_bytes, 1)
     chunks: list[list[torch.Tensor]] = []
     current: list[torch.Tensor] = []
     size = 0
     for unit in units:
         current.extend(unit)
-        size += sum(t.numel() * t.element_size() for t in unit)
+        size += sum(t.nbytes for t in unit)
         if size >= target:
             chunks.append(current)
             current, size = [], 0
@@ -125,7 +125,7 @@ class Chunk:
         size = 0
         for tensor in tensors:
             self.offsets.append(size)
-            size += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+            size += -(-tensor.nbytes // ALIGN) * ALIGN
         self.size = size
 
     def packing(self, device: torch.device) -> torch.Tensor:
@@ -139,7 +139,7 @@ class Chunk:
     def unpacking(self, buffer: torch.Tensor) -> None:
         """A member without the state: the tensors take the values in `buffer`."""
         for tensor, offset in zip(self.tensors, self.offsets, strict=True):
-            size = tensor.numel() * tensor.element_size()
+            size = tensor.nbytes
             piece = buffer[offset : offset + size].view(tensor.dtype).view(tensor.shape)
             tensor.copy_(piece)
 
