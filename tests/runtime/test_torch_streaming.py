@@ -10,6 +10,9 @@ Aspects:
   then computes again, and its parameters and optimizer state equal the holders' bit for
   bit; a step's window is split among the holders meanwhile; the one without the state
   lost while a chunk is in flight costs the others no timeout;
+- a member whose group broke leaves the stream without waiting for a chunk rank 0 never
+  sends (rank 0 gave up on its broadcast and moved on, its old connections still open):
+  the chunk is left behind, and let go once its broadcast ended;
 - under real processes: a worker that joins two running ones takes their state over
   several steps (the formation says STREAMED), and all three end with the same parameters
   bit for bit, those of one process training the same samples.
@@ -31,6 +34,7 @@ from torch import nn
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from trainer_runtime.generations import Share
+from trainer_runtime.torch import streaming
 from trainer_runtime.torch.grouping import Holding
 from trainer_runtime.torch.groups import Group, building
 from trainer_runtime.torch.streaming import Stream, chunking, units_of
@@ -182,6 +186,47 @@ def test_a_member_lost_mid_stream_costs_the_others_no_timeout() -> None:
         thread.join(30)
     assert sorted(left_after) == [0, 1, 2]
     assert max(left_after.values()) < 5, left_after
+
+
+def test_a_member_of_a_broken_group_leaves_the_stream_without_waiting_for_rank_0() -> None:
+    """Rank 0 never issues the chunk and keeps its group (as gloo works in flight kept a
+    killed newcomer's rank 0's connections open); the member that lacks the state leaves
+    the stream of its broken group, and lets the group go, at once, not at the group's
+    20 s timeout; the chunk and the group go once the broadcast ended."""
+    server = TCPStore(
+        "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(20)
+    )
+    timeout = datetime.timedelta(seconds=20)
+    release = threading.Event()
+    groups: dict[int, Group] = {}
+
+    def rank_0() -> None:
+        groups[0] = building(PrefixStore("g1/", server), 0, 2, CPU, timeout, "g1")
+        release.wait(30)  # holds its group, issues nothing: moved on to its next roll call
+        Holding(groups.pop(0)).letting_go()
+
+    thread = threading.Thread(target=rank_0)
+    thread.start()
+    try:
+        store = TCPStore("127.0.0.1", server.port, is_master=False)
+        group = building(PrefixStore("g1/", store), 1, 2, CPU, timeout, "g1")
+        model = nn.Sequential(*[nn.Linear(500, 500) for _ in range(4)])
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        stream = Stream(group, model, optimizer, [0], (3, 0), min_bytes=1)
+        stream.issuing()
+        started = time.monotonic()
+        stream.abandoning(broken=True)
+        assert stream.pending is None and not stream.hooks
+        Holding(group).letting_go()  # (destroying the group would wait for the broadcast)
+        del group, stream
+        assert time.monotonic() - started < 2
+        assert len(streaming._left_behind) == 1  # gloo still receives into its buffer
+    finally:
+        release.set()
+        thread.join(30)
+    waiting_for(lambda: streaming._left_behind[0][1].is_completed(), 25, "the broadcast's end")
+    streaming.pruning()
+    assert streaming._left_behind == []
 
 
 @pytest.mark.slow

@@ -91,7 +91,7 @@ from trainer_runtime.torch.replicas import (
     warming_up,
 )
 from trainer_runtime.torch.shrinking import Reformation, Shrinker, shrinker_for
-from trainer_runtime.torch.streaming import MIN_CHUNK_BYTES, Stream
+from trainer_runtime.torch.streaming import MIN_CHUNK_BYTES, Stream, pruning
 
 LOG = logging.getLogger(__name__)
 MAX_FAILED_FORMATIONS = 8
@@ -273,7 +273,8 @@ class ElasticSession(generations.Member):
         self.meter.detaching()
         stream, self.stream = self.stream, None
         if stream is not None:  # before the vote's wait: its chunk was issued after it
-            stream.abandoning()
+            stream.abandoning(self.broken)
+        pruning()  # the chunks of streams left behind, once gloo is done with them
         voting, self.voting = self.voting, None
         if voting is not None and self.device.type != "cuda":
             try:
