@@ -61,7 +61,7 @@ ALIGN = 16
 #: work and its group, kept until gloo is done with them. Destroying a gloo group joins its
 #: worker threads, one of them still in the chunk's broadcast, so the group goes once the
 #: broadcast ended, and so does the buffer: the last references drop on the main thread
-#: (`pruning`), never on a gloo thread.
+#: (`pruning`, which the session calls at each formation), never on a gloo thread.
 _left_behind: list[tuple[torch.Tensor, dist.Work, Group]] = []
 
 
@@ -170,7 +170,6 @@ class Stream:
         min_bytes: int = MIN_CHUNK_BYTES,
         steps: int = STREAM_STEPS,
     ) -> None:
-        pruning()
         self.group = group
         rank = group.rank
         self.receiving = rank not in holders
@@ -230,7 +229,6 @@ class Stream:
         SIGKILLs of a newcomer while the state streamed). The chunk is left behind
         instead, with the group, until gloo is done with it (`_left_behind`): destroying
         the group now would wait for that broadcast just the same."""
-        pruning()
         pending, self.pending = self.pending, None
         if pending is not None:
             _, buffer, work = pending
