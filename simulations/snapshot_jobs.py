@@ -8,12 +8,12 @@ depend on ``now`` (``Run.rank_key``) and, under LAS queues, the band of attained
 its queue holds for (``Run.queue_low``, ``queue_high``: ``ordering.queue_band``).
 
 What must stay true: a kept Job is the Job a fresh build would give, as far as the planner
-reads it. That holds while every change of a run's replicas, samples, times or efficiency
-drops its Job (``drop``: from ``Engine._apply`` and ``remeasure``, the only places they
-change), and a running job's Job is rebuilt where the ranking reads its attained GPU-time
-(``ordering.ranks_continuously``; under ``ordering.ranks_by_queue`` only when it leaves
-its queue's band). ``tests/simulations/test_incremental.py`` compares the engine with the
-path that builds every Job afresh.
+reads it. That holds while every change of a run's replicas, samples, times, efficiency or
+remaining samples drops its Job (``drop``: from ``Engine._apply`` and ``remeasure``, the
+only places they change), and a running job's Job is rebuilt where the ranking reads its
+attained GPU-time (``ordering.ranks_continuously``; under ``ordering.ranks_by_queue`` only
+when it leaves its queue's band). ``tests/simulations/test_incremental.py`` compares the
+engine with the path that builds every Job afresh.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class SnapshotJobs:
             if moved:
                 self.rekeyed += 1  # a running job's rank may have moved: see ``Engine._plan``
             worker, replicas, samples = cached.worker, cached.replicas, cached.throughput
-            efficiency = cached.efficiency
+            efficiency, remaining = cached.efficiency, cached.remaining_samples
         else:
             job = run.job
             worker = RoleSpec(job.min_workers, job.max_workers, _WORKER)
@@ -86,7 +86,7 @@ class SnapshotJobs:
             samples = (
                 tuple(run.samples[k] for k in sorted(run.samples)) if self.report_throughput else ()
             )
-            efficiency = self.efficiency(run)
+            efficiency, remaining = self.efficiency(run), self.remaining(run)
         job = run.job
         built = Job(
             name=job.name,
@@ -101,6 +101,7 @@ class SnapshotJobs:
             attained_gpu_seconds=run.attained_at(now),
             throughput=samples,
             efficiency=efficiency,
+            remaining_samples=remaining,
         )
         run.cached = built
         if self.fixed_key is not None:
@@ -116,6 +117,21 @@ class SnapshotJobs:
         if profile is None or not run.samples:
             return None
         return profile.efficiency(run.placement, run.done)
+
+    def remaining(self, run: Run) -> float | None:
+        """What a running profiled job's runtime would report it has left, in samples: its
+        remaining progress at the progress one sample makes now (the statistical efficiency
+        of its batch at its epoch), as a job on the project's runtime counts the samples to
+        its declared last epoch. None for a job not running or without a profile: a trace's
+        durations are not what its users declared, so jobs without one report nothing."""
+        profile = run.job.profile
+        if profile is None or not run.workers or not run.samples:
+            return None
+        rate = profile.rate(run.placement, run.done)
+        if rate <= 0:
+            return None
+        measured, _ = profile.measured(run.placement, run.done)
+        return max(0.0, run.total - run.done) * measured / rate
 
     def remeasure(self, running: Iterable[Run], now: float) -> None:
         """A runtime keeps measuring at its job's current size (the coordinator's smoothed
@@ -135,7 +151,10 @@ class SnapshotJobs:
                 run.samples[key] = ThroughputSample(key[0], key[1], rate, batch)
                 self.drop(run)
             cached = run.cached
-            if cached is not None and cached.efficiency != self.efficiency(run):
+            if cached is not None and (
+                cached.efficiency != self.efficiency(run)
+                or cached.remaining_samples != self.remaining(run)
+            ):
                 self.drop(run)
 
     def drop(self, run: Run) -> None:

@@ -130,7 +130,24 @@ def job_from_training_job(
             ThroughputSample(t.nodes, t.workers, t.samples_per_second, t.batch)
             for t in status.throughput
         ),
+        remaining_samples=remaining_from_status(status),
     )
+
+
+def remaining_from_status(status: TrainingJobStatus) -> float | None:
+    """The samples the job has left until its declared last epoch, from its runtime's
+    progress report (``status.progress``: epochs x samples per epoch - samples done, as the
+    coordinator's ledger counts them); None where the report lacks one of them or holds no
+    whole number there (rebalancing then gives the job the median rank, ``remaining``)."""
+    report = status.progress
+    values: list[int] = []
+    for key in ("epochs", "samplesPerEpoch", "samplesDone"):
+        value = report.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            return None
+        values.append(value)
+    epochs, per_epoch, done = values
+    return float(max(0, epochs * per_epoch - done))
 
 
 def efficiency_from_status(status: TrainingJobStatus) -> tuple[Efficiency | None, str | None]:

@@ -42,6 +42,10 @@ step does the same, greedily, one worker at a time, within the planner's rules:
   which would win every comparison with a donor's measured curve and move GPUs from known
   use to hope; the limit doubles each time the job runs at a new largest size. Growth into
   idle GPUs is not limited: an idle GPU costs nothing to try.
+- Remaining work (``remaining``): where jobs report the samples they have left, each job's
+  term and pause count by a weight from its position in time left at one worker, so
+  workers go first to the jobs nearest their end (heSRPT's shares). A job's gains, losses
+  and kept bounds all scale by it (the moveless proof holds); with no reports, all are 1.
 - Determinism: ties go to the lower rank; the loop ends after at most one move per GPU.
 
 Every moved job says why: the recipient grew by so many workers taken from named jobs, the
@@ -56,6 +60,7 @@ from typing import Final
 from edl_scheduler.core.margins import explored_limit, first_gain, first_loss
 from edl_scheduler.core.plan import HOLD_REASONS, Reason
 from edl_scheduler.core.policy import Growth
+from edl_scheduler.core.remaining import reports, weights
 from edl_scheduler.core.session import JobState, Session
 from edl_scheduler.core.snapshot import Replica, Role
 from edl_scheduler.core.stability import (
@@ -98,11 +103,16 @@ class _Member:
         "recipient",
         "sources",
         "version",
+        "weight",
         "workers0",
     )
 
-    def __init__(self, js: JobState, session: Session, donor: bool, recipient: bool) -> None:
+    def __init__(
+        self, js: JobState, session: Session, donor: bool, recipient: bool, weight: float = 1.0
+    ) -> None:
         self.js = js
+        #: What the job's term counts for by its remaining work (``remaining.weights``).
+        self.weight = weight
         kept = js.worth(session.policy)  # (not moved yet: its live size is its size)
         self.model: ThroughputModel = kept.model
         self.nodes0 = kept.nodes
@@ -149,7 +159,12 @@ class _Member:
 _HELD: Final = frozenset(id(reason) for reason in HOLD_REASONS)
 
 
-def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Session) -> bool:
+def _no_move_can_pay(
+    takers: list[JobState],
+    givers: list[JobState],
+    session: Session,
+    weights: dict[int, float],
+) -> bool:
     """Whether the step provably makes no move. The step's recipients are ``takers``; its
     donors are the jobs of either list that may shrink now (above their minimum and one
     worker, preemptible, ``may_shrink_voluntarily``). A step makes its first move only for
@@ -166,14 +181,16 @@ def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Se
     at any ``now``) leave the answer open: a taker whose bound is no higher than the best
     gain found so far cannot raise it, and a donor whose loss bound is at least the best
     gain cannot be paid. A NaN value (a speed-up of 0 at a job's live size) proves
-    nothing."""
+    nothing. Each job's values and bounds count by its weight (``remaining``), as the
+    step counts them; a positive weight keeps a bound a bound."""
     horizon = session.policy.gain_horizon_s
     best_gain = -_INF
     for js in takers:
         kept = js.margins or js.worth(session.policy)
-        if kept.best_gain <= best_gain:
+        w = weights.get(js.rank, 1.0)
+        if w * kept.best_gain <= best_gain:
             continue
-        gain = first_gain(kept, restart_factor(session, js), horizon)
+        gain = w * first_gain(kept, restart_factor(session, js), horizon)
         if gain != gain:
             return False
         if gain > best_gain:
@@ -184,11 +201,12 @@ def _no_move_can_pay(takers: list[JobState], givers: list[JobState], session: Se
         for js in group:
             # (``least_loss`` is infinite at one worker or at the job's minimum)
             kept = js.margins or js.worth(session.policy)
-            if kept.least_loss >= best_gain or not js.job.preemptible:
+            w = weights.get(js.rank, 1.0)
+            if w * kept.least_loss >= best_gain or not js.job.preemptible:
                 continue
             if not may_shrink_voluntarily(session, js):
                 continue
-            loss = first_loss(kept, restart_factor(session, js), horizon)
+            loss = w * first_loss(kept, restart_factor(session, js), horizon)
             if not best_gain - loss <= 0:  # as the step compares them (NaN: not proven)
                 return False
     return True
@@ -207,6 +225,8 @@ class Rebalancer:
         #: as (its kept loss bound, rank, 0, its JobState) until it is reached (``_best_move``).
         self.donors: list[tuple[float, int, int, _Member | JobState]] = []
         self.recipients: list[tuple[float, int, int, _Member]] = []
+        #: Each step job's weight by its remaining work, by rank (empty: all count 1).
+        self.weights: dict[int, float] = {}
 
     def run(self) -> int:
         """Make every move of positive value, best first; returns how many were made."""
@@ -218,9 +238,10 @@ class Rebalancer:
         takers, givers = self.split(s.jobs if self.pool is None else self.pool)
         if not takers:
             return 0
-        if USE_KEPT_BOUNDS and _no_move_can_pay(takers, givers, s):
+        self.weights = self.weigh(takers + givers)
+        if USE_KEPT_BOUNDS and _no_move_can_pay(takers, givers, s, self.weights):
             return 0
-        members = {js.rank: _Member(js, s, False, True) for js in takers}
+        members = {js.rank: self._member(js, False, True) for js in takers}
         self.recipients = [(-self._gain(m), m.js.rank, 0, m) for m in members.values()]
         if min(entry[0] for entry in self.recipients) >= 0:
             return 0  # no job that more workers would pay for: no move can be made
@@ -231,9 +252,10 @@ class Rebalancer:
             if not may_shrink_voluntarily(s, js):
                 continue
             if USE_KEPT_BOUNDS:
-                self.donors.append(((js.margins or js.worth(s.policy)).least_loss, js.rank, 0, js))
+                least = (js.margins or js.worth(s.policy)).least_loss
+                self.donors.append((self.weights.get(js.rank, 1.0) * least, js.rank, 0, js))
             else:
-                members[js.rank] = _Member(js, s, True, False)
+                members[js.rank] = self._member(js, True, False)
         self.donors += [(self._loss(m), m.js.rank, 0, m) for m in members.values() if m.donor]
         if not self.donors:
             return 0
@@ -243,6 +265,14 @@ class Rebalancer:
             if not self._best_move():
                 break
         return self.moves
+
+    def weigh(self, step: list[JobState]) -> dict[int, float]:
+        """The step's jobs' weights by remaining work (``remaining.weights``), by rank; no
+        model is fitted where none of them reports what it has left."""
+        if not reports(step):
+            return {}
+        policy = self.s.policy
+        return weights([(js.rank, js.job, js.margins or js.worth(policy)) for js in step])
 
     def split(self, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
         """The step's takers (eligible, past their cool-down or on their way up, below their
@@ -284,11 +314,14 @@ class Rebalancer:
 
     # -- values -------------------------------------------------------------------------------
 
+    def _member(self, js: JobState, donor: bool, recipient: bool) -> _Member:
+        return _Member(js, self.s, donor, recipient, self.weights.get(js.rank, 1.0))
+
     def _pause_cost(self, m: _Member) -> float:
         """What one pause costs ``m`` in the objective, horizon-weighted (0 once it moved:
         the step's moves of one job make one resize). A pause of ``t`` seconds loses the
         progress of ``t`` seconds at speed-up ``s``: as a lower speed-up over the horizon it
-        is worth ``t * s * d(-1/s)/ds = t / s``."""
+        is worth ``t * s * d(-1/s)/ds = t / s``. Before the member's weight."""
         return 0.0 if m.moved else m.pause  # (kept: ``margins``)
 
     def _nodes(self, m: _Member) -> int:
@@ -305,7 +338,7 @@ class Rebalancer:
             return float("-inf")
         nodes = self._nodes(m)
         up = m.utility(nodes, js.size() + 1) - m.utility(nodes, js.size())
-        return up * self.s.policy.gain_horizon_s - self._pause_cost(m)
+        return m.weight * (up * self.s.policy.gain_horizon_s - self._pause_cost(m))
 
     def _loss(self, m: _Member) -> float:
         """Cost of one worker fewer for ``m``, horizon-weighted."""
@@ -314,7 +347,7 @@ class Rebalancer:
             return float("inf")
         nodes = self._nodes(m)
         down = m.utility(nodes, js.size()) - m.utility(nodes, js.size() - 1)
-        return down * self.s.policy.gain_horizon_s + self._pause_cost(m)
+        return m.weight * (down * self.s.policy.gain_horizon_s + self._pause_cost(m))
 
     # -- moves --------------------------------------------------------------------------------
 
@@ -345,7 +378,7 @@ class Rebalancer:
                     if -neg_gain - loss <= 0:
                         heapq.heappush(self.donors, entry)
                         break  # its loss is no lower: none that pays follows
-                    m = _Member(d, self.s, True, False)
+                    m = self._member(d, True, False)
                     heapq.heappush(self.donors, (self._loss(m), rank, 0, m))
                     continue
                 if d_version != d.version:
@@ -396,7 +429,7 @@ class Rebalancer:
             stmt.add(r.js, _W, node)
             after = self._total(d) + self._total(r)
             value = (after - before) * s.policy.gain_horizon_s
-            value -= self._pause_cost(d) + self._pause_cost(r)
+            value -= d.weight * self._pause_cost(d) + r.weight * self._pause_cost(r)
             if value <= 0 or not self._pays(r):
                 stmt.discard()
                 continue
@@ -433,7 +466,7 @@ class Rebalancer:
         return out
 
     def _total(self, m: _Member) -> float:
-        return m.utility(m.js.node_count(self.s.cluster), m.js.size())
+        return m.weight * m.utility(m.js.node_count(self.s.cluster), m.js.size())
 
     def _pays(self, r: _Member) -> bool:
         """The recipient's whole growth in this step pays for its pause (``stability``)."""

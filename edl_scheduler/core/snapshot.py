@@ -283,6 +283,9 @@ class Job:
     restarts, so a job moved often needs a larger gain to be moved again. It is never negative.
     ``efficiency``, where the runtime reports it, turns the measured throughput into goodput
     (progress per second) for the planner's model (``throughput.job_model``).
+    ``remaining_samples``, where the runtime reports it, is what the job has left to train
+    until the end its user declared (its ledger: epochs x samples per epoch - samples done);
+    rebalancing ranks jobs by the time it stands for (``remaining``). None: not reported.
 
     Nothing changes a Job, nor the ``RoleSpec``, ``Replica`` and ``ThroughputSample`` it
     holds, once made: the fields are ``Final`` (compiled, assigning one raises). These are
@@ -308,6 +311,7 @@ class Job:
     attained_gpu_seconds: Final[float]
     throughput: Final[tuple[ThroughputSample, ...]]
     efficiency: Final[Efficiency | None]
+    remaining_samples: Final[float | None]
 
     def __init__(
         self,
@@ -327,6 +331,7 @@ class Job:
         attained_gpu_seconds: float = 0.0,
         throughput: tuple[ThroughputSample, ...] = (),
         efficiency: Efficiency | None = None,
+        remaining_samples: float | None = None,
     ) -> None:
         if resizes < 0:
             raise ValueError(
@@ -348,7 +353,13 @@ class Job:
         self.resizes = resizes
         self.attained_gpu_seconds = attained_gpu_seconds
         self.throughput = throughput
+        if remaining_samples is not None and not 0 <= remaining_samples < float("inf"):
+            raise ValueError(
+                f"job {name}: remaining_samples is {remaining_samples}: the samples left "
+                "until the job's declared end must be finite and >= 0 (None: not reported)"
+            )
         self.efficiency = efficiency
+        self.remaining_samples = remaining_samples
 
     def __hash__(self) -> int:
         return hash(
@@ -369,6 +380,7 @@ class Job:
                 self.attained_gpu_seconds,
                 self.throughput,
                 self.efficiency,
+                self.remaining_samples,
             )
         )
 

@@ -98,6 +98,12 @@ class JobBuilder:
     _attained: float = 0.0
     _throughput: list[ThroughputSample] = field(default_factory=list)
     _suspended: bool = False
+    _remaining: float | None = None
+
+    def left(self, samples: float) -> JobBuilder:
+        """What its runtime reports it has left until its declared end."""
+        self._remaining = samples
+        return self
 
     def min(self, n: int) -> JobBuilder:
         self._min = n
@@ -198,6 +204,7 @@ class JobBuilder:
             last_resize_time=self._last_resize,
             attained_gpu_seconds=self._attained,
             throughput=tuple(self._throughput),
+            remaining_samples=self._remaining,
         )
 
 

@@ -55,6 +55,7 @@ JOB = Job(
     resizes=3,
     throughput=(SAMPLE,),
     efficiency=Efficiency(32, 1.0, 2.0),
+    remaining_samples=5000.0,
 )
 RESERVATION = Reservation("a", "n0", Role.WORKER, 1, 9.0)
 CHANGE = RoleChange(Role.WORKER, 1, 2, ("n1",))
@@ -84,7 +85,7 @@ SIGNATURES = {
         "requested=None, constraints=Constraints(node_selector=(), required_terms=(), "
         "tolerations=()), replicas=(), suspended=False, start_time=None, "
         "last_resize_time=None, resizes=0, attained_gpu_seconds=0.0, throughput=(), "
-        "efficiency=None)"
+        "efficiency=None, remaining_samples=None)"
     ),
     Reservation: "(job, node, role, count, expires_at)",
     Snapshot: "(nodes, jobs, reservations=())",

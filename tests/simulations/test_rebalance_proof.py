@@ -38,7 +38,7 @@ from edl_scheduler.core.stability import (
 )
 from simulations.engine import SimConfig, simulate
 from simulations.synthetic import SyntheticSpec, generate
-from simulations.traces import default_traces, load_cluster, load_philly
+from simulations.traces import default_traces, load_cluster, load_philly, load_pollux
 from simulations.workload import ClusterSpec, Elasticity, ScalingRule, SimJob, shape
 
 PHILLY = default_traces() / "pollux" / "traces" / "philly.csv"
@@ -52,17 +52,24 @@ class _Seen:
     unproven_moves: int = 0
     values: int = 0
     scored: int = 0
+    weighted: int = 0
 
 
-def _check_first_values(step: rebalancing.Rebalancer, takers: list[JobState]) -> int:
-    """``first_gain`` / ``first_loss`` against the step's own ``_gain`` / ``_loss``."""
+def _check_first_values(
+    step: rebalancing.Rebalancer, takers: list[JobState], weights: dict[int, float]
+) -> int:
+    """``first_gain`` / ``first_loss`` against the step's own ``_gain`` / ``_loss``, each
+    times the job's weight (``remaining``) as the proof counts them."""
     s, horizon, checked = step.s, step.s.policy.gain_horizon_s, 0
     for js in takers:
-        member = rebalancing._Member(js, s, True, True)
+        w = weights.get(js.rank, 1.0)
+        member = rebalancing._Member(js, s, True, True, w)
         factor = restart_factor(s, js)
-        assert first_gain(js.worth(s.policy), factor, horizon) == step._gain(member), js.name
+        gain = w * first_gain(js.worth(s.policy), factor, horizon)
+        assert gain == step._gain(member), js.name
         if js.workers > max(1, js.lo):
-            assert first_loss(js.worth(s.policy), factor, horizon) == step._loss(member), js.name
+            loss = w * first_loss(js.worth(s.policy), factor, horizon)
+            assert loss == step._loss(member), js.name
         checked += 1
     return checked
 
@@ -113,9 +120,11 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
             assert self.split(self.pool) == self.split(s.jobs) == _reference_split(s, s.jobs)
             counts.pooled += 1
         takers, givers = self.split(s.jobs)
-        proven = bool(takers) and rebalancing._no_move_can_pay(takers, givers, s)
+        weights = self.weigh(takers + givers)
+        counts.weighted += bool(weights)
+        proven = bool(takers) and rebalancing._no_move_can_pay(takers, givers, s, weights)
         if counts.steps % 7 == 0:
-            counts.values += _check_first_values(self, takers)
+            counts.values += _check_first_values(self, takers, weights)
         monkeypatch.setattr(rebalancing, "USE_KEPT_BOUNDS", False)
         try:
             moves = run(self)  # the full step: no proof, every giver valued
@@ -176,3 +185,20 @@ def test_synthetic_contention_with_priorities(seen: _Seen) -> None:
         seed=3,
     )
     _run(jobs, cluster, seen)
+
+
+def test_pollux_workload_whose_jobs_report_what_they_have_left(seen: _Seen) -> None:
+    """Profiled jobs report their remaining samples: the steps are weighted (``remaining``)
+    and the proof, which counts each bound by its job's weight, still holds."""
+    cluster = load_cluster("16x4")
+    root = default_traces() / "pollux"
+    workload = load_pollux(root / "workloads" / "workload-6.csv", root / "traces", cluster)
+    jobs = shape(
+        workload.jobs[:60],
+        elasticity=Elasticity.ELASTIC,
+        scaling=ScalingRule(0.0, 0.0),
+        cluster=cluster,
+        seed=0,
+    )
+    _run(jobs, cluster, seen)
+    assert seen.weighted > 0

@@ -55,3 +55,27 @@ def test_the_current_size_is_measured_again_as_the_epoch_changes(
     assert after, "no plan after the epoch changed the job's speed"
     assert before == pytest.approx([rates[0]] * len(before))
     assert after == pytest.approx([rates[1]] * len(after))
+
+
+def test_a_running_job_reports_the_samples_it_has_left(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As its runtime's ledger would (``SnapshotJobs.remaining``): the samples left fall as
+    the job runs (plans come at its epochs' ends here), and a job without a profile, whose
+    duration is a trace's and not what its user declared, reports nothing."""
+    bert = load_application(PROFILES, "bert")
+    seen: list[tuple[float, str, float | None, float]] = []
+
+    def recording(snapshot: Snapshot, now: float) -> None:
+        for job in snapshot.jobs:
+            if job.replicas:
+                rate = max(s.samples_per_second for s in job.throughput if s.workers == 4)
+                seen.append((now, job.name, job.remaining_samples, rate))
+
+    watch(monkeypatch, recording)
+    profiled = SimJob("b", 0.0, 4, 0.0, 4, 4, profile=ProfileSpeed(bert, 48))
+    plain = SimJob("p", 0.0, 4, 3000.0, 4, 4)
+    simulate([profiled, plain], ClusterSpec(2, 4), preset("fifo-gang"), ROUNDS)
+    assert all(left is None for _, name, left, _ in seen if name == "p")
+    lefts = [(t, left, rate) for t, name, left, rate in seen if name == "b"]
+    assert len(lefts) >= 2 and all(left is not None and left > 0 for _, left, _ in lefts)
+    values = [left for _, left, _ in lefts]
+    assert values == sorted(values, reverse=True) and values[-1] < values[0]
