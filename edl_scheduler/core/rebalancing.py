@@ -267,12 +267,11 @@ class Rebalancer:
         return self.moves
 
     def weigh(self, step: list[JobState]) -> dict[int, float]:
-        """The step's jobs' weights by remaining work (``remaining.weights``), by rank; no
-        model is fitted where none of them reports what it has left."""
+        """Every running job's weight by its remaining work (``remaining.weights``), by
+        rank, where one of the step's jobs reports what it has left; else none."""
         if not reports(step):
             return {}
-        policy = self.s.policy
-        return weights([(js.rank, js.job, js.margins or js.worth(policy)) for js in step])
+        return weights([(js.rank, js.job) for js in self.s.jobs if js.size() > 0])
 
     def split(self, jobs: list[JobState]) -> tuple[list[JobState], list[JobState]]:
         """The step's takers (eligible, past their cool-down or on their way up, below their

@@ -13,16 +13,19 @@ the most ``1 / n^2``.
 
 What a job has left comes from its runtime, not from a guess: a job on the project's
 runtime declares its epochs, and its ledger knows the samples done
-(``Job.remaining_samples``). Time left at one worker, the size-free measure the rank
-needs, is the samples left over the samples per second it measured at its live size, times
-its model's speed-up there (``left_at_one``). A job that reports nothing (or has not
-measured its live size) takes the median of those that do, so leaving the field out
-neither helps nor harms it; where no job reports, there are no weights and rebalancing is
-Pollux's objective exactly.
+(``Job.remaining_samples``). Time left at one worker, the size-free measure the rank needs,
+is the samples left over the samples per second its fitted throughput gives at one worker
+(``left_at_one``). Jobs are ranked among every job running at the step, those that report
+ranked by it; a job that reports nothing counts at the median reporter's weight, so leaving
+the field out neither helps nor harms it. Where no job of the step reports, there are no
+weights and rebalancing is Pollux's objective exactly.
 
-What must stay true: the weights are a pure function of the step's jobs (their rank breaks
-ties), every weight is in ``(0, 1]``, and a job's weight never rises with its remaining
-work against the same others.
+What must stay true: a plan applied and made again at the same instant changes nothing
+(invariant 6), so a job's weight depends on nothing a plan changes: not on its size (time
+left is counted at one worker, from its samples) nor on which jobs may move (every running
+job is ranked); where none of the step's jobs reports, every job of the step has one
+weight, which moves nothing a weight of 1 would not. Every weight is in ``(0, 1]``, and a
+job's weight never rises with its remaining work against the same others.
 """
 
 from __future__ import annotations
@@ -30,45 +33,45 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Final
 
-from edl_scheduler.core.margins import Margins
 from edl_scheduler.core.session import JobState
 from edl_scheduler.core.snapshot import Job
+from edl_scheduler.core.throughput import fit
 
 #: The exponent of a job's position from the longest (see the module).
 RANK_EXPONENT: Final = 2.0
 
 
-def left_at_one(job: Job, kept: Margins) -> float | None:
+def left_at_one(job: Job) -> float | None:
     """Seconds ``job`` needs at one worker for what it has left: its remaining samples over
-    the rate it measured at its live size (``kept``: its margins there), times its model's
-    speed-up at that size. None where it reports no remaining samples, or no rate there."""
+    the samples per second its throughput, fitted to what it measured, gives at one worker
+    (not its goodput: its declared end is counted in samples). None where it reports no
+    remaining samples or has measured nothing."""
     left = job.remaining_samples
-    if left is None or kept.at <= 0:
+    if left is None or not any(s.samples_per_second > 0 for s in job.throughput):
         return None
-    for sample in job.throughput:
-        rate = sample.samples_per_second
-        if sample.workers == kept.workers and sample.nodes == kept.nodes and rate > 0:
-            return left / rate * kept.at
-    return None
+    rate = fit(job.throughput).throughput(1, 1)
+    return left / rate if rate > 0 else None
 
 
 def reports(jobs: Iterable[JobState]) -> bool:
-    """Whether any of ``jobs`` reports what it has left (else ``weights`` is empty; asked
-    first, so that no model is fitted for nothing)."""
+    """Whether any of ``jobs`` reports what it has left (else ``weights`` is not needed:
+    asked of a step's jobs first, so that nothing is fitted for nothing)."""
     return any(js.job.remaining_samples is not None for js in jobs)
 
 
-def weights(members: Sequence[tuple[int, Job, Margins]]) -> dict[int, float]:
-    """Each member's weight by its rank from ``(rank, job, margins at its live size)``:
-    ``(i / n) ** RANK_EXPONENT`` with ``i`` its position counted from the most time left
-    (ties: the better-ranked job counts as having less). Empty where no member reports
-    what it has left."""
-    known = {rank: left_at_one(job, kept) for rank, job, kept in members}
-    reported = sorted(v for v in known.values() if v is not None)
-    if not reported:
+def weights(running: Sequence[tuple[int, Job]]) -> dict[int, float]:
+    """The weight of each of ``running`` (``(rank, job)`` of every running job), by rank:
+    ``(i / m) ** RANK_EXPONENT`` for the ``m`` that report, ``i`` a job's position counted
+    from the most time left (ties: the better-ranked job counts as having less); the others
+    the median reporter's weight. Empty where none reports."""
+    left = {rank: left_at_one(job) for rank, job in running}
+    reporting = sorted(
+        (rank for rank, value in left.items() if value is not None),
+        key=lambda rank: (-(left[rank] or 0.0), -rank),
+    )
+    m = len(reporting)
+    if not m:
         return {}
-    middle = reported[len(reported) // 2]
-    left = {rank: (middle if v is None else v) for rank, v in known.items()}
-    order = sorted(left, key=lambda rank: (-left[rank], -rank))
-    n = len(order)
-    return {rank: ((i + 1) / n) ** RANK_EXPONENT for i, rank in enumerate(order)}
+    out = {rank: ((i + 1) / m) ** RANK_EXPONENT for i, rank in enumerate(reporting)}
+    middle = ((m + 1) // 2 / m) ** RANK_EXPONENT
+    return {rank: out.get(rank, middle) for rank, _ in running}

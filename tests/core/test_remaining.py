@@ -1,11 +1,11 @@
 """Rebalancing weighs each job by what it has left (``core/remaining.py``).
 
 Aspects:
-- weights by position from the most time left at one worker, ``(i / n) ** 2``: the job
-  with least left counts 1; time left at one worker is samples left over the rate measured
-  at the live size times the model's speed-up there, so a job on more workers is not
-  taken for a shorter one;
-- a job that reports nothing takes the median; where none reports there are no weights;
+- weights by position from the most time left at one worker, ``(i / m) ** 2``: the job
+  with least left counts 1; time left at one worker is samples left over the rate its
+  fitted throughput gives at one worker, the same at any size the job holds;
+- a job that reports nothing, or has measured nothing, takes the median reporter's
+  weight; where none reports there are no weights;
 - the rebalancing move that the unweighted objective would not make (two jobs of one
   curve at 4 and 4 workers) is made toward the job with less left, and none is made back;
 - a status progress report gives the samples left (``building.remaining_from_status``);
@@ -20,9 +20,7 @@ import pytest
 from edl_scheduler.api import TrainingJobStatus
 from edl_scheduler.core import Action, apply_plan, plan, preset
 from edl_scheduler.core.building import remaining_from_status
-from edl_scheduler.core.margins import derive
-from edl_scheduler.core.remaining import RANK_EXPONENT, weights
-from edl_scheduler.core.snapshot import Role
+from edl_scheduler.core.remaining import RANK_EXPONENT, left_at_one, weights
 from tests.core.builders import JobBuilder, job, nodes, snapshot
 
 NOW = 1000.0
@@ -36,8 +34,7 @@ def curve(name: str) -> JobBuilder:
 def member_weights(*builders: JobBuilder) -> dict[str, float]:
     """Each job's weight, its rank its place in ``builders``."""
     jobs = [b.build() for b in builders]
-    kept = [derive(j, list(j.live(Role.WORKER)), 1, 8, 600.0, 10.0) for j in jobs]
-    got = weights([(rank, j, m) for rank, (j, m) in enumerate(zip(jobs, kept, strict=True))])
+    got = weights(list(enumerate(jobs)))
     return {j.name: got[rank] for rank, j in enumerate(jobs) if rank in got}
 
 
@@ -52,25 +49,27 @@ def test_the_job_with_least_left_counts_fully_the_longest_least() -> None:
     assert got["long"] == pytest.approx((1 / 3) ** RANK_EXPONENT)
 
 
-def test_time_left_is_counted_at_one_worker() -> None:
-    """``wide`` has fewer samples left per its rate now, but on 4 workers: at one worker it
-    needs 3.8x that, more than ``narrow`` needs."""
-    got = member_weights(
-        curve("wide").left(3.0e5).running(("n0", 4)),  # 3e5 / 380 x 3.8 = 3,000 s at one
-        curve("narrow").left(2.0e5).running(("n1", 1)),  # 2e5 / 100 = 2,000 s at one
+def test_time_left_is_counted_at_one_worker_whatever_the_size() -> None:
+    """``wide`` has fewer samples left, but runs slower at one worker (its fit); and a
+    job's weight is the same at any size it holds (a plan applied changes no weight)."""
+    slow = job("wide").min(1).max(8).measured(1, 1, 50.0).measured(1, 4, 190.0).left(1.5e5)
+    got = member_weights(slow.running(("n0", 4)), curve("narrow").left(2.0e5).running(("n1", 1)))
+    assert got == {"wide": pytest.approx(0.25), "narrow": 1.0}  # 3,000 s against 2,000 s
+    assert left_at_one(curve("a").left(1e5).running(("n0", 4)).build()) == pytest.approx(
+        left_at_one(curve("a").left(1e5).running(("n0", 1)).build())
     )
-    assert got == {"wide": pytest.approx(0.25), "narrow": 1.0}
 
 
-def test_a_job_that_reports_nothing_takes_the_median() -> None:
+def test_a_job_that_reports_nothing_takes_the_median_weight() -> None:
     got = member_weights(
         curve("a").left(1.0e4).running(("n0", 1)),
         curve("b").left(1.0e6).running(("n0", 1)),
         curve("c").left(1.0e5).running(("n1", 1)),
         curve("silent").running(("n1", 1)),
+        job("unmeasured").min(1).max(8).left(10.0).running(("n1", 1)),
     )
-    # c is the median (1e3 s at one): silent ties it and, ranked below c, counts as longer.
-    assert got["b"] < got["silent"] < got["c"] < got["a"] == 1.0
+    assert got["b"] < got["c"] < got["a"] == 1.0
+    assert got["silent"] == got["c"] == pytest.approx((2 / 3) ** RANK_EXPONENT)
     assert member_weights(curve("x").running(("n0", 4)), curve("y").running(("n1", 4))) == {}
 
 
