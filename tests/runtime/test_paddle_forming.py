@@ -34,6 +34,7 @@ from paddle import nn
 from trainer_runtime.agent import Assignment, Outcome, Peer
 from trainer_runtime.environment import WorkerContract
 from trainer_runtime.paddle import KeepGlobalBatch, session
+from trainer_runtime.paddle import stores as stores_module
 from trainer_runtime.paddle.grouping import building, forming
 from trainer_runtime.paddle.stores import StoreHost, connecting, free_port
 from trainer_runtime.rollcall import ABANDON, BUILD, calling_roll, proposing
@@ -165,9 +166,13 @@ def finishing_within(work: Any, bound_s: float) -> BaseException | None:
 
 
 def test_a_member_whose_rank_0_died_fails_its_formation_in_time() -> None:
+    """In time, by its bound and by news of a newer generation, and with no helper thread
+    left retrying the dead port (Paddle's client never stops; one still inside Paddle's
+    code when the process finalizes can abort it)."""
     stores = StoreHost("127.0.0.1", timeout_s=5)
     dead = f"127.0.0.1:{free_port('127.0.0.1')}"  # nothing listens there
     me = Assignment(Outcome.MEMBER, 7, 1, (Peer("w0", 0, dead), Peer("w1", 1, stores.address)))
+    before = set(stores_module._abandoned)
     error = finishing_within(lambda: forming(me, 0, stores, never, timeout_s=1.0), 20)
     assert isinstance(error, RuntimeError) and "did not answer" in str(error), error
     news = threading.Event()
@@ -176,6 +181,8 @@ def test_a_member_whose_rank_0_died_fails_its_formation_in_time() -> None:
     error = finishing_within(lambda: forming(me, 0, stores, news.is_set, timeout_s=60), 20)
     assert isinstance(error, RuntimeError) and "did not answer" in str(error), error
     assert time.monotonic() - started < 10  # the newer generation, not the timeout
+    left = [t for t in stores_module._abandoned if t.is_alive() and t not in before]
+    assert not left, f"{len(left)} helper threads still retry {dead}"
 
 
 def test_a_store_connection_returns_the_client_when_the_store_answers() -> None:

@@ -58,9 +58,12 @@ def seen(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Seen]:
     run = rebalancing.Rebalancer.run
 
     def counting_prove(
-        takers: list[rebalancing.JobState], givers: list[rebalancing.JobState], session: Session
+        takers: list[rebalancing.JobState],
+        givers: list[rebalancing.JobState],
+        session: Session,
+        weights: dict[int, float],
     ) -> bool:
-        found = prove(takers, givers, session)
+        found = prove(takers, givers, session, weights)
         counts.skipped += found
         return found
 

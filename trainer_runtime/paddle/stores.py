@@ -26,6 +26,8 @@ from paddle.base import core
 
 STORE_PORT_ATTEMPTS = 8
 HELP_POLL_S = 0.05
+#: How long one check that a store's port answers waits (``_answering``).
+PROBE_TIMEOUT_S = 1.0
 #: How long a process about to exit lets the helper threads it gave up on end first.
 ABANDONED_GRACE_S = 5.0
 
@@ -125,15 +127,36 @@ def connecting(
     (measured: still connecting to a dead worker's port 200 s after it was made with a
     30 s timeout), and a formation reaches stores whose worker may just have died: the
     registered store of a rank 0 SIGKILLed a moment ago, or the store a rank 0 started
-    for an attempt it has since given up. So the connection is made in a helper thread
-    (`helping`), as the group is; one given up on keeps retrying there, harmlessly."""
+    for an attempt it has since given up. So the client is made only once a plain socket
+    reaches the port (`_answering`, bounded as the rest), and in a helper thread
+    (`helping`), as the group is, for a store that dies in between: one given up on keeps
+    retrying there. Without the first check such threads piled up, and one still inside
+    Paddle's code when the process finalizes can abort it."""
+    giving_up = (
+        f"the store at {host}:{port} did not answer: its worker left or died, or gave "
+        "the attempt up"
+    )
+    if not _answering(host, port, given_up, deadline):
+        raise RuntimeError(giving_up)
     return helping(
         lambda: core.TCPStore(host, port, False, 1, timeout_s),
         given_up,
         deadline,
-        f"the store at {host}:{port} did not answer: its worker left or died, or gave "
-        "the attempt up",
+        giving_up,
     )
+
+
+def _answering(host: str, port: int, given_up: Callable[[], bool], deadline: float) -> bool:
+    """Whether something accepts a connection at `host:port`, asked again every
+    `HELP_POLL_S` until `deadline` or `given_up()`."""
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S):
+                return True
+        except OSError:
+            if given_up() or time.monotonic() > deadline:
+                return False
+            time.sleep(HELP_POLL_S)
 
 
 def helping(
