@@ -20,7 +20,7 @@ from edl_scheduler.controller.deciding import decide
 from edl_scheduler.controller.intents import PatchStatus
 from edl_scheduler.controller.observing import observe
 from edl_scheduler.core import Job, ThroughputSample
-from edl_scheduler.core.building import job_from_training_job
+from edl_scheduler.core.building import job_from_training_job, remaining_from_status
 from edl_scheduler.core.snapshot import Efficiency
 from edl_scheduler.core.throughput import fit, goodput, job_model
 from edl_scheduler.local.statusing import planned_efficiency, progress_fields
@@ -146,3 +146,16 @@ def test_bounds_that_cannot_be_right_leave_the_batch_as_measured(caplog: Any) ->
     assert job.efficiency == EFFICIENCY
     assert "min_local" in caplog.text and "status.batch's bounds left out" in caplog.text
     assert_planned_by_goodput(job)
+
+
+def test_the_samples_left_reach_the_planner_both_ways() -> None:
+    """Controller and local backend alike: the ledger's epochs, samples per epoch and
+    samples done, through the status, give the planner the samples the job has left."""
+    message = progress_message()
+    message.samples_per_epoch, message.samples_done = 1000, 1250  # epoch 1 of 2
+    status = controller_status(message)
+    assert status["progress"]["samplesDone"] == 1250
+    (job,) = observe([k8s_node("n0")], [], [job_body(**status)], {}).snapshot.jobs
+    assert job.remaining_samples == 750.0
+    local = TrainingJobStatus().model_copy(update=progress_fields(message))
+    assert remaining_from_status(local) == 750.0
