@@ -8,8 +8,8 @@ gives the ``i``-th job counted from the longest a share growing as ``i^(p / (1 -
 the weight on a job's ``-1 / speedup`` that leads rebalancing's greedy moves to such
 shares grows as ``i^(p (1 + p) / (1 - p))``, about ``i^2`` for the ``p`` of 0.5-0.6 that
 data-parallel jobs measure over a few nodes. So each job's term is weighted by
-``(i / n) ** RANK_EXPONENT``: the job with the least work left counts fully, the one with
-the most ``1 / n^2``.
+``(i / m) ** RANK_EXPONENT`` among the ``m`` jobs that report: the job with the least work
+left counts fully, the one with the most ``1 / m^2``.
 
 What a job has left comes from its runtime, not from a guess: a job on the project's
 runtime declares its epochs, and its ledger knows the samples done
