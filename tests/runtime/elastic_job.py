@@ -120,11 +120,14 @@ def training(
     trace: TextIO | None,
 ) -> dict[str, Any]:
     """Train through session `s` until the job ends or the worker is drained; what it did
-    (`steps`: the batches it stepped on, micro-batches included). The ledger's loss is
+    (`steps`: the batches it stepped on, micro-batches included and a step a re-formation
+    discarded counted again; `began`: the job's step count at its first batch, the step its
+    state came from, a checkpoint's or the group's). The ledger's loss is
     `-window_size * c[i]` averaged over the rank's batch, so that the session's averaging
     over the step's window leaves a gradient of exactly -1 per sample."""
     worker = os.environ["EDL_WORKER_ID"]
     steps = 0
+    began: int | None = None
     worlds: set[int] = set()
     windows: set[int] = set()
     if trace:
@@ -136,6 +139,8 @@ def training(
         else:
             inputs, targets = batch
             loss = cross_entropy(s.model(inputs), targets)
+        if began is None:
+            began = s.step_count
         s.step(loss)
         steps += 1
         worlds.add(s.world_size)
@@ -146,6 +151,7 @@ def training(
             time.sleep(args.step_sleep_s / s.micro_batches)
     return {
         "steps": steps,
+        "began": began,
         "step": s.step_count,
         "generations": s.generations_formed,
         "worlds": sorted(worlds),
