@@ -9,9 +9,11 @@ The cycle, in order, at each instant something happens:
 4. Plan, if this instant asks for it: with ``plan_on_events``, after any arrival or
    completion; at every planning tick (``tick_s``); and at the next instant when a
    time-based rule of the policy could change the plan (a cool-down or minimum run ending,
-   a reservation expiring, a running job's attained GPU-time crossing a queue threshold).
-   A tick at which nothing changed and no such rule fell due is skipped: the planner is
-   idempotent (invariant 6), so the plan there would be empty. So is a plan that provably
+   the ramp interval of a job on its way up ending, a reservation expiring, a running
+   job's attained GPU-time crossing a queue threshold). A tick at which nothing changed and
+   no such rule fell due is skipped: the planner is idempotent (invariant 6), so the plan
+   there would be empty, but for a move rebalancing values more as the jobs age
+   (``stability.restart_factor``), which waits for the next plan. So is a plan that provably
    changes nothing (``pruning.settled``: a rigid policy where no waiting job can start).
 5. Apply the plan's changes: started, grown and shrunk jobs pause (``start_delay_s`` for a
    first start, plus ``restart_pause_s`` for a job resumed after suspension,
@@ -153,7 +155,7 @@ class Engine:
         self.grows = policy.grows
         #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
         #: where ``_apply`` sets them.
-        self.wakes = GrowthWakes(policy)
+        self.wakes = GrowthWakes(policy, config.report_throughput)
         #: When running jobs have run long enough for a waiting equal to take from them:
         #: read only while some job waits (``_next_wake``).
         after = policy.equals_yield_after_s

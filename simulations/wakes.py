@@ -1,8 +1,8 @@
-"""When running jobs' cool-downs, ramp intervals (``Policy.ramp_s``) and minimum run times
-end, when they have run long enough for a waiting equal to take from them
-(``Policy.equals_yield_after_s``), when profiled jobs enter a new epoch, and when a running
-job's attained GPU-time crosses a LAS queue's threshold: the instants at which a plan may
-change a job that the last plan had to leave alone (``Engine._next_wake``).
+"""When running jobs' cool-downs, ramp intervals (``Policy.ramp_s``, of the jobs on their
+way up) and minimum run times end, when they have run long enough for a waiting equal to
+take from them (``Policy.equals_yield_after_s``), when profiled jobs enter a new epoch, and
+when a running job's attained GPU-time crosses a LAS queue's threshold: the instants at
+which a plan may change a job that the last plan had to leave alone (``Engine._next_wake``).
 
 A heap of (when, job version, job name), pushed where the engine changes a running job's
 size, start or last resize (``Engine._apply``, the only place those change), so that the
@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable
 
 from edl_scheduler.core import Policy
-from edl_scheduler.core.stability import cooldown_end, min_run_end, ramp_end
+from edl_scheduler.core.stability import cooldown_end, measured_way_up, min_run_end, ramp_end
 from simulations.runs import Run
 
 #: Floating-point slack: attained GPU-time this close below a threshold has crossed it.
@@ -65,23 +65,28 @@ class YieldWakes(_Wakes):
 
 
 class GrowthWakes(_Wakes):
-    """The ends of running jobs' cool-downs and minimum run times, least first."""
+    """The ends of running jobs' cool-downs, ramp intervals and minimum run times, least
+    first. ``reported``: whether the planner is told what jobs measured (a job that told it
+    nothing is never on its way up)."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, reported: bool) -> None:
         super().__init__()
         self.cooldown_s = policy.cooldown_s
         self.min_run_s = policy.min_run_s
         self.ramp_s = policy.ramp_s
+        self.pause_s = policy.resize_pause_s
+        self.horizon_s = policy.gain_horizon_s
+        self.reported = reported
 
     def push(self, run: Run) -> None:
-        """Note when ``run``'s cool-down and minimum run time end, as the engine just left
-        it (running; the rules' arithmetic is ``core.stability``'s)."""
+        """Note when ``run``'s cool-down, ramp interval and minimum run time end, as the
+        engine just left it (running; the rules' arithmetic is ``core.stability``'s)."""
         job, workers = run.job, len(run.replicas)
         if workers < job.max_workers:
             at = cooldown_end(run.last_resize_time, run.start_time, self.cooldown_s)
             if at is not None:
                 heapq.heappush(self.heap, (at, run.version, job.name))
-            if self.ramp_s is not None:
+            if self.ramp_s is not None and self.ramps(run, workers):
                 at = ramp_end(run.last_resize_time, run.start_time, self.ramp_s)
                 if at is not None:
                     heapq.heappush(self.heap, (at, run.version, job.name))
@@ -89,6 +94,17 @@ class GrowthWakes(_Wakes):
             at = min_run_end(run.start_time, self.min_run_s)
             if at is not None:
                 heapq.heappush(self.heap, (at, run.version, job.name))
+
+    def ramps(self, run: Run, workers: int) -> bool:
+        """Whether the end of ``run``'s ramp interval could let it grow: only a job on its
+        way up by what it measured (``stability.measured_way_up``) ramps, and an unprofiled
+        job's measurements change only where the engine resizes it, which notes its times
+        again. A profiled job's change with its epoch (``SnapshotJobs.remeasure``): its
+        end is always noted."""
+        if run.job.profile is not None:
+            return True
+        samples = run.samples.values() if self.reported else ()
+        return measured_way_up(samples, workers, self.pause_s, self.horizon_s)
 
 
 def next_epoch(running: Iterable[Run], now: float) -> float:

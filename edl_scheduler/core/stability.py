@@ -15,8 +15,10 @@ change a job for time alone (the simulator's wake-ups, ``simulations/wakes.py``)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from edl_scheduler.core.session import JobState, Session
-from edl_scheduler.core.snapshot import Job
+from edl_scheduler.core.snapshot import Job, ThroughputSample
 
 
 def cooldown_end(
@@ -61,8 +63,16 @@ def on_its_way_up(job: Job, workers: int, pause_s: float, horizon_s: float) -> b
     """Whether ``job``, now at ``workers``, measured that size, measured none larger, and
     its last step up (from the largest smaller size it measured) was worth its pause by
     what it measured: the speed-up held, so the next doubling is worth trying."""
+    return measured_way_up(job.throughput, workers, pause_s, horizon_s)
+
+
+def measured_way_up(
+    throughput: Iterable[ThroughputSample], workers: int, pause_s: float, horizon_s: float
+) -> bool:
+    """``on_its_way_up`` from the job's measurements alone (in any order): what a driver
+    that keeps them asks to know whether a ramp interval's end could change its plan."""
     rates: dict[int, float] = {}
-    for sample in job.throughput:
+    for sample in throughput:
         if sample.samples_per_second > 0:
             rates[sample.workers] = max(rates.get(sample.workers, 0.0), sample.samples_per_second)
     if not rates or max(rates) != workers:

@@ -8,6 +8,7 @@ Aspects:
   a loop over every running job finds, and so does the whole wake-up;
 - so does the first instant a running job has run long enough for a waiting equal to take
   from it (``Policy.equals_yield_after_s``, ``YieldWakes``);
+- a ramp interval's end is noted only for a job on its way up by what it measured;
 - the heap's entries are dropped once stale: a job that finished, was resized again or
   was suspended leaves nothing behind that a later answer takes;
 - a running job's next LAS queue crossing (``next_queue``) is when its attained GPU-time,
@@ -24,17 +25,27 @@ from dataclasses import replace
 
 import pytest
 
-from edl_scheduler.core import Growth, Policy, Replica, Role
+from edl_scheduler.core import (
+    Growth,
+    Job,
+    Policy,
+    Replica,
+    Resources,
+    Role,
+    RoleSpec,
+    ThroughputSample,
+)
+from edl_scheduler.core.stability import on_its_way_up
 from simulations.engine import Engine
 from simulations.runs import Run
-from simulations.wakes import next_queue
+from simulations.wakes import GrowthWakes, next_queue
 from simulations.workload import SimJob
 from tests.simulations.test_settled import CLUSTER, CONFIGS, POLICIES, _jobs
 
 _INF = float("inf")
 #: The presets and variants of ``test_settled`` (``edl`` grows on evidence: its jobs on their
-#: way up wake a plan at the end of their ramp interval, ``Policy.ramp_s``), and ``edl``
-#: without it.
+#: way up, by what they measured, wake a plan at the end of their ramp interval,
+#: ``Policy.ramp_s``), and ``edl`` without it.
 WAKE_POLICIES = {
     **POLICIES,
     "edl-trusting": replace(POLICIES["edl"], name="edl-trusting", ramp_s=None),
@@ -55,7 +66,7 @@ def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
             at = run.last_resize_time + policy.cooldown_s
             if now < at < wake:
                 wake = at
-            if policy.ramp_s is not None:
+            if policy.ramp_s is not None and _on_its_way_up(run, workers, policy):
                 at = run.last_resize_time + policy.ramp_s
                 if now < at < wake:
                     wake = at
@@ -64,6 +75,17 @@ def _by_a_loop(running: list[Run], policy: Policy, now: float) -> float:
             if now < at < wake:
                 wake = at
     return wake
+
+
+def _on_its_way_up(run: Run, workers: int, policy: Policy) -> bool:
+    """Whether the planner would find ``run`` on its way up from what it measured."""
+    job = Job(
+        name=run.job.name,
+        worker=RoleSpec(run.job.min_workers, run.job.max_workers, Resources(gpu=1)),
+        submit_time=run.job.submit_time,
+        throughput=tuple(run.samples.values()),
+    )
+    return on_its_way_up(job, workers, policy.resize_pause_s, policy.gain_horizon_s)
 
 
 class _Checked(Engine):
@@ -122,3 +144,22 @@ def test_the_next_queue_crossing_is_the_first_threshold_reached() -> None:
     done = _running("done", 9000.0, 1, 0.0)
     waiting = _running("waiting", 0.0, 0, 0.0)
     assert next_queue([done, waiting], 10.0, thresholds) == _INF
+
+
+def test_a_ramp_interval_wakes_a_plan_only_for_a_job_on_its_way_up() -> None:
+    """At 2 workers, a job whose step up from 1 held (190 against 100 samples/s) may grow
+    again at the end of its ramp interval; one whose step gained 1% may not, and an entry
+    for it would wake a plan that its ramp cannot change."""
+    policy = POLICIES["edl"]
+    assert policy.ramp_s is not None and policy.ramp_s < policy.cooldown_s
+
+    def wake(two: float) -> float:
+        wakes = GrowthWakes(policy, reported=True)
+        run = _running("j", 0.0, 2, 0.0)
+        run.start_time = run.last_resize_time = 100.0
+        run.samples = {(1, 1): ThroughputSample(1, 1, 100.0), (1, 2): ThroughputSample(1, 2, two)}
+        wakes.push(run)
+        return wakes.next_after(100.0, {"j": run})
+
+    assert wake(190.0) == 100.0 + policy.ramp_s
+    assert wake(101.0) == 100.0 + policy.cooldown_s  # its cool-down: it may grow then
