@@ -153,8 +153,8 @@ class Engine:
         self.shows_all = self.lists is not None and policy.elastic
         #: Whether a running job's cool-down and minimum run time fall due (``_next_wake``).
         self.grows = policy.grows
-        #: When running jobs' cool-downs and minimum run times end (``wakes``), pushed
-        #: where ``_apply`` sets them.
+        #: When running jobs' cool-downs, ramp intervals and minimum run times end
+        #: (``wakes``), pushed where ``_apply`` sets them.
         self.wakes = GrowthWakes(policy, config.report_throughput)
         #: When running jobs have run long enough for a waiting equal to take from them:
         #: read only while some job waits (``_next_wake``).

@@ -99,8 +99,8 @@ class GrowthWakes(_Wakes):
         """Whether the end of ``run``'s ramp interval could let it grow: only a job on its
         way up by what it measured (``stability.measured_way_up``) ramps, and an unprofiled
         job's measurements change only where the engine resizes it, which notes its times
-        again. A profiled job's change with its epoch (``SnapshotJobs.remeasure``): its
-        end is always noted."""
+        again. A profiled job's measurements change with its epoch as well
+        (``SnapshotJobs.remeasure``): its end is always noted."""
         if run.job.profile is not None:
             return True
         samples = run.samples.values() if self.reported else ()
